@@ -1,0 +1,149 @@
+//! The protocol-neutral call model every front decodes to and every back encodes from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::schema::CompiledSchema;
+
+/// Who is calling, as established by the identity layer (never by a header from the caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// `component_id` of the paired peer, or `local` for the Unix socket.
+    pub id: String,
+    /// `component_type` of the paired peer (`gateway`, `operator`, ...), or `local`.
+    pub kind: String,
+    /// `sha256:<hex>` fingerprint of the peer certificate; `None` on the Unix socket.
+    pub fingerprint: Option<String>,
+}
+
+impl Principal {
+    /// The principal of the local Unix socket (no authentication, as the protocol says).
+    pub fn local() -> Self {
+        Principal {
+            id: "local".into(),
+            kind: "local".into(),
+            fingerprint: None,
+        }
+    }
+}
+
+/// One tool as served by the app, with its schemas compiled once at discovery.
+#[derive(Debug)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input: CompiledSchema,
+    pub output: Option<CompiledSchema>,
+    pub timeout_ms_default: u64,
+    pub timeout_ms_max: u64,
+    pub idempotent: bool,
+    pub side_effects: bool,
+}
+
+impl ToolSpec {
+    /// The call's timeout: its own `timeout_ms` (or the tool default), clamped to the tool max.
+    pub fn effective_timeout(&self, requested_ms: Option<u64>) -> Duration {
+        let ms = requested_ms
+            .unwrap_or(self.timeout_ms_default)
+            .clamp(1, self.timeout_ms_max.max(1));
+        Duration::from_millis(ms)
+    }
+}
+
+/// The credential fields of a Skill Gateway v1 `/run` call, extracted by the front.
+#[derive(Debug, Clone)]
+pub struct SkillCredential {
+    /// API key header value, when one was sent.
+    pub api_key: Option<String>,
+    /// Signature header value (e.g. `X-Skill-Signature`), when one was sent.
+    pub header_signature: Option<String>,
+    /// `signature` from the body.
+    pub signature_hex: String,
+    /// Canonical JSON of the six signed fields (what the HMAC covers).
+    pub canonical: String,
+    pub timestamp_ms: i64,
+    pub nonce: String,
+    /// Replay scope: nonces are unique per scope (the skill id).
+    pub scope: String,
+}
+
+/// What authenticates a call beyond its connection.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    /// Nothing beyond the connection (tools-v1 over mTLS or the local socket).
+    None,
+    /// Skill Gateway v1 fields.
+    Skill(SkillCredential),
+}
+
+/// One tool call, whatever front it came in on.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub call_id: String,
+    pub tool: Arc<ToolSpec>,
+    pub tenant_id: Option<String>,
+    pub args: Value,
+    pub context: Option<Value>,
+    pub timeout_ms: Option<u64>,
+    pub idempotency_key: Option<String>,
+    pub principal: Arc<Principal>,
+    pub credential: Credential,
+}
+
+/// What the app answered for a call that reached it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallOutcome {
+    /// The tool ran and produced `output` (checked against the output schema).
+    Ok { output: Value, meta: Option<Value> },
+    /// The tool ran and reported an error of its own (passed through to the caller).
+    AppError {
+        code: String,
+        message: String,
+        details: Option<Value>,
+        retryable: bool,
+    },
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use serde_json::json;
+
+    /// A tool with a permissive input schema, a `{"n": integer}` output schema and the given
+    /// timeouts.
+    pub fn tool(name: &str, default_ms: u64, max_ms: u64) -> Arc<ToolSpec> {
+        Arc::new(ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
+            output: Some(
+                CompiledSchema::compile(json!({
+                    "type": "object",
+                    "properties": {"n": {"type": "integer"}},
+                    "required": ["n"]
+                }))
+                .unwrap(),
+            ),
+            timeout_ms_default: default_ms,
+            timeout_ms_max: max_ms,
+            idempotent: false,
+            side_effects: false,
+        })
+    }
+
+    pub fn call(tool: Arc<ToolSpec>, timeout_ms: Option<u64>) -> ToolCall {
+        ToolCall {
+            call_id: "c1".into(),
+            tool,
+            tenant_id: None,
+            args: json!({}),
+            context: None,
+            timeout_ms,
+            idempotency_key: None,
+            principal: Arc::new(Principal::local()),
+            credential: Credential::None,
+        }
+    }
+}

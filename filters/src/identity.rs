@@ -1,0 +1,225 @@
+//! Identity: map the connection's peer certificate to a paired peer, fail closed, and set the
+//! headers that tell the app who called. Headers of that name sent by the caller are removed,
+//! never passed through.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderName, HeaderValue};
+use tower::{Layer, Service};
+
+use crate::call::Principal;
+use crate::future::ReadyOr;
+use crate::Rejection;
+
+/// Prefix of every header carapace sets for the app. Caller headers with it are dropped.
+pub const HEADER_PREFIX: &str = "x-carapace-";
+/// The calling peer's `component_id` (`local` on the Unix socket).
+pub const PEER_ID: HeaderName = HeaderName::from_static("x-carapace-peer-id");
+/// The calling peer's `component_type`.
+pub const PEER_TYPE: HeaderName = HeaderName::from_static("x-carapace-peer-type");
+/// `sha256:<hex>` of the calling peer's certificate (absent on the Unix socket).
+pub const PEER_FINGERPRINT: HeaderName = HeaderName::from_static("x-carapace-peer-fingerprint");
+
+/// How the connection a request came on was authenticated; the listener puts one in the
+/// extensions of every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionIdentity {
+    /// The local Unix socket: no authentication, by the protocol's local mode.
+    Local,
+    /// TLS with a verified client certificate, by its fingerprint (`sha256:<hex>` of the DER).
+    Certificate { fingerprint: String },
+    /// TLS or loopback TCP without a client certificate (signed fronts only).
+    Anonymous,
+}
+
+/// Resolves a certificate fingerprint to a paired peer.
+pub trait PeerDirectory: Send + Sync + 'static {
+    /// `Ok` with the peer if it is paired and active; `PairingRequired` when nothing is paired
+    /// yet; `Forbidden` for an unknown or revoked identity.
+    fn resolve(&self, fingerprint: &str) -> Result<Arc<Principal>, Rejection>;
+}
+
+/// Sets `Arc<Principal>` in the request extensions and the `x-carapace-peer-*` headers.
+pub struct IdentityLayer {
+    directory: Arc<dyn PeerDirectory>,
+    allow_anonymous: bool,
+}
+
+impl IdentityLayer {
+    /// `allow_anonymous`: whether connections without a client certificate may go on (as the
+    /// `anonymous` principal) because a later layer authenticates each call (signed fronts).
+    pub fn new(directory: Arc<dyn PeerDirectory>, allow_anonymous: bool) -> Self {
+        IdentityLayer {
+            directory,
+            allow_anonymous,
+        }
+    }
+}
+
+impl<S> Layer<S> for IdentityLayer {
+    type Service = Identity<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Identity {
+            inner,
+            directory: self.directory.clone(),
+            allow_anonymous: self.allow_anonymous,
+        }
+    }
+}
+
+/// Service of [`IdentityLayer`].
+#[derive(Clone)]
+pub struct Identity<S> {
+    inner: S,
+    directory: Arc<dyn PeerDirectory>,
+    allow_anonymous: bool,
+}
+
+impl<S> Identity<S> {
+    fn principal<B>(&self, req: &http::Request<B>) -> Result<Arc<Principal>, Rejection> {
+        match req.extensions().get::<ConnectionIdentity>() {
+            Some(ConnectionIdentity::Local) => Ok(Arc::new(Principal::local())),
+            Some(ConnectionIdentity::Certificate { fingerprint }) => {
+                self.directory.resolve(fingerprint)
+            }
+            Some(ConnectionIdentity::Anonymous) if self.allow_anonymous => {
+                Ok(Arc::new(Principal {
+                    id: "anonymous".into(),
+                    kind: "anonymous".into(),
+                    fingerprint: None,
+                }))
+            }
+            Some(ConnectionIdentity::Anonymous) => Err(Rejection::Forbidden(
+                "a client certificate is required".into(),
+            )),
+            None => Err(Rejection::Internal("connection identity missing".into())),
+        }
+    }
+}
+
+/// Remove every caller-sent `x-carapace-*` header and set the ones describing `principal`.
+pub fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal) {
+    let foreign: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with(HEADER_PREFIX))
+        .cloned()
+        .collect();
+    for k in foreign {
+        headers.remove(&k);
+    }
+    let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("invalid"));
+    headers.insert(PEER_ID, value(&principal.id));
+    headers.insert(PEER_TYPE, value(&principal.kind));
+    if let Some(fp) = &principal.fingerprint {
+        headers.insert(PEER_FINGERPRINT, value(fp));
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for Identity<S>
+where
+    S: Service<http::Request<B>, Error = Rejection>,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = ReadyOr<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        match self.principal(&req) {
+            Ok(principal) => {
+                set_identity_headers(req.headers_mut(), &principal);
+                req.extensions_mut().insert(principal);
+                ReadyOr::inner(self.inner.call(req))
+            }
+            Err(r) => ReadyOr::reject(r),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    struct OnePeer;
+    impl PeerDirectory for OnePeer {
+        fn resolve(&self, fingerprint: &str) -> Result<Arc<Principal>, Rejection> {
+            if fingerprint == "sha256:aa" {
+                Ok(Arc::new(Principal {
+                    id: "gw".into(),
+                    kind: "gateway".into(),
+                    fingerprint: Some(fingerprint.into()),
+                }))
+            } else {
+                Err(Rejection::Forbidden("unknown peer".into()))
+            }
+        }
+    }
+
+    fn svc(
+        anon: bool,
+    ) -> impl Service<http::Request<()>, Response = http::HeaderMap, Error = Rejection> {
+        IdentityLayer::new(Arc::new(OnePeer), anon).layer(tower::service_fn(
+            |req: http::Request<()>| async move { Ok(req.headers().clone()) },
+        ))
+    }
+
+    fn req(id: Option<ConnectionIdentity>) -> http::Request<()> {
+        let mut r = http::Request::builder()
+            .header("x-carapace-peer-id", "admin")
+            .header("X-Carapace-Anything", "1")
+            .body(())
+            .unwrap();
+        if let Some(id) = id {
+            r.extensions_mut().insert(id);
+        }
+        r
+    }
+
+    #[tokio::test]
+    async fn caller_identity_headers_are_replaced() {
+        let h = svc(false)
+            .oneshot(req(Some(ConnectionIdentity::Certificate {
+                fingerprint: "sha256:aa".into(),
+            })))
+            .await
+            .unwrap();
+        assert_eq!(h.get_all(PEER_ID).iter().collect::<Vec<_>>(), ["gw"]);
+        assert_eq!(h[PEER_TYPE], "gateway");
+        assert_eq!(h[PEER_FINGERPRINT], "sha256:aa");
+        assert!(h.get("x-carapace-anything").is_none());
+        let h = svc(false)
+            .oneshot(req(Some(ConnectionIdentity::Local)))
+            .await
+            .unwrap();
+        assert_eq!(h[PEER_ID], "local");
+        assert!(h.get(PEER_FINGERPRINT).is_none());
+    }
+
+    #[tokio::test]
+    async fn unknown_or_missing_identity_fails_closed() {
+        let e = svc(false)
+            .oneshot(req(Some(ConnectionIdentity::Certificate {
+                fingerprint: "sha256:bb".into(),
+            })))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Rejection::Forbidden(_)));
+        let e = svc(false)
+            .oneshot(req(Some(ConnectionIdentity::Anonymous)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Rejection::Forbidden(_)));
+        let e = svc(false).oneshot(req(None)).await.unwrap_err();
+        assert!(matches!(e, Rejection::Internal(_)));
+        let h = svc(true)
+            .oneshot(req(Some(ConnectionIdentity::Anonymous)))
+            .await
+            .unwrap();
+        assert_eq!(h[PEER_ID], "anonymous");
+    }
+}

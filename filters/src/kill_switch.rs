@@ -1,0 +1,303 @@
+//! Kill-switch: refuse every call, or every call to some tools, without reading the body.
+//!
+//! The switch has two sources that are OR-ed: the configuration (replaced on reload) and the
+//! runtime state set through the admin socket, which is written atomically to a state file and
+//! so survives restarts.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+
+use serde::{Deserialize, Serialize};
+use tower::{Layer, Service};
+
+use crate::call::ToolCall;
+use crate::future::ReadyOr;
+use crate::Rejection;
+
+/// Engaged switches from one source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Switches {
+    /// Every call is refused.
+    #[serde(default)]
+    pub global: bool,
+    /// Calls to these tools are refused.
+    #[serde(default)]
+    pub tools: BTreeSet<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    config: Switches,
+    runtime: Switches,
+}
+
+/// Shared kill-switch state.
+#[derive(Debug, Clone)]
+pub struct KillSwitch {
+    state: Arc<RwLock<State>>,
+    file: Option<Arc<PathBuf>>,
+}
+
+/// Reading or writing the kill-switch state file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KillSwitchError {
+    #[error("kill-switch state {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("kill-switch state {path} is corrupt: {source}")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+impl KillSwitch {
+    /// A switch with only configuration state and nothing persisted.
+    pub fn in_memory(config: Switches) -> Self {
+        KillSwitch {
+            state: Arc::new(RwLock::new(State {
+                config,
+                runtime: Switches::default(),
+            })),
+            file: None,
+        }
+    }
+
+    /// Load the runtime state from `file` (absent file = nothing engaged) and keep writing it
+    /// there. A corrupt file is an error: a switch an operator engaged is never dropped
+    /// silently.
+    pub fn open(config: Switches, file: impl Into<PathBuf>) -> Result<Self, KillSwitchError> {
+        let file = file.into();
+        let runtime = match std::fs::read(&file) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|source| KillSwitchError::Corrupt {
+                    path: file.clone(),
+                    source,
+                })?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Switches::default(),
+            Err(source) => return Err(KillSwitchError::Io { path: file, source }),
+        };
+        Ok(KillSwitch {
+            state: Arc::new(RwLock::new(State { config, runtime })),
+            file: Some(Arc::new(file)),
+        })
+    }
+
+    /// Replace the configuration source (on reload).
+    pub fn set_config(&self, config: Switches) {
+        self.write().config = config;
+    }
+
+    /// Engage or release the runtime switch, globally (`tool = None`) or for one tool, and
+    /// persist it before returning.
+    pub fn set_runtime(&self, tool: Option<&str>, engaged: bool) -> Result<(), KillSwitchError> {
+        let mut state = self.write();
+        let mut next = state.runtime.clone();
+        match tool {
+            None => next.global = engaged,
+            Some(t) if engaged => {
+                next.tools.insert(t.to_owned());
+            }
+            Some(t) => {
+                next.tools.remove(t);
+            }
+        }
+        if let Some(file) = &self.file {
+            write_atomically(
+                file,
+                &serde_json::to_vec_pretty(&next).expect("serializable"),
+            )
+            .map_err(|source| KillSwitchError::Io {
+                path: file.to_path_buf(),
+                source,
+            })?;
+        }
+        state.runtime = next;
+        Ok(())
+    }
+
+    /// Current (config, runtime) switches.
+    pub fn snapshot(&self) -> (Switches, Switches) {
+        let s = self.read();
+        (s.config.clone(), s.runtime.clone())
+    }
+
+    /// Whether every call is refused.
+    pub fn global_engaged(&self) -> bool {
+        let s = self.read();
+        s.config.global || s.runtime.global
+    }
+
+    /// Why a call to `tool` is refused, if it is.
+    pub fn check(&self, tool: Option<&str>) -> Result<(), Rejection> {
+        let s = self.read();
+        if s.config.global || s.runtime.global {
+            return Err(Rejection::Disabled("global".into()));
+        }
+        if let Some(tool) = tool {
+            if s.config.tools.contains(tool) || s.runtime.tools.contains(tool) {
+                return Err(Rejection::Disabled(format!("tool {tool}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Write `bytes` to `path` so that a crash leaves either the old or the new content: write a
+/// temporary file beside it, fsync, rename over, fsync the directory. Mode 0600.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let dir = dir.unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Applies a [`KillSwitch`]: on `http::Request`s it checks the global switch only (the tool
+/// is not known before the body is read); on [`ToolCall`]s it checks the global and the
+/// per-tool switches.
+#[derive(Debug, Clone)]
+pub struct KillSwitchLayer {
+    switch: KillSwitch,
+}
+
+impl KillSwitchLayer {
+    pub fn new(switch: KillSwitch) -> Self {
+        KillSwitchLayer { switch }
+    }
+}
+
+impl<S> Layer<S> for KillSwitchLayer {
+    type Service = KillSwitchService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        KillSwitchService {
+            inner,
+            switch: self.switch.clone(),
+        }
+    }
+}
+
+/// Service of [`KillSwitchLayer`].
+#[derive(Debug, Clone)]
+pub struct KillSwitchService<S> {
+    inner: S,
+    switch: KillSwitch,
+}
+
+impl<S, B> Service<http::Request<B>> for KillSwitchService<S>
+where
+    S: Service<http::Request<B>, Error = Rejection>,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = ReadyOr<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        match self.switch.check(None) {
+            Ok(()) => ReadyOr::inner(self.inner.call(req)),
+            Err(r) => ReadyOr::reject(r),
+        }
+    }
+}
+
+impl<S> Service<ToolCall> for KillSwitchService<S>
+where
+    S: Service<ToolCall, Error = Rejection>,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = ReadyOr<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        match self.switch.check(Some(&call.tool.name)) {
+            Ok(()) => ReadyOr::inner(self.inner.call(call)),
+            Err(r) => ReadyOr::reject(r),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_and_runtime_are_ored() {
+        let ks = KillSwitch::in_memory(Switches {
+            global: false,
+            tools: ["a".to_string()].into(),
+        });
+        assert!(ks.check(Some("a")).is_err());
+        assert!(ks.check(Some("b")).is_ok());
+        ks.set_runtime(Some("b"), true).unwrap();
+        assert!(ks.check(Some("b")).is_err());
+        ks.set_runtime(None, true).unwrap();
+        assert!(matches!(ks.check(None), Err(Rejection::Disabled(_))));
+        ks.set_runtime(None, false).unwrap();
+        assert!(ks.check(None).is_ok());
+    }
+
+    #[test]
+    fn runtime_state_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state/killswitch.json");
+        let ks = KillSwitch::open(Switches::default(), &file).unwrap();
+        ks.set_runtime(Some("memory.delete"), true).unwrap();
+        ks.set_runtime(None, true).unwrap();
+        drop(ks);
+        let again = KillSwitch::open(Switches::default(), &file).unwrap();
+        assert!(again.global_engaged());
+        again.set_runtime(None, false).unwrap();
+        assert!(again.check(Some("memory.delete")).is_err());
+        assert!(again.check(Some("memory.query")).is_ok());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("killswitch.json");
+        std::fs::write(&file, b"{not json").unwrap();
+        assert!(matches!(
+            KillSwitch::open(Switches::default(), &file),
+            Err(KillSwitchError::Corrupt { .. })
+        ));
+    }
+}

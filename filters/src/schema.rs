@@ -1,0 +1,183 @@
+//! JSON-Schema validation of tool input and output, with validators compiled once.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use serde_json::Value;
+use tower::{Layer, Service};
+
+use crate::call::{CallOutcome, ToolCall};
+use crate::{BoxFuture, Rejection, SchemaViolation};
+
+/// Most violations reported back to a caller for one instance.
+const MAX_VIOLATIONS: usize = 16;
+
+/// A JSON Schema compiled once (at discovery), validated many times.
+pub struct CompiledSchema {
+    validator: jsonschema::Validator,
+    source: Arc<Value>,
+}
+
+impl std::fmt::Debug for CompiledSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledSchema")
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+/// A schema that does not compile.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid JSON Schema: {0}")]
+pub struct SchemaError(pub String);
+
+impl CompiledSchema {
+    /// Compile `schema`. References are resolved only inside the document: no network, no
+    /// file system.
+    pub fn compile(schema: Value) -> Result<Self, SchemaError> {
+        let validator = jsonschema::options()
+            .should_validate_formats(true)
+            .build(&schema)
+            .map_err(|e| SchemaError(e.to_string()))?;
+        Ok(CompiledSchema {
+            validator,
+            source: Arc::new(schema),
+        })
+    }
+
+    /// The schema as given.
+    pub fn source(&self) -> &Arc<Value> {
+        &self.source
+    }
+
+    /// Validate, returning at most a few violations.
+    pub fn validate(&self, instance: &Value) -> Result<(), Vec<SchemaViolation>> {
+        if self.validator.is_valid(instance) {
+            return Ok(());
+        }
+        let violations: Vec<_> = self
+            .validator
+            .iter_errors(instance)
+            .take(MAX_VIOLATIONS)
+            .map(|e| SchemaViolation {
+                path: e.instance_path().to_string(),
+                message: e.to_string(),
+            })
+            .collect();
+        Err(violations)
+    }
+}
+
+/// Validates a call's `args` against its tool's input schema before the call goes on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InputSchemaLayer;
+
+impl<S> Layer<S> for InputSchemaLayer {
+    type Service = InputSchema<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        InputSchema { inner }
+    }
+}
+
+/// Service of [`InputSchemaLayer`].
+#[derive(Debug, Clone)]
+pub struct InputSchema<S> {
+    inner: S,
+}
+
+impl<S> Service<ToolCall> for InputSchema<S>
+where
+    S: Service<ToolCall, Error = Rejection>,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = crate::future::ReadyOr<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        match call.tool.input.validate(&call.args) {
+            Ok(()) => crate::future::ReadyOr::inner(self.inner.call(call)),
+            Err(v) => crate::future::ReadyOr::reject(Rejection::InputSchema(v)),
+        }
+    }
+}
+
+/// Checks the app's output against the tool's output schema; a breaking output never reaches
+/// the caller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutputSchemaLayer;
+
+impl<S> Layer<S> for OutputSchemaLayer {
+    type Service = OutputSchema<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        OutputSchema { inner }
+    }
+}
+
+/// Service of [`OutputSchemaLayer`].
+#[derive(Debug, Clone)]
+pub struct OutputSchema<S> {
+    inner: S,
+}
+
+impl<S> Service<ToolCall> for OutputSchema<S>
+where
+    S: Service<ToolCall, Response = CallOutcome, Error = Rejection>,
+    S::Future: Send + 'static,
+{
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let tool = call.tool.clone();
+        let fut = self.inner.call(call);
+        Box::pin(async move {
+            let outcome = fut.await?;
+            if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, &tool.output) {
+                schema.validate(output).map_err(Rejection::OutputSchema)?;
+            }
+            Ok(outcome)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reports_path_of_each_violation() {
+        let s = CompiledSchema::compile(json!({
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["text"],
+            "additionalProperties": false
+        }))
+        .unwrap();
+        assert!(s.validate(&json!({"text": "x"})).is_ok());
+        let v = s.validate(&json!({"n": "one", "extra": 1})).unwrap_err();
+        let paths: Vec<_> = v.iter().map(|v| v.path.as_str()).collect();
+        assert!(paths.contains(&"/n"), "{v:?}");
+        assert!(paths.contains(&""), "{v:?}");
+    }
+
+    #[test]
+    fn a_broken_schema_does_not_compile() {
+        assert!(CompiledSchema::compile(json!({"type": 12})).is_err());
+    }
+
+    #[test]
+    fn no_remote_references_are_fetched() {
+        let err = CompiledSchema::compile(json!({"$ref": "http://127.0.0.1:9/x.json"}));
+        assert!(err.is_err());
+    }
+}

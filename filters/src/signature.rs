@@ -1,0 +1,349 @@
+//! Skill Gateway v1 authentication: API key or HMAC-SHA256 over the canonical JSON of the six
+//! signed fields, with several active keys (rotation), a timestamp window and a nonce store.
+//!
+//! Order of checks: credential first, then the timestamp window, and only then is the nonce
+//! recorded, so an attacker without a key can neither fill the store nor burn a nonce.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use subtle::ConstantTimeEq;
+use tower::{Layer, Service};
+
+use crate::call::{Credential, ToolCall};
+use crate::canonical::verify_hmac_sha256_hex;
+use crate::future::ReadyOr;
+use crate::nonce::{NonceError, NonceStore};
+use crate::Rejection;
+
+/// Longest nonce accepted (Vagus sends 32 hex characters).
+pub const MAX_NONCE_LEN: usize = 128;
+
+/// A shared secret with a name for logs and rotation (the secret itself is never logged).
+#[derive(Clone)]
+pub struct SigningKey {
+    pub id: String,
+    pub secret: Arc<[u8]>,
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SigningKey({}, <redacted>)", self.id)
+    }
+}
+
+/// How calls authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// The raw secret in a header (`X-API-Key` by default).
+    ApiKey,
+    /// HMAC-SHA256 signature in the body (and optionally repeated in a header).
+    Hmac,
+}
+
+/// Function returning the current Unix time in milliseconds (injected for tests).
+pub type UnixClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Verifies the credential of signed calls.
+pub struct SignatureVerifier {
+    mode: AuthMode,
+    keys: Vec<SigningKey>,
+    skew: Duration,
+    nonces: Arc<NonceStore>,
+    clock: UnixClock,
+}
+
+impl std::fmt::Debug for SignatureVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignatureVerifier")
+            .field("mode", &self.mode)
+            .field("keys", &self.keys)
+            .field("skew", &self.skew)
+            .finish()
+    }
+}
+
+impl SignatureVerifier {
+    /// `keys` are all accepted (rotation: add the new key, move callers over, drop the old).
+    pub fn new(
+        mode: AuthMode,
+        keys: Vec<SigningKey>,
+        skew: Duration,
+        nonces: Arc<NonceStore>,
+        clock: UnixClock,
+    ) -> Self {
+        SignatureVerifier {
+            mode,
+            keys,
+            skew,
+            nonces,
+            clock,
+        }
+    }
+
+    /// The nonce store (for metrics).
+    pub fn nonces(&self) -> &Arc<NonceStore> {
+        &self.nonces
+    }
+
+    /// Check one call's credential; on success its nonce has been recorded. Returns the id of
+    /// the key that matched.
+    pub fn verify(&self, credential: &Credential) -> Result<String, Rejection> {
+        let Credential::Skill(cred) = credential else {
+            return Err(Rejection::AuthFailed("missing credential"));
+        };
+        let key_id = match self.mode {
+            AuthMode::ApiKey => {
+                let presented = cred
+                    .api_key
+                    .as_deref()
+                    .ok_or(Rejection::AuthFailed("missing API key"))?;
+                self.match_api_key(presented.as_bytes())
+                    .ok_or(Rejection::AuthFailed("bad API key"))?
+            }
+            AuthMode::Hmac => {
+                if let Some(header) = &cred.header_signature {
+                    // A header signature, when sent, must be the body signature.
+                    if !bool::from(header.as_bytes().ct_eq(cred.signature_hex.as_bytes())) {
+                        return Err(Rejection::AuthFailed("header and body signatures differ"));
+                    }
+                }
+                self.match_hmac(cred.canonical.as_bytes(), &cred.signature_hex)
+                    .ok_or(Rejection::AuthFailed("bad signature"))?
+            }
+        };
+        let now = (self.clock)();
+        let skew_ms = self.skew.as_millis() as i64;
+        if (cred.timestamp_ms - now as i64).abs() > skew_ms {
+            return Err(Rejection::StaleTimestamp { window: self.skew });
+        }
+        if cred.nonce.is_empty() || cred.nonce.len() > MAX_NONCE_LEN {
+            return Err(Rejection::invalid(format!(
+                "nonce must be 1 to {MAX_NONCE_LEN} characters"
+            )));
+        }
+        match self.nonces.check_and_insert(&cred.scope, &cred.nonce, now) {
+            Ok(()) => Ok(key_id),
+            Err(NonceError::Replay) => Err(Rejection::NonceReplay),
+            Err(NonceError::Full { retry_after }) => Err(Rejection::NonceStoreFull { retry_after }),
+            Err(NonceError::Journal(e)) => Err(Rejection::Internal(format!("nonce journal: {e}"))),
+        }
+    }
+
+    /// Compare against every key without stopping early, in constant time per key.
+    fn match_api_key(&self, presented: &[u8]) -> Option<String> {
+        let mut found = None;
+        for key in &self.keys {
+            if bool::from(presented.ct_eq(&key.secret)) && found.is_none() {
+                found = Some(key.id.clone());
+            }
+        }
+        found
+    }
+
+    fn match_hmac(&self, canonical: &[u8], signature_hex: &str) -> Option<String> {
+        let mut found = None;
+        for key in &self.keys {
+            if verify_hmac_sha256_hex(&key.secret, canonical, signature_hex) && found.is_none() {
+                found = Some(key.id.clone());
+            }
+        }
+        found
+    }
+}
+
+/// Verifies each [`ToolCall`]'s credential with a [`SignatureVerifier`].
+#[derive(Debug, Clone)]
+pub struct SignatureLayer {
+    verifier: Arc<SignatureVerifier>,
+}
+
+impl SignatureLayer {
+    pub fn new(verifier: Arc<SignatureVerifier>) -> Self {
+        SignatureLayer { verifier }
+    }
+}
+
+impl<S> Layer<S> for SignatureLayer {
+    type Service = Signature<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Signature {
+            inner,
+            verifier: self.verifier.clone(),
+        }
+    }
+}
+
+/// Service of [`SignatureLayer`].
+#[derive(Debug, Clone)]
+pub struct Signature<S> {
+    inner: S,
+    verifier: Arc<SignatureVerifier>,
+}
+
+impl<S> Service<ToolCall> for Signature<S>
+where
+    S: Service<ToolCall, Error = Rejection>,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = ReadyOr<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        match self.verifier.verify(&call.credential) {
+            Ok(key_id) => {
+                tracing::debug!(call_id = %call.call_id, key_id = %key_id, "signature verified");
+                ReadyOr::inner(self.inner.call(call))
+            }
+            Err(r) => ReadyOr::reject(r),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::SkillCredential;
+    use crate::canonical::hmac_sha256_hex;
+    use crate::nonce::NonceStoreConfig;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const NOW: u64 = 1_735_689_600_000;
+
+    fn verifier(mode: AuthMode, clock: Arc<AtomicU64>) -> SignatureVerifier {
+        let store = NonceStore::open(
+            NonceStoreConfig {
+                capacity: 16,
+                ttl: Duration::from_secs(300),
+                journal: None,
+            },
+            NOW,
+        )
+        .unwrap();
+        SignatureVerifier::new(
+            mode,
+            vec![
+                SigningKey {
+                    id: "old".into(),
+                    secret: Arc::from(&b"old-secret"[..]),
+                },
+                SigningKey {
+                    id: "new".into(),
+                    secret: Arc::from(&b"new-secret"[..]),
+                },
+            ],
+            Duration::from_secs(120),
+            Arc::new(store),
+            Arc::new(move || clock.load(Ordering::SeqCst)),
+        )
+    }
+
+    fn signed(secret: &[u8], nonce: &str, ts: i64) -> Credential {
+        let canonical = format!(r#"{{"nonce":"{nonce}","timestamp":{ts}}}"#);
+        Credential::Skill(SkillCredential {
+            api_key: None,
+            header_signature: None,
+            signature_hex: hmac_sha256_hex(secret, canonical.as_bytes()),
+            canonical,
+            timestamp_ms: ts,
+            nonce: nonce.into(),
+            scope: "demo.echo".into(),
+        })
+    }
+
+    #[test]
+    fn every_active_key_verifies_and_replays_are_refused() {
+        let v = verifier(AuthMode::Hmac, Arc::new(AtomicU64::new(NOW)));
+        assert_eq!(
+            v.verify(&signed(b"old-secret", "n1", NOW as i64)).unwrap(),
+            "old"
+        );
+        assert_eq!(
+            v.verify(&signed(b"new-secret", "n2", NOW as i64)).unwrap(),
+            "new"
+        );
+        assert!(matches!(
+            v.verify(&signed(b"new-secret", "n2", NOW as i64)),
+            Err(Rejection::NonceReplay)
+        ));
+    }
+
+    #[test]
+    fn a_bad_signature_does_not_burn_the_nonce() {
+        let v = verifier(AuthMode::Hmac, Arc::new(AtomicU64::new(NOW)));
+        assert!(matches!(
+            v.verify(&signed(b"wrong", "n1", NOW as i64)),
+            Err(Rejection::AuthFailed(_))
+        ));
+        assert_eq!(v.nonces().len(), 0);
+        // The honest request with that nonce still goes through.
+        assert!(v.verify(&signed(b"new-secret", "n1", NOW as i64)).is_ok());
+    }
+
+    #[test]
+    fn the_timestamp_window_is_checked_before_the_nonce_is_recorded() {
+        let clock = Arc::new(AtomicU64::new(NOW));
+        let v = verifier(AuthMode::Hmac, clock.clone());
+        let edge = NOW as i64 - 120_000;
+        assert!(v.verify(&signed(b"new-secret", "edge", edge)).is_ok());
+        assert!(matches!(
+            v.verify(&signed(b"new-secret", "late", edge - 1)),
+            Err(Rejection::StaleTimestamp { .. })
+        ));
+        assert!(matches!(
+            v.verify(&signed(b"new-secret", "early", NOW as i64 + 120_001)),
+            Err(Rejection::StaleTimestamp { .. })
+        ));
+        assert_eq!(v.nonces().len(), 1);
+        // Time moves on: the same signed request is now stale, not a replay.
+        clock.store(NOW + 200_000, Ordering::SeqCst);
+        assert!(matches!(
+            v.verify(&signed(b"new-secret", "edge", edge)),
+            Err(Rejection::StaleTimestamp { .. })
+        ));
+    }
+
+    #[test]
+    fn header_signature_must_equal_the_body_signature() {
+        let v = verifier(AuthMode::Hmac, Arc::new(AtomicU64::new(NOW)));
+        let Credential::Skill(mut c) = signed(b"new-secret", "n1", NOW as i64) else {
+            unreachable!()
+        };
+        c.header_signature = Some("00".repeat(32));
+        assert!(matches!(
+            v.verify(&Credential::Skill(c)),
+            Err(Rejection::AuthFailed(_))
+        ));
+    }
+
+    #[test]
+    fn api_key_mode_checks_the_header_against_every_key() {
+        let v = verifier(AuthMode::ApiKey, Arc::new(AtomicU64::new(NOW)));
+        let with_key = |k: Option<&str>, nonce: &str| {
+            let Credential::Skill(mut c) = signed(b"irrelevant", nonce, NOW as i64) else {
+                unreachable!()
+            };
+            c.api_key = k.map(str::to_owned);
+            c.signature_hex = "api_key".into();
+            Credential::Skill(c)
+        };
+        assert_eq!(v.verify(&with_key(Some("old-secret"), "a")).unwrap(), "old");
+        assert!(matches!(
+            v.verify(&with_key(Some("old-secre"), "b")),
+            Err(Rejection::AuthFailed("bad API key"))
+        ));
+        assert!(matches!(
+            v.verify(&with_key(None, "c")),
+            Err(Rejection::AuthFailed("missing API key"))
+        ));
+        assert!(matches!(
+            v.verify(&Credential::None),
+            Err(Rejection::AuthFailed(_))
+        ));
+    }
+}

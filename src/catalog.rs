@@ -1,0 +1,405 @@
+//! Tool discovery from the app, and the catalog of tools with their compiled schemas.
+//!
+//! A tools-v1 app is asked `GET /v1/tools`; a skill-v1 app `GET /manifest`, in either shape:
+//! the protocol text's (capabilities as strings, one input and one output schema at the top)
+//! or the one the public Vagus code serves (capabilities as objects carrying their own
+//! schemas). Schemas are compiled once per discovery; an unchanged answer reuses the compiled
+//! catalog. Skill Gateway v1 log markers are emitted exactly as that text spells them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::Method;
+use serde_json::{json, Value};
+
+use carapace_filters::call::ToolSpec;
+use carapace_filters::schema::CompiledSchema;
+
+use crate::config::{Loaded, Protocol, SkillAppConfig};
+use crate::upstream::AppClient;
+
+/// The protocol's ceiling for `timeout_ms`.
+pub const PROTOCOL_TIMEOUT_MAX_MS: u64 = 120_000;
+
+/// What discovery found.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub tools: BTreeMap<String, Arc<ToolSpec>>,
+    /// `service` (tools-v1) or manifest `id` (skill-v1) of the app.
+    pub service: String,
+    /// The app's own version, when it says (skill-v1 manifests do).
+    pub version: Option<String>,
+    /// Hash of the raw discovery answer, to skip recompiling an unchanged one.
+    digest: [u8; 32],
+}
+
+impl Catalog {
+    pub fn get(&self, name: &str) -> Option<&Arc<ToolSpec>> {
+        self.tools.get(name)
+    }
+}
+
+/// Why discovery failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("MANIFEST_INVALID: {0}")]
+    ManifestInvalid(String),
+    #[error("PROTOCOL_VERSION_UNSUPPORTED: manifest version {got}, expected {expected}")]
+    ProtocolVersion { got: String, expected: String },
+    #[error("DEPENDENCY_UNAVAILABLE: {0}")]
+    Unavailable(String),
+}
+
+impl DiscoveryError {
+    /// The `reason=` of a `skill_skipped` line: the message up to its first `:`.
+    fn reason(&self) -> String {
+        let s = self.to_string();
+        s.split(':').next().unwrap_or(&s).to_string()
+    }
+}
+
+/// The live catalog, swapped atomically on each successful discovery.
+#[derive(Debug)]
+pub struct CatalogHandle {
+    current: ArcSwap<Catalog>,
+    discovered: std::sync::atomic::AtomicBool,
+}
+
+impl Default for CatalogHandle {
+    fn default() -> Self {
+        CatalogHandle {
+            current: ArcSwap::from_pointee(Catalog::default()),
+            discovered: false.into(),
+        }
+    }
+}
+
+impl CatalogHandle {
+    pub fn load(&self) -> Arc<Catalog> {
+        self.current.load_full()
+    }
+
+    /// Whether discovery has succeeded at least once.
+    pub fn discovered(&self) -> bool {
+        self.discovered.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Discover once and swap the catalog in. On failure the previous catalog stays.
+    pub async fn refresh(&self, app: &AppClient, cfg: &Loaded) -> Result<usize, DiscoveryError> {
+        let previous = self.load();
+        let result = discover(app, cfg, &previous).await;
+        match result {
+            Ok(Some(catalog)) => {
+                let n = catalog.tools.len();
+                self.current.store(Arc::new(catalog));
+                self.discovered
+                    .store(true, std::sync::atomic::Ordering::Release);
+                Ok(n)
+            }
+            Ok(None) => Ok(previous.tools.len()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// Fetch and compile; `Ok(None)` when the answer is unchanged since `previous`.
+async fn discover(
+    app: &AppClient,
+    cfg: &Loaded,
+    previous: &Catalog,
+) -> Result<Option<Catalog>, DiscoveryError> {
+    let timeout = Duration::from_millis(cfg.config.app.discovery.timeout_ms);
+    let path = match cfg.config.app.protocol {
+        Protocol::ToolsV1 => "/v1/tools",
+        Protocol::SkillV1 => "/manifest",
+    };
+    let skill = cfg.config.app.skill.as_ref();
+    if let Some(skill) = skill {
+        tracing::info!(
+            "manifest_discovery_start skill_id={} base_url={}",
+            skill.skill_id,
+            app.base_url()
+        );
+    }
+    let fetched = tokio::time::timeout(
+        timeout,
+        app.send(Method::GET, path, http::HeaderMap::new(), Bytes::new()),
+    )
+    .await;
+    let result = match fetched {
+        Err(_) => Err(DiscoveryError::Unavailable(format!(
+            "GET {path} timed out after {} ms",
+            timeout.as_millis()
+        ))),
+        Ok(Err(e)) => Err(DiscoveryError::Unavailable(e.to_string())),
+        Ok(Ok(resp)) if !resp.status.is_success() => Err(DiscoveryError::ManifestInvalid(format!(
+            "GET {path} returned {}",
+            resp.status.as_u16()
+        ))),
+        Ok(Ok(resp)) => {
+            let d = digest(&resp.body);
+            if previous.digest == d && !previous.tools.is_empty() {
+                if let Some(skill) = skill {
+                    tracing::info!("manifest_cached skill_id={}", skill.skill_id);
+                }
+                return Ok(None);
+            }
+            let doc: Result<Value, _> = serde_json::from_slice(&resp.body);
+            match doc {
+                Err(e) => Err(DiscoveryError::ManifestInvalid(format!(
+                    "GET {path} is not JSON: {e}"
+                ))),
+                Ok(doc) => match skill {
+                    None => tools_v1_catalog(&doc, cfg),
+                    Some(skill) => skill_catalog(&doc, skill, cfg),
+                }
+                .map(|mut c| {
+                    c.digest = d;
+                    c
+                }),
+            }
+        }
+    };
+    match &result {
+        Ok(c) => {
+            let names: Vec<&str> = c.tools.keys().map(String::as_str).collect();
+            if names.is_empty() {
+                tracing::warn!("registration_skipped reason=no_routes_discovered");
+            } else {
+                tracing::info!(
+                    "remote_tools_registered count={} tools=[{}]",
+                    names.len(),
+                    names.join(",")
+                );
+            }
+        }
+        Err(e) => match skill {
+            Some(skill) => {
+                tracing::warn!(
+                    "skill_skipped skill_id={} reason={}",
+                    skill.skill_id,
+                    e.reason()
+                );
+                tracing::warn!("{e}");
+            }
+            None => tracing::warn!("tools_discovery_failed reason={e}"),
+        },
+    }
+    result.map(Some)
+}
+
+fn clamp_max(name: &str, declared: u64, cfg: &Loaded) -> u64 {
+    let mut max = declared.clamp(1, PROTOCOL_TIMEOUT_MAX_MS);
+    if let Some(o) = cfg.config.tools.get(name).and_then(|t| t.timeout_ms_max) {
+        max = max.min(o);
+    }
+    max
+}
+
+fn compile(name: &str, what: &str, schema: &Value) -> Result<CompiledSchema, String> {
+    CompiledSchema::compile(schema.clone())
+        .map_err(|e| format!("tool {name}: {what} schema does not compile: {e}"))
+}
+
+fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryError> {
+    let invalid = |m: String| DiscoveryError::ManifestInvalid(m);
+    if doc.get("version").and_then(Value::as_str) != Some("v1") {
+        return Err(DiscoveryError::ProtocolVersion {
+            got: doc
+                .get("version")
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+            expected: "v1".into(),
+        });
+    }
+    let service = doc
+        .get("service")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let list = doc
+        .get("tools")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid("GET /v1/tools: `tools` is not an array".into()))?;
+    let mut tools = BTreeMap::new();
+    for (i, t) in list.iter().enumerate() {
+        let Some(name) = t
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        else {
+            tracing::warn!("tool_skipped index={i} reason=missing_name");
+            continue;
+        };
+        let spec = (|| -> Result<ToolSpec, String> {
+            let input = compile(name, "input", t.get("input_schema").unwrap_or(&json!({})))?;
+            let output = match t.get("output_schema") {
+                Some(s) => Some(compile(name, "output", s)?),
+                None => None,
+            };
+            let u = |k: &str, d: u64| t.get(k).and_then(Value::as_u64).unwrap_or(d);
+            let max = clamp_max(name, u("timeout_ms_max", PROTOCOL_TIMEOUT_MAX_MS), cfg);
+            Ok(ToolSpec {
+                name: name.to_string(),
+                description: t
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                input,
+                output,
+                timeout_ms_default: u("timeout_ms_default", 30_000).clamp(1, max),
+                timeout_ms_max: max,
+                idempotent: t
+                    .get("idempotent")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                side_effects: t
+                    .get("side_effects")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true),
+            })
+        })();
+        match spec {
+            Ok(s) => {
+                tools.insert(name.to_string(), Arc::new(s));
+            }
+            Err(reason) => tracing::warn!("tool_skipped name={name} reason={reason}"),
+        }
+    }
+    Ok(Catalog {
+        tools,
+        service,
+        version: None,
+        digest: [0; 32],
+    })
+}
+
+fn skill_catalog(
+    doc: &Value,
+    skill: &SkillAppConfig,
+    cfg: &Loaded,
+) -> Result<Catalog, DiscoveryError> {
+    let invalid = |m: &str| DiscoveryError::ManifestInvalid(m.to_string());
+    let version = doc.get("gateway_protocol_version").and_then(Value::as_str);
+    if version != Some(skill.protocol_version.as_str()) {
+        return Err(DiscoveryError::ProtocolVersion {
+            got: version.unwrap_or("<missing>").to_string(),
+            expected: skill.protocol_version.clone(),
+        });
+    }
+    tracing::info!("manifest_protocol_ok version={}", skill.protocol_version);
+    match doc.get("id").and_then(Value::as_str) {
+        Some(id) if id == skill.skill_id => {}
+        Some(id) => {
+            return Err(DiscoveryError::ManifestInvalid(format!(
+                "manifest id {id} does not match skill_id {}",
+                skill.skill_id
+            )))
+        }
+        None => return Err(invalid("manifest id is missing")),
+    }
+    let caps = doc
+        .get("capabilities")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid("manifest capabilities is not an array"))?;
+    let top_in = doc.get("input_schema");
+    let top_out = doc.get("output_schema");
+    let mut tools = BTreeMap::new();
+    for (i, cap) in caps.iter().enumerate() {
+        // Text shape: a string, schemas at the top. Vagus shape: an object with its own.
+        let (name, description, input, output) = match cap {
+            Value::String(s) => (s.as_str(), "", top_in, top_out),
+            Value::Object(o) => match o.get("capability").and_then(Value::as_str) {
+                Some(n) => (
+                    n,
+                    o.get("description").and_then(Value::as_str).unwrap_or(""),
+                    o.get("input_schema").or(top_in),
+                    o.get("output_schema").or(top_out),
+                ),
+                None => {
+                    tracing::warn!(
+                        "capability_skipped skill_id={} index={i} reason=missing_capability_name",
+                        skill.skill_id
+                    );
+                    continue;
+                }
+            },
+            _ => {
+                tracing::warn!(
+                    "capability_skipped skill_id={} index={i} reason=not_a_string_or_object",
+                    skill.skill_id
+                );
+                continue;
+            }
+        };
+        let (Some(input), Some(output)) = (input, output) else {
+            tracing::warn!(
+                "capability_skipped skill_id={} capability={name} reason=missing_schema",
+                skill.skill_id
+            );
+            continue;
+        };
+        let compiled = compile(name, "input", input)
+            .and_then(|i| compile(name, "output", output).map(|o| (i, o)));
+        let (input, output) = match compiled {
+            Ok(pair) => pair,
+            Err(reason) => {
+                tracing::warn!(
+                    "capability_skipped skill_id={} capability={name} reason={reason}",
+                    skill.skill_id
+                );
+                continue;
+            }
+        };
+        let max = clamp_max(name, skill.timeout_ms_max, cfg);
+        tools.insert(
+            name.to_string(),
+            Arc::new(ToolSpec {
+                name: name.to_string(),
+                description: description.to_string(),
+                input,
+                output: Some(output),
+                timeout_ms_default: skill.timeout_ms_default.clamp(1, max),
+                timeout_ms_max: max,
+                idempotent: false,
+                side_effects: true,
+            }),
+        );
+    }
+    tracing::info!("manifest_schema_ok skill_id={}", skill.skill_id);
+    Ok(Catalog {
+        tools,
+        service: skill.skill_id.clone(),
+        version: doc
+            .get("version")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        digest: [0; 32],
+    })
+}
+
+/// The `GET /v1/tools` descriptor of a tool.
+pub fn tools_v1_descriptor(t: &ToolSpec) -> Value {
+    let mut d = json!({
+        "name": t.name,
+        "description": t.description,
+        "input_schema": &**t.input.source(),
+        "timeout_ms_default": t.timeout_ms_default,
+        "timeout_ms_max": t.timeout_ms_max,
+        "idempotent": t.idempotent,
+        "side_effects": t.side_effects,
+    });
+    if let Some(o) = &t.output {
+        d["output_schema"] = (**o.source()).clone();
+    }
+    d
+}

@@ -1,0 +1,23 @@
+//! carapace: a sidecar proxy that is the hard shell around an AI tool host.
+//!
+//! See `README.md` for what it does and how to run it. The filter layers live in the
+//! `carapace-filters` crate; this crate holds the protocol fronts and backs, configuration,
+//! listeners, discovery, the peer store, the admin socket and operations endpoints.
+
+pub mod admin;
+pub mod catalog;
+pub mod client;
+pub mod config;
+pub mod demo;
+pub mod errors;
+pub mod front;
+pub mod memory_app;
+pub mod metrics;
+pub mod ops;
+pub mod peers;
+pub mod pki;
+pub mod server;
+pub mod skill_v1;
+pub mod tls;
+pub mod tools_v1;
+pub mod upstream;

@@ -1,0 +1,242 @@
+//! The `carapace` command.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use carapace::config::{self, LogFormat};
+
+/// Exit code for a configuration that does not validate (sysexits EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "carapace",
+    version,
+    about = "The hard shell around an AI tool host"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sidecar.
+    Serve {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file; prints every error and exits 64 if there is any.
+    Check {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Print the JSON Schema of the configuration file.
+    ConfigSchema,
+    /// Run a self-contained demonstration on loopback.
+    Demo,
+    /// Show or switch the kill-switch of a running carapace through its admin socket.
+    KillSwitch {
+        #[command(subcommand)]
+        action: KillAction,
+        /// Admin socket of the running carapace.
+        #[arg(long, global = true)]
+        admin_socket: Option<PathBuf>,
+        /// Or: its configuration file (the admin socket is read from it).
+        #[arg(short, long, global = true)]
+        config: Option<PathBuf>,
+    },
+    /// Ask a running carapace to reload its configuration (same as SIGHUP).
+    Reload {
+        #[arg(long)]
+        admin_socket: Option<PathBuf>,
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Clone)]
+enum KillAction {
+    /// Print the kill-switch state.
+    Status,
+    /// Refuse every call, or every call to one tool.
+    Engage {
+        #[arg(long)]
+        tool: Option<String>,
+    },
+    /// Undo `engage`.
+    Release {
+        #[arg(long)]
+        tool: Option<String>,
+    },
+}
+
+fn print_config_errors(path: &Path, errors: &config::ConfigErrors) {
+    eprintln!("{}: {} error(s)", path.display(), errors.0.len());
+    for e in &errors.0 {
+        eprintln!("  {e}");
+    }
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}
+
+fn runtime(threads: Option<usize>) -> tokio::runtime::Runtime {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n);
+    }
+    b.enable_all().build().expect("tokio runtime")
+}
+
+fn admin_socket(admin_socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
+    match (admin_socket, config) {
+        (Some(p), _) => Ok(p),
+        (None, Some(c)) => config::load(&c).map(|l| l.admin_socket()).map_err(|e| {
+            format!(
+                "{}: {}",
+                c.display(),
+                e.0.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        }),
+        (None, None) => Err("give --admin-socket PATH or -c CONFIG".into()),
+    }
+}
+
+fn serve(path: &Path) -> ExitCode {
+    let loaded = match config::load(path) {
+        Ok(l) => l,
+        Err(e) => {
+            print_config_errors(path, &e);
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    init_logging(loaded.config.log.format, &loaded.config.log.level);
+    let rt = runtime(loaded.config.runtime.worker_threads);
+    rt.block_on(async move {
+        let running = match carapace::server::start(loaded).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot start: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        loop {
+            tokio::select! {
+                _ = hup.recv() => { let _ = running.reload().await; }
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        tracing::info!("draining");
+        running.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve { config } => serve(&config),
+        Command::Check { config } => match config::load(&config) {
+            Ok(_) => {
+                println!("{}: ok", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                print_config_errors(&config, &e);
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+        Command::ConfigSchema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&config::json_schema()).expect("JSON")
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Demo => {
+            init_logging(LogFormat::Text, "error");
+            runtime(None).block_on(carapace::demo::run())
+        }
+        Command::KillSwitch {
+            action,
+            admin_socket: sock,
+            config,
+        } => {
+            let sock = match admin_socket(sock, config) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let (method, body) = match &action {
+                KillAction::Status => (http::Method::GET, None),
+                KillAction::Engage { tool } => (
+                    http::Method::PUT,
+                    Some(serde_json::json!({"engaged": true, "tool": tool})),
+                ),
+                KillAction::Release { tool } => (
+                    http::Method::PUT,
+                    Some(serde_json::json!({"engaged": false, "tool": tool})),
+                ),
+            };
+            admin_call(&sock, method, "/v1/kill-switch", body)
+        }
+        Command::Reload {
+            admin_socket: sock,
+            config,
+        } => match admin_socket(sock, config) {
+            Ok(s) => admin_call(&s, http::Method::POST, "/v1/reload", None),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+    }
+}
+
+fn admin_call(
+    sock: &Path,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match rt.block_on(carapace::admin::request(sock, method, path, body)) {
+        Ok((status, value)) => {
+            println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+            if status.is_success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Prometheus metrics: requests by front, tool, outcome (or rejection reason), latency
+//! histograms, and gauges for the stores.
+
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::config::Protocol;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    front: &'static str,
+    tool: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LatencyLabels {
+    front: &'static str,
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~6.5 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+}
+
+/// All metrics of one process.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
+    reloads: Family<ResultLabels, Counter>,
+    discoveries: Family<ResultLabels, Counter>,
+    pub nonce_entries: Gauge<i64, AtomicI64>,
+    pub tools: Gauge<i64, AtomicI64>,
+    pub peers: Gauge<i64, AtomicI64>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("carapace");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests by front, tool and outcome (ok, app_error, or the rejection reason)",
+            requests.clone(),
+        );
+        let latency: Family<LatencyLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Time from request to response, by front and tool",
+            latency.clone(),
+        );
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads by result",
+            reloads.clone(),
+        );
+        let discoveries = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "discoveries",
+            "Tool discoveries by result",
+            discoveries.clone(),
+        );
+        let nonce_entries = Gauge::default();
+        registry.register(
+            "nonce_store_entries",
+            "Nonces held by the replay store",
+            nonce_entries.clone(),
+        );
+        let tools = Gauge::default();
+        registry.register("catalog_tools", "Tools in the catalog", tools.clone());
+        let peers = Gauge::default();
+        registry.register(
+            "peer_store_records",
+            "Records in the peer store",
+            peers.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            reloads,
+            discoveries,
+            nonce_entries,
+            tools,
+            peers,
+        }
+    }
+}
+
+fn front_label(front: Protocol) -> &'static str {
+    match front {
+        Protocol::ToolsV1 => "tools-v1",
+        Protocol::SkillV1 => "skill-v1",
+    }
+}
+
+impl Metrics {
+    /// Record one request.
+    pub fn observe(
+        &self,
+        front: Protocol,
+        tool: Option<&str>,
+        outcome: &'static str,
+        took: Duration,
+    ) {
+        let front = front_label(front);
+        let tool = tool.unwrap_or("").to_string();
+        self.requests
+            .get_or_create(&RequestLabels {
+                front,
+                tool: tool.clone(),
+                outcome,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&LatencyLabels { front, tool })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "refused" };
+        self.reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn discovery(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.discoveries
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writes to a String");
+        out
+    }
+}

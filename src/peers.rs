@@ -1,0 +1,266 @@
+//! The peer store: one record per paired peer, persisted as a JSON file.
+//!
+//! Until the pairing handshake writes it, the operator edits the file; the records carry the
+//! fields the Remote Tool Protocol's peer model lists so that pairing can fill them in. The
+//! identity layer reads the store: a certificate whose fingerprint is not an `active` record
+//! fails closed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+use carapace_filters::call::Principal;
+use carapace_filters::identity::PeerDirectory;
+use carapace_filters::Rejection;
+
+/// One paired peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerRecord {
+    /// `gateway`, `tool_host`, `subscriber`, `operator`, ...
+    pub component_type: String,
+    pub component_id: String,
+    /// Authorization role (`gateway`, `tool_host`, `subscriber`, `listener`, `cli_admin`).
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Where the peer was paired (its pairing endpoint), if known.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub public_key_ed25519: Option<String>,
+    #[serde(default)]
+    pub public_key_x25519: Option<String>,
+    /// `sha256:<hex>` of the peer's mTLS certificate DER (compared case-insensitively).
+    pub mtls_cert_fingerprint: String,
+    /// `active` records are accepted; anything else (`revoked`, `pending`) is refused.
+    pub status: String,
+    #[serde(default)]
+    pub paired_at: Option<String>,
+    #[serde(default)]
+    pub last_seen_at: Option<String>,
+    /// Per-peer authorization overrides (used by the authorization filter).
+    #[serde(default)]
+    pub policy: Option<serde_json::Value>,
+}
+
+/// The file format.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerFile {
+    pub version: u32,
+    #[serde(default)]
+    pub peers: Vec<PeerRecord>,
+}
+
+/// The peer file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerStoreError {
+    #[error("peer store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("peer store {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Default)]
+struct Snapshot {
+    by_fingerprint: HashMap<String, Arc<(PeerRecord, Arc<Principal>)>>,
+    records: usize,
+    modified: Option<SystemTime>,
+}
+
+/// The loaded peer store.
+#[derive(Debug)]
+pub struct PeerStore {
+    path: PathBuf,
+    snapshot: ArcSwap<Snapshot>,
+}
+
+impl PeerStore {
+    /// Load the store; a missing file is an empty store (nothing paired yet).
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self, PeerStoreError> {
+        let path = path.into();
+        let snapshot = read(&path)?;
+        Ok(PeerStore {
+            path,
+            snapshot: ArcSwap::from_pointee(snapshot),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Re-read the file if it changed. A bad file keeps the old store (and says why).
+    pub fn reload_if_changed(&self) -> Result<bool, PeerStoreError> {
+        let modified = std::fs::metadata(&self.path)
+            .ok()
+            .and_then(|m| m.modified().ok());
+        if modified == self.snapshot.load().modified {
+            return Ok(false);
+        }
+        self.snapshot.store(Arc::new(read(&self.path)?));
+        Ok(true)
+    }
+
+    /// Number of records (any status).
+    pub fn len(&self) -> usize {
+        self.snapshot.load().records
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
+    let (file, modified) = match std::fs::read(path) {
+        Ok(bytes) => {
+            let modified = std::fs::metadata(path).ok().and_then(|m| m.modified().ok());
+            let file: PeerFile =
+                serde_json::from_slice(&bytes).map_err(|e| PeerStoreError::Invalid {
+                    path: path.into(),
+                    message: e.to_string(),
+                })?;
+            (file, modified)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (PeerFile::default(), None),
+        Err(source) => {
+            return Err(PeerStoreError::Io {
+                path: path.into(),
+                source,
+            })
+        }
+    };
+    if !matches!(file.version, 0 | 1) {
+        return Err(PeerStoreError::Invalid {
+            path: path.into(),
+            message: format!("unsupported version {}", file.version),
+        });
+    }
+    let mut by_fingerprint = HashMap::new();
+    let records = file.peers.len();
+    for (i, rec) in file.peers.into_iter().enumerate() {
+        let fp = rec.mtls_cert_fingerprint.to_ascii_lowercase();
+        let valid = fp
+            .strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !valid {
+            return Err(PeerStoreError::Invalid {
+                path: path.into(),
+                message: format!(
+                    "peers[{i}].mtls_cert_fingerprint must be sha256:<64 hex>, got `{}`",
+                    rec.mtls_cert_fingerprint
+                ),
+            });
+        }
+        let principal = Arc::new(Principal {
+            id: rec.component_id.clone(),
+            kind: rec.component_type.clone(),
+            fingerprint: Some(fp.clone()),
+        });
+        if by_fingerprint
+            .insert(fp, Arc::new((rec, principal)))
+            .is_some()
+        {
+            return Err(PeerStoreError::Invalid {
+                path: path.into(),
+                message: format!("peers[{i}]: fingerprint listed twice"),
+            });
+        }
+    }
+    Ok(Snapshot {
+        by_fingerprint,
+        records,
+        modified,
+    })
+}
+
+impl PeerDirectory for PeerStore {
+    fn resolve(&self, fingerprint: &str) -> Result<Arc<Principal>, Rejection> {
+        let snap = self.snapshot.load();
+        if snap.records == 0 {
+            return Err(Rejection::PairingRequired);
+        }
+        match snap.by_fingerprint.get(&fingerprint.to_ascii_lowercase()) {
+            Some(entry) if entry.0.status == "active" => Ok(entry.1.clone()),
+            Some(entry) => Err(Rejection::Forbidden(format!(
+                "peer {} is {}",
+                entry.0.component_id, entry.0.status
+            ))),
+            None => Err(Rejection::Forbidden(
+                "certificate does not match a paired peer".into(),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FP: &str = "sha256:cb7fcdc361abd781db9c3bb64306d58140bdafd6a9ccfca45f465f5261169cdf";
+
+    fn write(dir: &Path, status: &str) -> PathBuf {
+        let p = dir.join("peers.json");
+        let body = serde_json::json!({"version": 1, "peers": [{
+            "component_type": "gateway", "component_id": "gw_home",
+            "mtls_cert_fingerprint": FP, "status": status,
+            "paired_at": "2026-01-02T03:04:05Z"
+        }]});
+        std::fs::write(&p, serde_json::to_vec(&body).unwrap()).unwrap();
+        p
+    }
+
+    #[test]
+    fn empty_store_requires_pairing_and_unknown_is_forbidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PeerStore::open(dir.path().join("none.json")).unwrap();
+        assert!(matches!(store.resolve(FP), Err(Rejection::PairingRequired)));
+        let store = PeerStore::open(write(dir.path(), "active")).unwrap();
+        let p = store
+            .resolve(&FP.to_ascii_uppercase().replace("SHA256", "sha256"))
+            .unwrap();
+        assert_eq!(p.id, "gw_home");
+        assert!(matches!(
+            store.resolve(&FP.replace("cb7f", "0000")),
+            Err(Rejection::Forbidden(_))
+        ));
+    }
+
+    #[test]
+    fn revoked_peers_fail_after_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "active");
+        let store = PeerStore::open(&path).unwrap();
+        assert!(store.resolve(FP).is_ok());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(dir.path(), "revoked");
+        // Make sure the mtime differs even on coarse file systems.
+        let later = SystemTime::now() + std::time::Duration::from_secs(2);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert!(store.reload_if_changed().unwrap());
+        assert!(matches!(store.resolve(FP), Err(Rejection::Forbidden(_))));
+    }
+
+    #[test]
+    fn malformed_records_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("peers.json");
+        std::fs::write(&p, r#"{"version":1,"peers":[{"component_type":"gateway","component_id":"x","mtls_cert_fingerprint":"md5:00","status":"active"}]}"#).unwrap();
+        assert!(PeerStore::open(&p).is_err());
+        std::fs::write(&p, r#"{"version":1,"peers":[],"extra":1}"#).unwrap();
+        assert!(PeerStore::open(&p).is_err());
+    }
+}

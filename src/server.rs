@@ -1,0 +1,749 @@
+//! The running sidecar: shared state, the filter stack in the order the design gives,
+//! listeners, discovery, reload and drain.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tower::util::BoxCloneSyncService;
+use tower::{ServiceBuilder, ServiceExt};
+
+use carapace_filters::body::{BodyLimitLayer, BodyLimits};
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::concurrency::LoadShedLayer;
+use carapace_filters::identity::{ConnectionIdentity, IdentityLayer};
+use carapace_filters::kill_switch::{KillSwitch, KillSwitchLayer, Switches};
+use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
+use carapace_filters::rate_limit::{KeyedLimits, PeerRateLimitLayer, Rate, ToolRateLimitLayer};
+use carapace_filters::schema::{InputSchemaLayer, OutputSchemaLayer};
+use carapace_filters::signature::{AuthMode, SignatureLayer, SignatureVerifier, SigningKey};
+use carapace_filters::timeout::CallTimeoutLayer;
+use carapace_filters::Rejection;
+
+use crate::catalog::CatalogHandle;
+use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
+use crate::front::{CallStack, Envelope, Resp};
+use crate::metrics::Metrics;
+use crate::peers::PeerStore;
+use crate::skill_v1::{AppSigning, SkillV1Back, SkillV1Front};
+use crate::tools_v1::{ToolsV1Back, ToolsV1Front};
+use crate::upstream::AppClient;
+
+/// The service every listener hands requests to.
+pub type HttpStack = BoxCloneSyncService<Request<Incoming>, Resp, Infallible>;
+
+/// Starting failed; nothing is left listening.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    KillSwitch(#[from] carapace_filters::kill_switch::KillSwitchError),
+    #[error("nonce store: {0}")]
+    Nonces(#[from] carapace_filters::nonce::NonceError),
+    #[error(transparent)]
+    Peers(#[from] crate::peers::PeerStoreError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("cannot bind {what} {address}: {source}")]
+    Bind {
+        what: &'static str,
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+/// State shared by listeners, the admin socket, the ops endpoint and reloads.
+pub struct Shared {
+    pub config: ArcSwap<Loaded>,
+    pub kill_switch: KillSwitch,
+    pub nonces: Option<Arc<NonceStore>>,
+    pub peers: Arc<PeerStore>,
+    pub catalog: Arc<CatalogHandle>,
+    pub metrics: Arc<Metrics>,
+    pub app: ArcSwap<AppClient>,
+    stack: ArcSwap<HttpStack>,
+    tls: arc_swap::ArcSwapOption<TlsAcceptor>,
+    listening: AtomicBool,
+    rediscover: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// Ready: listeners bound and discovery succeeded.
+    pub fn ready(&self) -> bool {
+        self.listening.load(Ordering::Acquire) && self.catalog.discovered()
+    }
+}
+
+fn rate(r: RateConfig) -> Rate {
+    Rate {
+        per_second: NonZeroU32::new(r.per_second).expect("validated"),
+        burst: NonZeroU32::new(r.burst).expect("validated"),
+    }
+}
+
+fn auth_mode(m: AuthModeConfig) -> AuthMode {
+    match m {
+        AuthModeConfig::Hmac => AuthMode::Hmac,
+        AuthModeConfig::ApiKey => AuthMode::ApiKey,
+    }
+}
+
+/// The call-stage stack: per-tool kill-switch, per-tool rate limit, signature, input schema,
+/// timeout, output schema, back.
+fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
+    let c = &cfg.config;
+    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match c.app.protocol {
+        Protocol::ToolsV1 => BoxCloneSyncService::new(ToolsV1Back::new(app)),
+        Protocol::SkillV1 => {
+            let skill = c.app.skill.as_ref().expect("validated");
+            let signing = skill.auth.as_ref().map(|a| AppSigning {
+                mode: auth_mode(a.mode),
+                header: a
+                    .header_name
+                    .as_deref()
+                    .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
+                secret: cfg.app_secret.clone().expect("validated"),
+            });
+            BoxCloneSyncService::new(SkillV1Back::new(
+                app,
+                &skill.skill_id,
+                &skill.protocol_version,
+                signing,
+            ))
+        }
+    };
+    let tool_limits = Arc::new(KeyedLimits::new(
+        c.rate_limits.per_tool.map(rate),
+        c.rate_limits
+            .tools
+            .iter()
+            .map(|(k, r)| (k.clone(), rate(*r))),
+    ));
+    let signature = c.front.auth.as_ref().map(|auth| {
+        let keys = cfg
+            .caller_keys
+            .iter()
+            .map(|(id, s)| SigningKey {
+                id: id.clone(),
+                secret: s.bytes().clone(),
+            })
+            .collect();
+        SignatureLayer::new(Arc::new(SignatureVerifier::new(
+            auth_mode(auth.mode),
+            keys,
+            Duration::from_secs(auth.timestamp_skew_s),
+            shared
+                .nonces
+                .clone()
+                .expect("a signed front has a nonce store"),
+            Arc::new(carapace_filters::unix_now_ms),
+        )))
+    });
+    BoxCloneSyncService::new(
+        ServiceBuilder::new()
+            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+            .layer(ToolRateLimitLayer::new(tool_limits))
+            .option_layer(signature)
+            .layer(InputSchemaLayer)
+            .layer(CallTimeoutLayer)
+            .layer(OutputSchemaLayer)
+            .service(back),
+    )
+}
+
+/// The whole stack: identity, global kill-switch, per-peer rate limit, load shedding, body
+/// limits, the front (decode, call stage, encode), wrapped in the front's error envelope.
+pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
+    let c = &cfg.config;
+    let calls = call_stack(cfg, shared, shared.app.load().as_ref().clone());
+    let peer_limits = Arc::new(KeyedLimits::new(c.rate_limits.per_peer.map(rate), []));
+    let body = BodyLimits {
+        max_bytes: c.limits.max_body_bytes,
+        deadline: Duration::from_millis(c.limits.body_timeout_ms),
+    };
+    let http = ServiceBuilder::new()
+        .layer(IdentityLayer::new(
+            shared.peers.clone(),
+            c.front.protocol == Protocol::SkillV1,
+        ))
+        .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+        .layer(PeerRateLimitLayer::new(peer_limits))
+        .layer(LoadShedLayer::new(c.limits.max_in_flight))
+        .layer(BodyLimitLayer::new(body));
+    match c.front.protocol {
+        Protocol::ToolsV1 => BoxCloneSyncService::new(Envelope::new(
+            http.service(ToolsV1Front::new(shared.catalog.clone(), calls)),
+            Protocol::ToolsV1,
+            shared.metrics.clone(),
+        )),
+        Protocol::SkillV1 => {
+            let auth = c.front.auth.as_ref().expect("validated");
+            BoxCloneSyncService::new(Envelope::new(
+                http.service(SkillV1Front::new(
+                    cfg.front_skill_id.as_deref().expect("validated"),
+                    auth_mode(auth.mode),
+                    auth.header_name.as_deref(),
+                    shared.catalog.clone(),
+                    calls,
+                )),
+                Protocol::SkillV1,
+                shared.metrics.clone(),
+            ))
+        }
+    }
+}
+
+fn app_client(cfg: &Loaded) -> AppClient {
+    AppClient::new(
+        cfg.app_address.clone(),
+        &cfg.config.app.pool,
+        cfg.config.limits.max_response_bytes,
+    )
+}
+
+fn tls_acceptor(cfg: &Loaded) -> Result<Option<TlsAcceptor>, StartError> {
+    match cfg
+        .config
+        .listeners
+        .tcp
+        .as_ref()
+        .and_then(|t| t.tls.as_ref())
+    {
+        Some(tls) => Ok(Some(TlsAcceptor::from(crate::tls::server_config(tls)?))),
+        None => Ok(None),
+    }
+}
+
+fn switches(cfg: &Loaded) -> Switches {
+    Switches {
+        global: cfg.config.kill_switch.global,
+        tools: cfg.config.kill_switch.tools.iter().cloned().collect(),
+    }
+}
+
+fn create_private_dir(path: &Path) -> Result<(), StartError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|source| StartError::StateDir {
+            path: path.into(),
+            source,
+        })
+}
+
+/// A started sidecar.
+pub struct Running {
+    pub shared: Arc<Shared>,
+    /// The bound TCP listener address (useful with port 0).
+    pub tcp_address: Option<SocketAddr>,
+    /// The bound ops address.
+    pub ops_address: Option<SocketAddr>,
+    pub unix_path: Option<PathBuf>,
+    pub admin_socket: PathBuf,
+    shutdown: watch::Sender<bool>,
+    tasks: tokio::task::JoinSet<()>,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+}
+
+impl Running {
+    /// Stop accepting, let calls in flight finish (up to the drain timeout), then return.
+    pub async fn shutdown(mut self) {
+        let drain = Duration::from_secs(self.shared.config.load().config.limits.drain_timeout_s);
+        let _ = self.shutdown.send(true);
+        // Accept loops end first, so no new connection is watched after this point.
+        while let Some(r) = self.tasks.join_next().await {
+            if let Err(e) = r {
+                if e.is_panic() {
+                    tracing::error!("task panicked: {e}");
+                }
+            }
+        }
+        let graceful = self.graceful.lock().await.take();
+        if let Some(g) = graceful {
+            if tokio::time::timeout(drain, g.shutdown()).await.is_err() {
+                tracing::warn!("drain timeout elapsed; closing remaining connections");
+            }
+        }
+        if let Some(p) = &self.unix_path {
+            let _ = std::fs::remove_file(p);
+        }
+        let _ = std::fs::remove_file(&self.admin_socket);
+        tracing::info!("stopped");
+    }
+
+    /// Re-read the configuration file and apply it atomically; a bad file is refused.
+    pub async fn reload(&self) -> Result<(), Vec<String>> {
+        reload(&self.shared).await
+    }
+}
+
+/// Apply a reloaded configuration: everything is built first and swapped in only if all of it
+/// succeeded, so a bad configuration leaves the old one serving.
+pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
+    let old = shared.config.load_full();
+    let result = (|| {
+        let new = crate::config::load(&old.source)
+            .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+        let fixed = [
+            (
+                "listeners",
+                format!("{:?}", old.config.listeners.unix.as_ref().map(|u| &u.path))
+                    + &format!("{:?}", old.tcp_address),
+                format!("{:?}", new.config.listeners.unix.as_ref().map(|u| &u.path))
+                    + &format!("{:?}", new.tcp_address),
+            ),
+            (
+                "state_dir",
+                format!("{:?}", old.config.state_dir),
+                format!("{:?}", new.config.state_dir),
+            ),
+            (
+                "front",
+                format!("{:?}{:?}", old.config.front.protocol, old.front_skill_id),
+                format!("{:?}{:?}", new.config.front.protocol, new.front_skill_id),
+            ),
+            (
+                "ops",
+                format!("{:?}", old.ops_address),
+                format!("{:?}", new.ops_address),
+            ),
+            (
+                "admin",
+                format!("{:?}", old.admin_socket()),
+                format!("{:?}", new.admin_socket()),
+            ),
+            (
+                "nonce store",
+                format!(
+                    "{:?}",
+                    old.config
+                        .front
+                        .auth
+                        .as_ref()
+                        .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
+                ),
+                format!(
+                    "{:?}",
+                    new.config
+                        .front
+                        .auth
+                        .as_ref()
+                        .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
+                ),
+            ),
+        ];
+        let changed: Vec<String> = fixed
+            .iter()
+            .filter(|(_, a, b)| a != b)
+            .map(|(what, _, _)| format!("{what} cannot change on reload; restart to apply it"))
+            .collect();
+        if !changed.is_empty() {
+            return Err(changed);
+        }
+        let tls = tls_acceptor(&new).map_err(|e| vec![e.to_string()])?;
+        Ok((new, tls))
+    })();
+    match result {
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!("reload refused: {e}");
+            }
+            shared.metrics.reload(false);
+            Err(errors)
+        }
+        Ok((new, tls)) => {
+            let new = Arc::new(new);
+            if new.app_address != old.app_address
+                || format!("{:?}", new.config.app.pool) != format!("{:?}", old.config.app.pool)
+            {
+                shared.app.store(Arc::new(app_client(&new)));
+            }
+            let stack = build_stack(&new, shared);
+            shared.kill_switch.set_config(switches(&new));
+            shared.tls.store(tls.map(Arc::new));
+            shared.config.store(new);
+            shared.stack.store(Arc::new(stack));
+            if let Err(e) = shared.peers.reload_if_changed() {
+                tracing::error!("peer store kept as it was: {e}");
+            }
+            shared.metrics.peers.set(shared.peers.len() as i64);
+            shared.rediscover.notify_one();
+            shared.metrics.reload(true);
+            tracing::info!("config_reloaded path={}", old.source.display());
+            Ok(())
+        }
+    }
+}
+
+/// Start everything: state, stores, listeners, discovery. Nothing is bound if the state
+/// cannot be loaded.
+pub async fn start(cfg: Loaded) -> Result<Running, StartError> {
+    let c = &cfg.config;
+    create_private_dir(&c.state_dir)?;
+    let kill_switch = KillSwitch::open(switches(&cfg), c.state_dir.join("killswitch.json"))?;
+    let nonces = match &c.front.auth {
+        Some(auth) => Some(Arc::new(NonceStore::open(
+            NonceStoreConfig {
+                capacity: auth.nonce_capacity,
+                ttl: Duration::from_secs(auth.nonce_ttl_s),
+                journal: Some(c.state_dir.join("nonces.journal")),
+            },
+            carapace_filters::unix_now_ms(),
+        )?)),
+        None => None,
+    };
+    let peers = Arc::new(PeerStore::open(cfg.peers_file())?);
+    let tls = tls_acceptor(&cfg)?;
+    let metrics = Arc::new(Metrics::default());
+    metrics.peers.set(peers.len() as i64);
+
+    tracing::info!("remote_gateway enabled=true");
+    tracing::info!(
+        "remote_gateway kill_switch={}",
+        kill_switch.global_engaged()
+    );
+    if kill_switch.global_engaged() {
+        tracing::warn!("GATEWAY_DISABLED");
+        tracing::warn!("registration_skipped reason=kill_switch_active");
+    }
+    tracing::info!("registry_loaded path={}", cfg.source.display());
+
+    let shared = Arc::new_cyclic(|_| Shared {
+        app: ArcSwap::from_pointee(app_client(&cfg)),
+        config: ArcSwap::from_pointee(cfg.clone()),
+        kill_switch,
+        nonces,
+        peers,
+        catalog: Arc::new(CatalogHandle::default()),
+        metrics,
+        stack: ArcSwap::from_pointee(BoxCloneSyncService::new(tower::service_fn(
+            |_: Request<Incoming>| async { unreachable!("replaced before listening") },
+        ))),
+        tls: arc_swap::ArcSwapOption::new(tls.map(Arc::new)),
+        listening: AtomicBool::new(false),
+        rediscover: tokio::sync::Notify::new(),
+    });
+    shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
+
+    // Bind everything before serving anything.
+    let unix = match &c.listeners.unix {
+        Some(u) => {
+            let _ = std::fs::remove_file(&u.path);
+            if let Some(dir) = u.path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let l = UnixListener::bind(&u.path).map_err(|source| StartError::Bind {
+                what: "unix listener",
+                address: u.path.display().to_string(),
+                source,
+            })?;
+            set_mode(&u.path, cfg.unix_mode);
+            Some((l, u.path.clone()))
+        }
+        None => None,
+    };
+    let tcp = match cfg.tcp_address {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "tcp listener",
+                    address: a.to_string(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let ops = match cfg.ops_address {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "ops listener",
+                    address: a.to_string(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let admin_path = cfg.admin_socket();
+    let _ = std::fs::remove_file(&admin_path);
+    let admin = UnixListener::bind(&admin_path).map_err(|source| StartError::Bind {
+        what: "admin socket",
+        address: admin_path.display().to_string(),
+        source,
+    })?;
+    set_mode(&admin_path, 0o600);
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
+    let mut tasks = tokio::task::JoinSet::new();
+    let tcp_address = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let ops_address = ops.as_ref().and_then(|l| l.local_addr().ok());
+    let max_conns = c.limits.max_connections;
+    if let Some((l, path)) = unix {
+        tracing::info!("listening unix={}", path.display());
+        tasks.spawn(accept_unix(
+            l,
+            shared.clone(),
+            shutdown_rx.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+    }
+    if let Some(l) = tcp {
+        tracing::info!("listening tcp={}", tcp_address.expect("bound"));
+        tasks.spawn(accept_tcp(
+            l,
+            shared.clone(),
+            shutdown_rx.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+    }
+    if let Some(l) = ops {
+        tracing::info!("ops listening on {}", ops_address.expect("bound"));
+        tasks.spawn(crate::ops::serve(l, shared.clone(), shutdown_rx.clone()));
+    }
+    tasks.spawn(crate::admin::serve(
+        admin,
+        shared.clone(),
+        shutdown_rx.clone(),
+    ));
+    tasks.spawn(discovery_loop(shared.clone(), shutdown_rx.clone()));
+    tasks.spawn(housekeeping(shared.clone(), shutdown_rx.clone()));
+    shared.listening.store(true, Ordering::Release);
+
+    Ok(Running {
+        shared,
+        tcp_address,
+        ops_address,
+        unix_path: cfg.config.listeners.unix.as_ref().map(|u| u.path.clone()),
+        admin_socket: admin_path,
+        shutdown: shutdown_tx,
+        tasks,
+        graceful,
+    })
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        tracing::warn!("cannot set mode of {}: {e}", path.display());
+    }
+}
+
+async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut failures = 0u32;
+    loop {
+        let cfg = shared.config.load_full();
+        let app = shared.app.load_full();
+        let first = !shared.catalog.discovered();
+        let ok = match shared.catalog.refresh(&app, &cfg).await {
+            Ok(n) => {
+                shared.metrics.tools.set(n as i64);
+                if first && cfg.config.app.skill.is_some() {
+                    tracing::info!("registry_summary skills=1 capabilities={n}");
+                }
+                failures = 0;
+                true
+            }
+            Err(_) => {
+                failures += 1;
+                false
+            }
+        };
+        shared.metrics.discovery(ok);
+        // Retry quickly until the first success, then at the configured interval.
+        let wait = if !shared.catalog.discovered() || !ok {
+            Duration::from_millis(500 * u64::from(failures.min(10)))
+        } else if cfg.config.app.discovery.interval_s == 0 {
+            Duration::from_secs(u64::MAX / 4)
+        } else {
+            Duration::from_secs(cfg.config.app.discovery.interval_s)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shared.rediscover.notified() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        match shared.peers.reload_if_changed() {
+            Ok(true) => {
+                tracing::info!("peer store reloaded records={}", shared.peers.len());
+                shared.metrics.peers.set(shared.peers.len() as i64);
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!("peer store kept as it was: {e}"),
+        }
+        if let Some(n) = &shared.nonces {
+            n.purge_expired(carapace_filters::unix_now_ms());
+            shared.metrics.nonce_entries.set(n.len() as i64);
+        }
+    }
+}
+
+fn http_builder(cfg: &Loaded, h2_only: bool) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(
+            cfg.config.limits.header_read_timeout_ms,
+        ));
+    b.http2().timer(TokioTimer::new());
+    if h2_only {
+        b = b.http2_only();
+    }
+    b
+}
+
+/// Serve one accepted connection under the graceful-shutdown watcher.
+async fn serve_connection<IO>(
+    io: IO,
+    identity: ConnectionIdentity,
+    h2_only: bool,
+    shared: Arc<Shared>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = shared.config.load_full();
+    let builder = http_builder(&cfg, h2_only);
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(identity.clone());
+        let stack = shared.stack.load_full();
+        async move { stack.as_ref().clone().oneshot(req).await }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
+async fn accept_unix(
+    l: UnixListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    max_conns: usize,
+) {
+    let permits = Arc::new(Semaphore::new(max_conns));
+    loop {
+        let (stream, _) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(s) => s,
+                Err(e) => { tracing::warn!("unix accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!("connection limit reached; closing a new unix connection");
+            continue;
+        };
+        let Some(watcher) = graceful.lock().await.as_ref().map(|g| g.watcher()) else {
+            return;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, ConnectionIdentity::Local, false, shared, watcher).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn accept_tcp(
+    l: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    max_conns: usize,
+) {
+    let permits = Arc::new(Semaphore::new(max_conns));
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(s) => s,
+                Err(e) => { tracing::warn!("tcp accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection limit reached; closing a new connection");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(watcher) = graceful.lock().await.as_ref().map(|g| g.watcher()) else {
+            return;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let acceptor = shared.tls.load_full();
+            match acceptor {
+                None => {
+                    serve_connection(
+                        stream,
+                        ConnectionIdentity::Anonymous,
+                        false,
+                        shared,
+                        watcher,
+                    )
+                    .await
+                }
+                Some(acceptor) => {
+                    let handshake = Duration::from_millis(
+                        shared.config.load().config.limits.tls_handshake_timeout_ms,
+                    );
+                    let tls = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::info!(%peer, "TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::info!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let (_, conn) = tls.get_ref();
+                    let identity = match conn.peer_certificates().and_then(|c| c.first()) {
+                        Some(cert) => ConnectionIdentity::Certificate {
+                            fingerprint: crate::tls::fingerprint(cert),
+                        },
+                        None => ConnectionIdentity::Anonymous,
+                    };
+                    let h2 = conn.alpn_protocol() == Some(b"h2");
+                    serve_connection(tls, identity, h2, shared, watcher).await
+                }
+            }
+            drop(permit);
+        });
+    }
+}

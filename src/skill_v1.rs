@@ -1,0 +1,464 @@
+//! Skill Gateway v1 (`skill-v1`): the front (`GET /manifest`, `POST /run` with HMAC or API key)
+//! and the back (calling a legacy `/run` skill, signing with the skill's own secret).
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderName, Method, Request, StatusCode};
+use serde_json::{json, Map, Value};
+use tower::{Service, ServiceExt};
+
+use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
+use carapace_filters::canonical::{canonical_string, hmac_sha256_hex, parse_strict};
+use carapace_filters::signature::AuthMode;
+use carapace_filters::{BoxFuture, Rejection};
+
+use crate::catalog::CatalogHandle;
+use crate::config::{Protocol, Secret};
+use crate::errors;
+use crate::front::{json_response, CallRecord, CallStack, Resp};
+use crate::upstream::AppClient;
+
+/// The protocol version this front speaks.
+pub const PROTOCOL_VERSION: &str = "1.0";
+/// The six fields the signature covers.
+pub const SIGNED_FIELDS: [&str; 6] = [
+    "gateway_protocol_version",
+    "skill_id",
+    "capability",
+    "input",
+    "timestamp",
+    "nonce",
+];
+/// Default header of the API key.
+pub const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
+/// Default header of the signature copy.
+pub const DEFAULT_SIGNATURE_HEADER: &str = "x-skill-signature";
+
+/// The skill-v1 error envelope (this front's one mapping of rejections).
+pub fn error_response(r: &Rejection) -> Resp {
+    let (code, status) = errors::code_and_status(r, Protocol::SkillV1);
+    let mut body = json!({"ok": false, "error_code": code, "message": errors::message(r)});
+    if let Some(d) = errors::details(r) {
+        body["details"] = d;
+    }
+    let mut resp = json_response(status, &body);
+    errors::retry_after_header(r, resp.headers_mut());
+    resp
+}
+
+/// The skill-v1 front.
+#[derive(Clone)]
+pub struct SkillV1Front {
+    skill_id: Arc<str>,
+    mode: AuthMode,
+    auth_header: HeaderName,
+    catalog: Arc<CatalogHandle>,
+    calls: CallStack,
+}
+
+impl SkillV1Front {
+    pub fn new(
+        skill_id: &str,
+        mode: AuthMode,
+        header_name: Option<&str>,
+        catalog: Arc<CatalogHandle>,
+        calls: CallStack,
+    ) -> Self {
+        let default = match mode {
+            AuthMode::ApiKey => DEFAULT_API_KEY_HEADER,
+            AuthMode::Hmac => DEFAULT_SIGNATURE_HEADER,
+        };
+        let auth_header = HeaderName::from_bytes(header_name.unwrap_or(default).as_bytes())
+            .expect("validated in config");
+        SkillV1Front {
+            skill_id: skill_id.into(),
+            mode,
+            auth_header,
+            catalog,
+            calls,
+        }
+    }
+
+    /// The manifest: capabilities as objects carrying their own schemas (the shape the public
+    /// Vagus client reads), plus the top-level schemas of the text's shape when there is
+    /// exactly one capability.
+    fn manifest(&self) -> Resp {
+        let catalog = self.catalog.load();
+        let caps: Vec<Value> = catalog
+            .tools
+            .values()
+            .map(|t| {
+                json!({
+                    "capability": t.name,
+                    "description": t.description,
+                    "input_schema": &**t.input.source(),
+                    "output_schema": t.output.as_ref().map(|o| (**o.source()).clone()).unwrap_or(json!({})),
+                })
+            })
+            .collect();
+        let mut m = json!({
+            "gateway_protocol_version": PROTOCOL_VERSION,
+            "id": &*self.skill_id,
+            "version": catalog.version.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").into()),
+            "requires": {"auth": match self.mode { AuthMode::Hmac => "hmac-sha256", AuthMode::ApiKey => "api_key" }},
+            "safety": {"data_handling": "no_secrets"},
+        });
+        if let [only] = caps.as_slice() {
+            m["input_schema"] = only["input_schema"].clone();
+            m["output_schema"] = only["output_schema"].clone();
+        }
+        m["capabilities"] = Value::Array(caps);
+        json_response(StatusCode::OK, &m)
+    }
+
+    fn decode(
+        &self,
+        req: &Request<Bytes>,
+        principal: Arc<Principal>,
+    ) -> Result<ToolCall, Rejection> {
+        let doc = parse_strict(req.body()).map_err(|e| Rejection::invalid(e.to_string()))?;
+        let Value::Object(fields) = doc else {
+            return Err(Rejection::invalid("body must be a JSON object"));
+        };
+        // A field the signature does not cover could be read by the app unverified.
+        if let Some(extra) = fields
+            .keys()
+            .find(|k| !SIGNED_FIELDS.contains(&k.as_str()) && k.as_str() != "signature")
+        {
+            return Err(Rejection::InvalidRequest {
+                message: format!("field `{extra}` is not covered by the signature"),
+                path: Some(format!("/{extra}")),
+            });
+        }
+        let str_field = |k: &'static str| {
+            fields
+                .get(k)
+                .and_then(Value::as_str)
+                .ok_or(Rejection::InvalidRequest {
+                    message: format!("`{k}` must be a string"),
+                    path: Some(format!("/{k}")),
+                })
+        };
+        let version = str_field("gateway_protocol_version")?;
+        if version != PROTOCOL_VERSION {
+            return Err(Rejection::ProtocolVersionUnsupported(version.into()));
+        }
+        let skill_id = str_field("skill_id")?;
+        if skill_id != &*self.skill_id {
+            return Err(Rejection::NoRoute(format!(
+                "skill `{skill_id}` is not served here"
+            )));
+        }
+        let capability = str_field("capability")?;
+        let nonce = str_field("nonce")?.to_string();
+        let signature = str_field("signature")?.to_string();
+        let input = match fields.get("input") {
+            Some(v @ Value::Object(_)) => v.clone(),
+            _ => {
+                return Err(Rejection::InvalidRequest {
+                    message: "`input` must be an object".into(),
+                    path: Some("/input".into()),
+                })
+            }
+        };
+        let timestamp = fields
+            .get("timestamp")
+            .and_then(Value::as_f64)
+            .filter(|t| t.is_finite())
+            .ok_or(Rejection::InvalidRequest {
+                message: "`timestamp` must be a number (Unix ms)".into(),
+                path: Some("/timestamp".into()),
+            })?;
+        if !self.catalog.discovered() {
+            return Err(Rejection::AppUnavailable(
+                "tool discovery has not succeeded yet".into(),
+            ));
+        }
+        let tool = self
+            .catalog
+            .load()
+            .get(capability)
+            .cloned()
+            .ok_or_else(|| Rejection::ToolNotFound(capability.into()))?;
+        let signed: Map<String, Value> = fields
+            .iter()
+            .filter(|(k, _)| k.as_str() != "signature")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let canonical = canonical_string(&Value::Object(signed))
+            .map_err(|e| Rejection::invalid(e.to_string()))?;
+        let header = |h: &HeaderName| {
+            req.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (api_key, header_signature) = match self.mode {
+            AuthMode::ApiKey => (header(&self.auth_header), None),
+            AuthMode::Hmac => (None, header(&self.auth_header)),
+        };
+        Ok(ToolCall {
+            call_id: nonce.clone(),
+            tool,
+            tenant_id: None,
+            args: input,
+            context: None,
+            timeout_ms: None,
+            idempotency_key: None,
+            principal,
+            credential: Credential::Skill(SkillCredential {
+                api_key,
+                header_signature,
+                signature_hex: signature,
+                canonical,
+                timestamp_ms: timestamp as i64,
+                nonce,
+                scope: self.skill_id.to_string(),
+            }),
+        })
+    }
+}
+
+fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
+    match outcome {
+        CallOutcome::Ok { output, meta } => {
+            let mut meta = match meta {
+                Some(Value::Object(m)) => Value::Object(m.clone()),
+                _ => json!({}),
+            };
+            meta["duration_ms"] = json!(duration_ms);
+            json_response(
+                StatusCode::OK,
+                &json!({"ok": true, "output": output, "meta": meta}),
+            )
+        }
+        CallOutcome::AppError {
+            code,
+            message,
+            details,
+            ..
+        } => {
+            let mut body = json!({"ok": false, "error_code": code, "message": message});
+            if let Some(d) = details {
+                body["details"] = d.clone();
+            }
+            json_response(StatusCode::OK, &body)
+        }
+    }
+}
+
+impl Service<Request<Bytes>> for SkillV1Front {
+    type Response = Resp;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<Resp, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            match (req.method(), req.uri().path()) {
+                (&Method::GET, "/manifest") => Ok(this.manifest()),
+                (&Method::POST, "/run") => {
+                    let started = Instant::now();
+                    let principal = req
+                        .extensions()
+                        .get::<Arc<Principal>>()
+                        .cloned()
+                        .ok_or_else(|| Rejection::Internal("request without principal".into()))?;
+                    let call = match this.decode(&req, principal) {
+                        Ok(c) => c,
+                        Err(r) => {
+                            let mut resp = error_response(&r);
+                            resp.extensions_mut().insert(CallRecord {
+                                tool: None,
+                                outcome: r.reason(),
+                            });
+                            return Ok(resp);
+                        }
+                    };
+                    let tool = call.tool.name.clone();
+                    let call_id = call.call_id.clone();
+                    let result = this.calls.clone().oneshot(call).await;
+                    let ms = started.elapsed().as_millis() as u64;
+                    let (mut resp, outcome) = match &result {
+                        Ok(o) => (
+                            outcome_response(o, ms),
+                            match o {
+                                CallOutcome::Ok { .. } => "ok",
+                                CallOutcome::AppError { .. } => "app_error",
+                            },
+                        ),
+                        Err(r) => (error_response(r), r.reason()),
+                    };
+                    if let Err(Rejection::Internal(e)) = &result {
+                        tracing::error!(call_id = %call_id, tool = %tool, error = %e, "internal error");
+                    }
+                    resp.extensions_mut().insert(CallRecord {
+                        tool: Some(tool),
+                        outcome,
+                    });
+                    Ok(resp)
+                }
+                (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
+            }
+        })
+    }
+}
+
+/// How carapace signs calls to a skill-v1 app.
+#[derive(Clone, Debug)]
+pub struct AppSigning {
+    pub mode: AuthMode,
+    pub header: Option<HeaderName>,
+    pub secret: Secret,
+}
+
+/// The skill-v1 back: calls `POST /run` on a legacy skill, signing each call itself with a
+/// fresh timestamp and nonce when the skill checks signatures.
+#[derive(Clone, Debug)]
+pub struct SkillV1Back {
+    app: AppClient,
+    skill_id: Arc<str>,
+    protocol_version: Arc<str>,
+    signing: Option<AppSigning>,
+}
+
+impl SkillV1Back {
+    pub fn new(
+        app: AppClient,
+        skill_id: &str,
+        protocol_version: &str,
+        signing: Option<AppSigning>,
+    ) -> Self {
+        SkillV1Back {
+            app,
+            skill_id: skill_id.into(),
+            protocol_version: protocol_version.into(),
+            signing,
+        }
+    }
+}
+
+/// The signed `/run` body and headers for a call.
+pub fn encode_run(
+    call: &ToolCall,
+    skill_id: &str,
+    protocol_version: &str,
+    signing: Option<&AppSigning>,
+    now_ms: u64,
+    nonce: &str,
+) -> Result<(Value, http::HeaderMap), Rejection> {
+    let mut body = json!({
+        "gateway_protocol_version": protocol_version,
+        "skill_id": skill_id,
+        "capability": call.tool.name,
+        "input": call.args,
+        "timestamp": now_ms,
+        "nonce": nonce,
+    });
+    let mut headers = http::HeaderMap::new();
+    carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    if let Some(s) = signing {
+        let secret_value = || {
+            http::HeaderValue::from_bytes(s.secret.bytes())
+                .map_err(|_| Rejection::Internal("app secret is not a valid header value".into()))
+        };
+        match s.mode {
+            AuthMode::Hmac => {
+                let canonical =
+                    canonical_string(&body).map_err(|e| Rejection::invalid(e.to_string()))?;
+                let sig = hmac_sha256_hex(s.secret.bytes(), canonical.as_bytes());
+                if let Some(h) = &s.header {
+                    headers.insert(h.clone(), http::HeaderValue::from_str(&sig).expect("hex"));
+                }
+                body["signature"] = json!(sig);
+            }
+            AuthMode::ApiKey => {
+                let h = s
+                    .header
+                    .clone()
+                    .unwrap_or(HeaderName::from_static(DEFAULT_API_KEY_HEADER));
+                headers.insert(h, secret_value()?);
+                body["signature"] = json!("api_key");
+            }
+        }
+    }
+    Ok((body, headers))
+}
+
+/// Decode a skill's `/run` answer.
+pub fn decode_run_response(status: StatusCode, body: &[u8]) -> Result<CallOutcome, Rejection> {
+    let doc: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(d) => d,
+            Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
+            Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
+        }
+    };
+    let app_error = |doc: &Value| CallOutcome::AppError {
+        code: doc["error_code"]
+            .as_str()
+            .unwrap_or("SKILL_HTTP_ERROR")
+            .to_string(),
+        message: doc["message"].as_str().unwrap_or("").to_string(),
+        details: doc.get("details").cloned(),
+        retryable: status.is_server_error(),
+    };
+    if !status.is_success() {
+        return match doc.get("error_code").and_then(Value::as_str) {
+            Some(_) => Ok(app_error(&doc)),
+            None => Err(Rejection::AppHttp(status.as_u16())),
+        };
+    }
+    match doc.get("ok") {
+        Some(Value::Bool(true)) => Ok(CallOutcome::Ok {
+            output: doc.get("output").cloned().unwrap_or(Value::Null),
+            meta: doc.get("meta").cloned(),
+        }),
+        Some(_) => Ok(app_error(&doc)),
+        None => Err(Rejection::AppInvalid("answer has no `ok` flag".into())),
+    }
+}
+
+impl Service<ToolCall> for SkillV1Back {
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let nonce = hex::encode(rand::random::<[u8; 16]>());
+            let (body, headers) = encode_run(
+                &call,
+                &this.skill_id,
+                &this.protocol_version,
+                this.signing.as_ref(),
+                carapace_filters::unix_now_ms(),
+                &nonce,
+            )?;
+            let bytes = serde_json::to_vec(&body).expect("serializes");
+            let resp = this
+                .app
+                .send(Method::POST, "/run", headers, Bytes::from(bytes))
+                .await?;
+            decode_run_response(resp.status, &resp.body)
+        })
+    }
+}

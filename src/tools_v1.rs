@@ -1,0 +1,373 @@
+//! Remote Tool Protocol (`tools-v1`): the front (`GET /v1/tools`, `POST /v1/tools/call`) and
+//! the back (calling a tools-v1 app). The seed's request and response schemas are enforced on
+//! both sides.
+
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use serde_json::{json, Value};
+use tower::{Service, ServiceExt};
+
+use carapace_filters::call::{CallOutcome, Credential, ToolCall};
+use carapace_filters::canonical::parse_strict;
+use carapace_filters::schema::CompiledSchema;
+use carapace_filters::{BoxFuture, Rejection};
+
+use crate::catalog::{tools_v1_descriptor, CatalogHandle};
+use crate::config::Protocol;
+use crate::errors;
+use crate::front::{json_response, CallRecord, CallStack, Resp};
+use crate::upstream::AppClient;
+
+/// The seed's `POST /v1/tools/call` request schema.
+pub const REQUEST_SCHEMA: &str = include_str!("../schemas/tool-call-request-v1.json");
+/// The seed's `POST /v1/tools/call` response schema.
+pub const RESPONSE_SCHEMA: &str = include_str!("../schemas/tool-call-response-v1.json");
+
+static REQUEST: LazyLock<CompiledSchema> = LazyLock::new(|| {
+    CompiledSchema::compile(serde_json::from_str(REQUEST_SCHEMA).expect("schema is JSON"))
+        .expect("request schema compiles")
+});
+static RESPONSE: LazyLock<CompiledSchema> = LazyLock::new(|| {
+    CompiledSchema::compile(serde_json::from_str(RESPONSE_SCHEMA).expect("schema is JSON"))
+        .expect("response schema compiles")
+});
+
+/// The tools-v1 error envelope (this front's one mapping of rejections).
+pub fn error_response(r: &Rejection, call_id: &str, tool: &str, duration_ms: u64) -> Resp {
+    let (code, status) = errors::code_and_status(r, Protocol::ToolsV1);
+    let call_status = match r {
+        Rejection::Timeout(_) => "timeout",
+        r if r.retryable() => "retryable_error",
+        _ => "error",
+    };
+    let mut error = json!({
+        "code": code,
+        "message": errors::message(r),
+        "retryable": r.retryable(),
+    });
+    if let Some(d) = errors::details(r) {
+        error["details"] = d;
+    }
+    let mut resp = json_response(
+        status,
+        &json!({
+            "version": "v1",
+            "call_id": call_id,
+            "tool_name": tool,
+            "status": call_status,
+            "error": error,
+            "duration_ms": duration_ms,
+        }),
+    );
+    errors::retry_after_header(r, resp.headers_mut());
+    resp
+}
+
+/// The tools-v1 front.
+#[derive(Clone)]
+pub struct ToolsV1Front {
+    catalog: Arc<CatalogHandle>,
+    calls: CallStack,
+}
+
+impl ToolsV1Front {
+    pub fn new(catalog: Arc<CatalogHandle>, calls: CallStack) -> Self {
+        ToolsV1Front { catalog, calls }
+    }
+
+    fn list(&self) -> Resp {
+        let catalog = self.catalog.load();
+        let tools: Vec<Value> = catalog
+            .tools
+            .values()
+            .map(|t| tools_v1_descriptor(t))
+            .collect();
+        json_response(
+            StatusCode::OK,
+            &json!({"version": "v1", "service": catalog.service, "tools": tools}),
+        )
+    }
+}
+
+/// Decode a call request; `(call_id, tool_name)` are returned even on failure when readable,
+/// so the error envelope can carry them.
+fn decode(
+    body: &[u8],
+    catalog: &CatalogHandle,
+    principal: Arc<carapace_filters::call::Principal>,
+) -> Result<ToolCall, (Rejection, String, String)> {
+    let doc = parse_strict(body).map_err(|e| {
+        (
+            Rejection::invalid(e.to_string()),
+            String::new(),
+            String::new(),
+        )
+    })?;
+    let s = |k: &str| doc.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let (call_id, tool_name) = (s("call_id"), s("tool_name"));
+    let fail = |r: Rejection| (r, call_id.clone(), tool_name.clone());
+    if let Some(v) = doc.get("version").and_then(Value::as_str) {
+        if v != "v1" {
+            return Err(fail(Rejection::ProtocolVersionUnsupported(v.into())));
+        }
+    }
+    if let Err(v) = REQUEST.validate(&doc) {
+        let first = &v[0];
+        return Err(fail(Rejection::InvalidRequest {
+            message: format!("request does not follow tools-v1: {}", first.message),
+            path: Some(first.path.clone()),
+        }));
+    }
+    if !catalog.discovered() {
+        return Err(fail(Rejection::AppUnavailable(
+            "tool discovery has not succeeded yet".into(),
+        )));
+    }
+    let tool = catalog
+        .load()
+        .get(&tool_name)
+        .cloned()
+        .ok_or_else(|| fail(Rejection::ToolNotFound(tool_name.clone())))?;
+    let Value::Object(mut m) = doc else {
+        unreachable!("schema requires an object")
+    };
+    Ok(ToolCall {
+        call_id: call_id.clone(),
+        tool,
+        tenant_id: m
+            .remove("tenant_id")
+            .and_then(|v| v.as_str().map(str::to_owned)),
+        args: m.remove("args").unwrap_or_else(|| json!({})),
+        context: m.remove("context"),
+        timeout_ms: m.get("timeout_ms").and_then(Value::as_u64),
+        idempotency_key: m
+            .remove("idempotency_key")
+            .and_then(|v| v.as_str().map(str::to_owned)),
+        principal,
+        credential: Credential::None,
+    })
+}
+
+/// The tools-v1 encoding of a call's outcome.
+fn outcome_response(outcome: &CallOutcome, call_id: &str, tool: &str, duration_ms: u64) -> Resp {
+    match outcome {
+        CallOutcome::Ok { output, .. } => json_response(
+            StatusCode::OK,
+            &json!({
+                "version": "v1", "call_id": call_id, "tool_name": tool,
+                "status": "ok", "result": output, "duration_ms": duration_ms,
+            }),
+        ),
+        CallOutcome::AppError {
+            code,
+            message,
+            details,
+            retryable,
+        } => {
+            let mut error = json!({"code": code, "message": message, "retryable": retryable});
+            if let Some(d) = details {
+                error["details"] = d.clone();
+            }
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "version": "v1", "call_id": call_id, "tool_name": tool,
+                    "status": if *retryable { "retryable_error" } else { "error" },
+                    "error": error, "duration_ms": duration_ms,
+                }),
+            )
+        }
+    }
+}
+
+impl Service<Request<Bytes>> for ToolsV1Front {
+    type Response = Resp;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<Resp, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            match (req.method(), req.uri().path()) {
+                (&Method::GET, "/v1/tools") => Ok(this.list()),
+                (&Method::POST, "/v1/tools/call") => {
+                    let started = Instant::now();
+                    let principal = req
+                        .extensions()
+                        .get::<Arc<carapace_filters::call::Principal>>()
+                        .cloned()
+                        .ok_or_else(|| Rejection::Internal("request without principal".into()))?;
+                    let call = match decode(req.body(), &this.catalog, principal) {
+                        Ok(c) => c,
+                        Err((r, call_id, tool)) => {
+                            let mut resp = error_response(&r, &call_id, &tool, 0);
+                            resp.extensions_mut().insert(CallRecord {
+                                tool: None,
+                                outcome: r.reason(),
+                            });
+                            return Ok(resp);
+                        }
+                    };
+                    let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+                    let result = this.calls.clone().oneshot(call).await;
+                    let ms = started.elapsed().as_millis() as u64;
+                    let (mut resp, outcome) = match &result {
+                        Ok(o) => (
+                            outcome_response(o, &call_id, &tool, ms),
+                            match o {
+                                CallOutcome::Ok { .. } => "ok",
+                                CallOutcome::AppError { .. } => "app_error",
+                            },
+                        ),
+                        Err(r) => (error_response(r, &call_id, &tool, ms), r.reason()),
+                    };
+                    if let Err(Rejection::Internal(e)) = &result {
+                        tracing::error!(call_id = %call_id, tool = %tool, error = %e, "internal error");
+                    }
+                    resp.extensions_mut().insert(CallRecord {
+                        tool: Some(tool),
+                        outcome,
+                    });
+                    Ok(resp)
+                }
+                (_, "/v1/tools" | "/v1/tools/call") => Err(Rejection::NoRoute(format!(
+                    "{} {}",
+                    req.method(),
+                    req.uri().path()
+                ))),
+                (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
+            }
+        })
+    }
+}
+
+/// The tools-v1 back: calls `POST /v1/tools/call` on the app.
+#[derive(Clone, Debug)]
+pub struct ToolsV1Back {
+    app: AppClient,
+}
+
+impl ToolsV1Back {
+    pub fn new(app: AppClient) -> Self {
+        ToolsV1Back { app }
+    }
+}
+
+/// The request body for a tools-v1 app, from any front's call.
+pub fn encode_request(call: &ToolCall) -> Value {
+    let timeout = call.tool.effective_timeout(call.timeout_ms).as_millis() as u64;
+    let mut body = json!({
+        "version": "v1",
+        "call_id": call.call_id,
+        "tool_name": call.tool.name,
+        "tenant_id": call.tenant_id.as_deref().unwrap_or("default"),
+        "args": call.args,
+        "timeout_ms": timeout,
+        // A call from a front without a context (skill-v1) gets one naming the caller.
+        "context": call.context.clone().unwrap_or_else(|| json!({
+            "agent_id": call.principal.id,
+            "session_id": call.call_id,
+            "request_origin": "system",
+        })),
+    });
+    if let Some(k) = &call.idempotency_key {
+        body["idempotency_key"] = json!(k);
+    }
+    body
+}
+
+/// Decode a tools-v1 app's answer.
+pub fn decode_response(
+    status: StatusCode,
+    body: &[u8],
+    call: &ToolCall,
+) -> Result<CallOutcome, Rejection> {
+    let doc: Value = match serde_json::from_slice(body) {
+        Ok(d) => d,
+        Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
+        Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
+    };
+    if let Err(v) = RESPONSE.validate(&doc) {
+        if !status.is_success() {
+            return Err(Rejection::AppHttp(status.as_u16()));
+        }
+        return Err(Rejection::AppInvalid(format!(
+            "answer breaks the tools-v1 response schema at `{}`: {}",
+            v[0].path, v[0].message
+        )));
+    }
+    if doc["call_id"] != call.call_id.as_str() || doc["tool_name"] != call.tool.name.as_str() {
+        return Err(Rejection::AppInvalid(
+            "answer is for another call_id or tool".into(),
+        ));
+    }
+    match doc["status"].as_str() {
+        Some("ok") => Ok(CallOutcome::Ok {
+            output: doc.get("result").cloned().unwrap_or_else(|| json!({})),
+            meta: None,
+        }),
+        Some(s) => {
+            let e = doc.get("error");
+            let get = |k: &str| e.and_then(|e| e.get(k));
+            if s == "timeout" {
+                return Err(Rejection::Timeout(
+                    call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+                ));
+            }
+            Ok(CallOutcome::AppError {
+                code: get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("INTERNAL")
+                    .to_string(),
+                message: get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                details: get("details").cloned(),
+                retryable: s == "retryable_error"
+                    || get("retryable").and_then(Value::as_bool).unwrap_or(false),
+            })
+        }
+        None => Err(Rejection::AppInvalid("answer has no status".into())),
+    }
+}
+
+impl Service<ToolCall> for ToolsV1Back {
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let app = self.app.clone();
+        Box::pin(async move {
+            let body = serde_json::to_vec(&encode_request(&call)).expect("serializes");
+            let mut headers = http::HeaderMap::new();
+            carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            let resp = app
+                .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
+                .await?;
+            decode_response(resp.status, &resp.body, &call)
+        })
+    }
+}
+
+/// Check a response body against the seed's response schema (used by tests and the demo).
+pub fn follows_response_schema(doc: &Value) -> bool {
+    RESPONSE.validate(doc).is_ok()
+}

@@ -1,0 +1,204 @@
+//! The pooled HTTP client to the app, over loopback TCP or a Unix socket.
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+use carapace_filters::Rejection;
+
+use crate::config::{AppAddress, PoolConfig};
+
+/// Connects to the app's address, whatever the request URI says: the app address comes only
+/// from configuration.
+#[derive(Debug, Clone)]
+pub struct AppConnector {
+    address: Arc<AppAddress>,
+}
+
+/// A connection to the app.
+#[derive(Debug)]
+pub enum AppStream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Connection for AppStream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl AsyncRead for AppStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            AppStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for AppStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            AppStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            AppStream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AppStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            AppStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tower::Service<http::Uri> for AppConnector {
+    type Response = TokioIo<AppStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let address = self.address.clone();
+        Box::pin(async move {
+            Ok(TokioIo::new(match &*address {
+                AppAddress::Tcp(a) => {
+                    let s = TcpStream::connect(a).await?;
+                    s.set_nodelay(true)?;
+                    AppStream::Tcp(s)
+                }
+                AppAddress::Unix(p) => AppStream::Unix(UnixStream::connect(p).await?),
+            }))
+        })
+    }
+}
+
+/// Pooled client to the app.
+#[derive(Clone)]
+pub struct AppClient {
+    client: Client<AppConnector, Full<Bytes>>,
+    authority: Arc<str>,
+    max_response_bytes: usize,
+}
+
+impl std::fmt::Debug for AppClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppClient")
+            .field("authority", &self.authority)
+            .finish()
+    }
+}
+
+/// The app's answer, read whole.
+#[derive(Debug)]
+pub struct AppResponse {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+impl AppClient {
+    pub fn new(address: AppAddress, pool: &PoolConfig, max_response_bytes: u64) -> Self {
+        let authority: Arc<str> = match &address {
+            AppAddress::Tcp(a) => a.to_string().into(),
+            AppAddress::Unix(_) => "localhost".into(),
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(pool.idle_timeout_s))
+            .pool_max_idle_per_host(pool.max_idle)
+            .build(AppConnector {
+                address: Arc::new(address),
+            });
+        AppClient {
+            client,
+            authority,
+            max_response_bytes: max_response_bytes as usize,
+        }
+    }
+
+    /// A human-readable base URL for logs.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.authority)
+    }
+
+    /// Send one request and read the whole answer (bounded). Dropping the future drops the
+    /// request, closing its connection: that is the hard stop of a timed-out call.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<AppResponse, Rejection> {
+        let uri = format!("http://{}{}", self.authority, path);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| Rejection::Internal(e.to_string()))?;
+        *req.headers_mut() = headers;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| Rejection::AppUnavailable(error_chain(&e)))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), self.max_response_bytes)
+            .collect()
+            .await
+            .map_err(|e| Rejection::AppInvalid(format!("reading answer: {e}")))?
+            .to_bytes();
+        Ok(AppResponse { status, body })
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Path of a Unix socket from an `AppAddress`, for messages.
+pub fn describe(address: &AppAddress) -> String {
+    match address {
+        AppAddress::Tcp(a) => format!("http://{a}"),
+        AppAddress::Unix(p) => format!("unix:{}", PathBuf::from(p).display()),
+    }
+}
