@@ -29,7 +29,9 @@ use carapace_filters::kill_switch::{KillSwitch, KillSwitchLayer, Switches};
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::rate_limit::{KeyedLimits, PeerRateLimitLayer, Rate, ToolRateLimitLayer};
 use carapace_filters::schema::{InputSchemaLayer, OutputSchemaLayer};
-use carapace_filters::signature::{AuthMode, SignatureLayer, SignatureVerifier, SigningKey};
+use carapace_filters::signature::{
+    AuthMode, SignatureLayer, SignatureVerifier, SigningKey, UnixClock,
+};
 use carapace_filters::timeout::CallTimeoutLayer;
 use carapace_filters::Rejection;
 
@@ -82,6 +84,8 @@ pub struct Shared {
     tls: arc_swap::ArcSwapOption<TlsAcceptor>,
     listening: AtomicBool,
     rediscover: tokio::sync::Notify,
+    /// Wall clock for signature windows and nonce expiry (injected in tests).
+    pub clock: UnixClock,
 }
 
 impl Shared {
@@ -153,7 +157,7 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
                 .nonces
                 .clone()
                 .expect("a signed front has a nonce store"),
-            Arc::new(carapace_filters::unix_now_ms),
+            shared.clock.clone(),
         )))
     });
     BoxCloneSyncService::new(
@@ -397,6 +401,11 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
 /// Start everything: state, stores, listeners, discovery. Nothing is bound if the state
 /// cannot be loaded.
 pub async fn start(cfg: Loaded) -> Result<Running, StartError> {
+    start_with_clock(cfg, Arc::new(carapace_filters::unix_now_ms)).await
+}
+
+/// [`start`] with an injected wall clock (Unix milliseconds).
+pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, StartError> {
     let c = &cfg.config;
     create_private_dir(&c.state_dir)?;
     let kill_switch = KillSwitch::open(switches(&cfg), c.state_dir.join("killswitch.json"))?;
@@ -407,7 +416,7 @@ pub async fn start(cfg: Loaded) -> Result<Running, StartError> {
                 ttl: Duration::from_secs(auth.nonce_ttl_s),
                 journal: Some(c.state_dir.join("nonces.journal")),
             },
-            carapace_filters::unix_now_ms(),
+            clock(),
         )?)),
         None => None,
     };
@@ -441,6 +450,7 @@ pub async fn start(cfg: Loaded) -> Result<Running, StartError> {
         tls: arc_swap::ArcSwapOption::new(tls.map(Arc::new)),
         listening: AtomicBool::new(false),
         rediscover: tokio::sync::Notify::new(),
+        clock,
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
 
@@ -605,7 +615,7 @@ async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
             Err(e) => tracing::error!("peer store kept as it was: {e}"),
         }
         if let Some(n) = &shared.nonces {
-            n.purge_expired(carapace_filters::unix_now_ms());
+            n.purge_expired((shared.clock)());
             shared.metrics.nonce_entries.set(n.len() as i64);
         }
     }

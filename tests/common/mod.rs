@@ -1,0 +1,325 @@
+//! Shared harness for integration tests: certificates, the sample memory app, a fake legacy
+//! skill, and a carapace started in-process on loopback (port 0) and Unix sockets.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use carapace::client::{tls_config, Client, Transport};
+use carapace::memory_app::MemoryApp;
+use carapace::pki::{Authority, Issued};
+use carapace::server::{self, Running};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+/// Certificates: a gateway CA, carapace's server certificate, the paired gateway's client
+/// certificate and an unpaired one from the same CA.
+pub struct Pki {
+    pub ca: Authority,
+    pub server: Issued,
+    pub gateway: Issued,
+    pub stranger: Issued,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let ca = Authority::new("test gateway CA");
+        Pki {
+            server: ca.server(&["127.0.0.1", "localhost"]),
+            gateway: ca.client("gw_test"),
+            stranger: ca.client("stranger"),
+            ca,
+        }
+    }
+}
+
+/// A test environment: a temporary directory, certificates, and a running memory app.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub pki: Pki,
+    pub app: Arc<MemoryApp>,
+    pub app_addr: std::net::SocketAddr,
+    _app_task: tokio::task::JoinHandle<()>,
+}
+
+impl Env {
+    pub async fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new();
+        let d = dir.path();
+        std::fs::write(d.join("ca.pem"), pki.ca.cert_pem()).unwrap();
+        std::fs::write(d.join("server.crt"), &pki.server.cert_pem).unwrap();
+        std::fs::write(d.join("server.key"), &pki.server.key_pem).unwrap();
+        write_peers(
+            &d.join("peers.json"),
+            &[(&pki.gateway.fingerprint, "gw_test", "active")],
+        );
+        let app = Arc::new(MemoryApp::default());
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let app_addr = l.local_addr().unwrap();
+        let task = app.serve(l);
+        Env {
+            dir,
+            pki,
+            app,
+            app_addr,
+            _app_task: task,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A tools-v1 front (mTLS TCP + Unix socket) over the memory app, plus `extra` top-level
+    /// YAML keys.
+    pub fn tools_yaml(&self, extra: &str) -> String {
+        format!(
+            r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners:
+  unix: {{ path: {d}/tools.sock }}
+  tcp:
+    address: "127.0.0.1:0"
+    tls: {{ cert_file: {d}/server.crt, key_file: {d}/server.key, client_ca_file: {d}/ca.pem }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+peers: {{ file: {d}/peers.json }}
+ops: {{ address: "127.0.0.1:0" }}
+{extra}
+"#,
+            d = self.path().display(),
+            app = self.app_addr
+        )
+    }
+
+    /// Write `yaml` to `<dir>/carapace.yaml` and start carapace from it; waits until ready
+    /// unless `wait_ready` is false.
+    pub async fn start_with(&self, yaml: &str, wait_ready: bool) -> Running {
+        self.start_clocked(yaml, wait_ready, Arc::new(carapace_filters::unix_now_ms))
+            .await
+    }
+
+    pub async fn start_clocked(
+        &self,
+        yaml: &str,
+        wait_ready: bool,
+        clock: carapace_filters::signature::UnixClock,
+    ) -> Running {
+        let path = self.path().join("carapace.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let loaded = carapace::config::load(&path).unwrap_or_else(|e| {
+            panic!(
+                "config: {:?}",
+                e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+            )
+        });
+        let running = server::start_with_clock(loaded, clock).await.unwrap();
+        if wait_ready {
+            wait_until(|| running.shared.ready()).await;
+        }
+        running
+    }
+
+    pub async fn start(&self, yaml: &str) -> Running {
+        self.start_with(yaml, true).await
+    }
+
+    /// HTTP/1.1 over mTLS as `who`.
+    pub fn tls_client(&self, r: &Running, who: Option<&Issued>, h2: bool) -> Client {
+        Client::new(Transport::Tls {
+            address: r.tcp_address.expect("tcp listener"),
+            config: tls_config(&self.pki.ca.cert_pem(), who, h2),
+        })
+    }
+
+    /// The paired gateway over mTLS, HTTP/1.1.
+    pub fn gateway(&self, r: &Running) -> Client {
+        self.tls_client(r, Some(&self.pki.gateway), false)
+    }
+
+    /// A local caller on the Unix socket.
+    pub fn local(&self, r: &Running) -> Client {
+        Client::new(Transport::Unix(r.unix_path.clone().expect("unix listener")))
+    }
+
+    /// The ops endpoint.
+    pub fn ops(&self, r: &Running) -> Client {
+        Client::new(Transport::Tcp(r.ops_address.expect("ops listener")))
+    }
+}
+
+/// Write a peer store with `(fingerprint, component_id, status)` records.
+pub fn write_peers(path: &Path, peers: &[(&str, &str, &str)]) {
+    let peers: Vec<Value> = peers
+        .iter()
+        .map(|(fp, id, status)| {
+            json!({"component_type": "gateway", "component_id": id, "role": "gateway",
+                   "mtls_cert_fingerprint": fp, "status": status})
+        })
+        .collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json!({"version": 1, "peers": peers}).to_string()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Poll `cond` every 10 ms for up to 5 s.
+pub async fn wait_until(cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not met within 5 s");
+}
+
+/// A tools-v1 call request.
+pub fn call(tool: &str, args: Value) -> Value {
+    json!({
+        "version": "v1",
+        "call_id": format!("c-{}", hex::encode(rand::random::<[u8; 6]>())),
+        "tool_name": tool,
+        "tenant_id": "home",
+        "args": args,
+        "context": {"agent_id": "assistant", "session_id": "ses_1"},
+    })
+}
+
+/// The tools-v1 error code of a reply (`error.code`) or the skill-v1 one (`error_code`).
+pub fn code(r: &carapace::client::Reply) -> String {
+    let v = r.json();
+    v["error"]["code"]
+        .as_str()
+        .or(v["error_code"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A legacy Skill Gateway v1 skill: serves a manifest and `/run`, checks HMAC with its own
+/// secret exactly as the Vagus demo worker does, and records what reached it.
+pub struct SkillApp {
+    pub secret: Vec<u8>,
+    pub manifest: Mutex<Value>,
+    pub received: Mutex<Vec<(http::HeaderMap, Value)>>,
+    /// Answer with this body instead of echoing (to test error passing).
+    pub answer: Mutex<Option<(u16, Value)>>,
+}
+
+impl SkillApp {
+    /// The manifest shape the public Vagus code serves: capabilities as objects.
+    pub fn vagus_manifest() -> Value {
+        json!({
+            "gateway_protocol_version": "1.0",
+            "id": "demo.echo",
+            "version": "1.0.0",
+            "capabilities": [{
+                "capability": "demo.echo",
+                "description": "Echo demo worker",
+                "input_schema": {"type": "object", "properties": {"message": {"type": "string"}, "mode": {"type": "string"}}, "required": ["message"], "additionalProperties": false},
+                "output_schema": {"type": "object", "properties": {"result": {"type": "string"}}, "required": ["result"], "additionalProperties": false}
+            }],
+            "requires": {"auth": "hmac-sha256"},
+            "safety": {"data_handling": "no_secrets"}
+        })
+    }
+
+    /// The shape the protocol text gives: capabilities as strings, schemas at the top.
+    pub fn text_manifest() -> Value {
+        json!({
+            "gateway_protocol_version": "1.0",
+            "id": "demo.echo",
+            "version": "1.0.0",
+            "capabilities": ["demo.echo"],
+            "input_schema": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"], "additionalProperties": false},
+            "output_schema": {"type": "object", "properties": {"result": {"type": "string"}}, "required": ["result"], "additionalProperties": false},
+            "requires": {"auth": "hmac-sha256"}
+        })
+    }
+
+    pub async fn start(secret: &[u8], manifest: Value) -> (Arc<SkillApp>, std::net::SocketAddr) {
+        let app = Arc::new(SkillApp {
+            secret: secret.to_vec(),
+            manifest: Mutex::new(manifest),
+            received: Mutex::new(Vec::new()),
+            answer: Mutex::new(None),
+        });
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let a = app.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = l.accept().await else {
+                    continue;
+                };
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let a = a.clone();
+                        async move { Ok::<_, std::convert::Infallible>(a.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (app, addr)
+    }
+
+    async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let reply = |status: u16, v: Value| {
+            let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+            *r.status_mut() = StatusCode::from_u16(status).unwrap();
+            r
+        };
+        match req.uri().path() {
+            "/manifest" => reply(200, self.manifest.lock().unwrap().clone()),
+            "/run" => {
+                let headers = req.headers().clone();
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let mut v: Value = serde_json::from_slice(&body).unwrap();
+                self.received.lock().unwrap().push((headers, v.clone()));
+                let sig = v
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("signature")
+                    .and_then(|s| s.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                let canonical = carapace_filters::canonical::canonical_string(&v).unwrap();
+                if !carapace_filters::canonical::verify_hmac_sha256_hex(
+                    &self.secret,
+                    canonical.as_bytes(),
+                    &sig,
+                ) {
+                    return reply(
+                        401,
+                        json!({"ok": false, "error_code": "SKILL_AUTH_FAILED", "message": "bad signature"}),
+                    );
+                }
+                if let Some((status, body)) = self.answer.lock().unwrap().clone() {
+                    return reply(status, body);
+                }
+                let msg = v["input"]["message"].as_str().unwrap_or("").to_string();
+                reply(
+                    200,
+                    json!({"ok": true, "output": {"result": format!("echo:{msg}")}, "meta": {"worker": "demo.echo"}}),
+                )
+            }
+            _ => reply(
+                404,
+                json!({"ok": false, "error_code": "NOT_FOUND", "message": "route not found"}),
+            ),
+        }
+    }
+}
+
+/// Path of the carapace binary built for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_carapace"))
+}
