@@ -59,6 +59,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
                         r.tool.as_deref().unwrap_or("global"),
                         r.engaged
                     );
+                    if r.tool.is_none() && !r.engaged {
+                        // Registration was skipped while the switch was engaged.
+                        shared.request_discovery();
+                    }
                     reply(StatusCode::OK, state(&shared))
                 }
                 Err(e) => reply(

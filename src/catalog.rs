@@ -66,6 +66,8 @@ impl DiscoveryError {
 pub struct CatalogHandle {
     current: ArcSwap<Catalog>,
     discovered: std::sync::atomic::AtomicBool,
+    /// Whether `remote_tools_registered` was logged for the current catalog.
+    registered: std::sync::atomic::AtomicBool,
 }
 
 impl Default for CatalogHandle {
@@ -73,6 +75,7 @@ impl Default for CatalogHandle {
         CatalogHandle {
             current: ArcSwap::from_pointee(Catalog::default()),
             discovered: false.into(),
+            registered: false.into(),
         }
     }
 }
@@ -87,21 +90,56 @@ impl CatalogHandle {
         self.discovered.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Discover once and swap the catalog in. On failure the previous catalog stays.
-    pub async fn refresh(&self, app: &AppClient, cfg: &Loaded) -> Result<usize, DiscoveryError> {
+    /// Discover once and swap the catalog in. On failure the previous catalog stays. While
+    /// `disabled` (global kill-switch) the catalog is still kept warm, but registration is
+    /// logged as skipped.
+    pub async fn refresh(
+        &self,
+        app: &AppClient,
+        cfg: &Loaded,
+        disabled: bool,
+    ) -> Result<usize, DiscoveryError> {
         let previous = self.load();
         let result = discover(app, cfg, &previous).await;
         match result {
             Ok(Some(catalog)) => {
                 let n = catalog.tools.len();
+                self.log_registration(&catalog, disabled);
                 self.current.store(Arc::new(catalog));
                 self.discovered
                     .store(true, std::sync::atomic::Ordering::Release);
                 Ok(n)
             }
-            Ok(None) => Ok(previous.tools.len()),
+            Ok(None) => {
+                // Unchanged, but registration may have been skipped before.
+                if !disabled && !self.registered.load(std::sync::atomic::Ordering::Acquire) {
+                    self.log_registration(&previous, disabled);
+                }
+                Ok(previous.tools.len())
+            }
             Err(e) => Err(e),
         }
+    }
+
+    /// The Skill Gateway v1 registration markers for a freshly discovered catalog.
+    fn log_registration(&self, catalog: &Catalog, disabled: bool) {
+        let names: Vec<&str> = catalog.tools.keys().map(String::as_str).collect();
+        let registered = if disabled {
+            tracing::warn!("registration_skipped reason=kill_switch_active");
+            false
+        } else if names.is_empty() {
+            tracing::warn!("registration_skipped reason=no_routes_discovered");
+            false
+        } else {
+            tracing::info!(
+                "remote_tools_registered count={} tools=[{}]",
+                names.len(),
+                names.join(",")
+            );
+            true
+        };
+        self.registered
+            .store(registered, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -168,20 +206,8 @@ async fn discover(
             }
         }
     };
-    match &result {
-        Ok(c) => {
-            let names: Vec<&str> = c.tools.keys().map(String::as_str).collect();
-            if names.is_empty() {
-                tracing::warn!("registration_skipped reason=no_routes_discovered");
-            } else {
-                tracing::info!(
-                    "remote_tools_registered count={} tools=[{}]",
-                    names.len(),
-                    names.join(",")
-                );
-            }
-        }
-        Err(e) => match skill {
+    if let Err(e) = &result {
+        match skill {
             Some(skill) => {
                 tracing::warn!(
                     "skill_skipped skill_id={} reason={}",
@@ -191,7 +217,7 @@ async fn discover(
                 tracing::warn!("{e}");
             }
             None => tracing::warn!("tools_discovery_failed reason={e}"),
-        },
+        }
     }
     result.map(Some)
 }

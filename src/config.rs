@@ -676,6 +676,25 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     if !structural.is_empty() {
         structural.sort_by(|a, b| a.path.cmp(&b.path));
         structural.dedup();
+        // Unknown keys aside, a section may be sound: drop them and look again.
+        let mut cleaned = json.clone();
+        for e in validator.iter_errors(&json) {
+            if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } =
+                e.kind()
+            {
+                let at = e.instance_path().to_string();
+                if let Some(serde_json::Value::Object(m)) = cleaned.pointer_mut(&at) {
+                    unexpected.iter().for_each(|k| {
+                        m.remove(k);
+                    });
+                }
+            }
+        }
+        let remaining: Vec<ConfigError> = validator
+            .iter_errors(&cleaned)
+            .map(|e| err(e.instance_path().to_string(), e.to_string()))
+            .collect();
+        structural.extend(meaning_of_sound_sections(&cleaned, &remaining, base));
         return Err(ConfigErrors(structural));
     }
 
@@ -686,57 +705,175 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
 
     // Pass 3: meaning.
     let mut errors = Vec::new();
-    let loaded = check_meaning(config, &mut errors);
-    if errors.is_empty() {
-        Ok(loaded.expect("no errors means loaded"))
-    } else {
-        Err(ConfigErrors(errors))
+    let d = check_meaning(&Parts::of(&config), &mut errors);
+    match d.app_address {
+        Some(app_address) if errors.is_empty() => Ok(Loaded {
+            config,
+            source: PathBuf::new(),
+            app_address,
+            tcp_address: d.tcp_address,
+            ops_address: d.ops_address,
+            unix_mode: d.unix_mode,
+            caller_keys: d.caller_keys,
+            app_secret: d.app_secret,
+            front_skill_id: d.front_skill_id,
+        }),
+        _ => Err(ConfigErrors(errors)),
     }
 }
 
-fn resolve_paths(c: &mut Config, base: &Path) {
-    let fix = |p: &mut PathBuf| {
-        if p.is_relative() {
-            *p = base.join(&*p);
-        }
+/// Meaning errors of the sections the schema pass found no error in.
+fn meaning_of_sound_sections(
+    json: &serde_json::Value,
+    structural: &[ConfigError],
+    base: &Path,
+) -> Vec<ConfigError> {
+    // A section is sound when no structural error is inside it or names it as missing.
+    let sound = |key: &str| {
+        let prefix = format!("/{key}");
+        !structural.iter().any(|e| {
+            e.path == prefix
+                || e.path.starts_with(&format!("{prefix}/"))
+                || (e.path.is_empty() && e.message.contains(&format!("\"{key}\"")))
+        })
     };
-    fix(&mut c.state_dir);
-    if let Some(u) = &mut c.listeners.unix {
-        fix(&mut u.path);
+    fn typed<T: serde::de::DeserializeOwned>(json: &serde_json::Value, key: &str) -> Option<T> {
+        let v = json.get(key).cloned().unwrap_or(serde_json::json!({}));
+        serde_json::from_value(v).ok()
     }
-    if let Some(tls) = c.listeners.tcp.as_mut().and_then(|t| t.tls.as_mut()) {
-        fix(&mut tls.cert_file);
-        fix(&mut tls.key_file);
+    let mut owned = PartsOwned::default();
+    if sound("front") {
+        owned.front = typed(json, "front");
+    }
+    if sound("listeners") {
+        owned.listeners = typed(json, "listeners");
+    }
+    if sound("app") {
+        owned.app = typed(json, "app");
+    }
+    if sound("rate_limits") {
+        owned.rate_limits = typed(json, "rate_limits");
+    }
+    if sound("limits") {
+        owned.limits = typed(json, "limits");
+    }
+    if sound("tools") {
+        owned.tools = typed(json, "tools");
+    }
+    if sound("runtime") {
+        owned.runtime = typed(json, "runtime");
+    }
+    if sound("log") {
+        owned.log = typed(json, "log");
+    }
+    if sound("ops") {
+        owned.ops = typed(json, "ops");
+    }
+    owned.resolve(base);
+    let mut errors = Vec::new();
+    check_meaning(&owned.parts(), &mut errors);
+    errors
+}
+
+/// Owned sections for [`meaning_of_sound_sections`].
+#[derive(Default)]
+struct PartsOwned {
+    front: Option<FrontConfig>,
+    listeners: Option<ListenersConfig>,
+    app: Option<AppConfig>,
+    rate_limits: Option<RateLimitsConfig>,
+    limits: Option<LimitsConfig>,
+    tools: Option<BTreeMap<String, ToolOverride>>,
+    runtime: Option<RuntimeConfig>,
+    log: Option<LogConfig>,
+    ops: Option<OpsConfig>,
+}
+
+impl PartsOwned {
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            front: self.front.as_ref(),
+            listeners: self.listeners.as_ref(),
+            app: self.app.as_ref(),
+            rate_limits: self.rate_limits.as_ref(),
+            limits: self.limits.as_ref(),
+            tools: self.tools.as_ref(),
+            runtime: self.runtime.as_ref(),
+            log: self.log.as_ref(),
+            ops: self.ops.as_ref(),
+        }
+    }
+
+    /// Resolve relative paths as [`resolve_paths`] does for a whole configuration.
+    fn resolve(&mut self, base: &Path) {
+        if let Some(l) = &mut self.listeners {
+            resolve_listeners(l, base);
+        }
+        if let Some(f) = &mut self.front {
+            resolve_front(f, base);
+        }
+        if let Some(a) = &mut self.app {
+            resolve_app(a, base);
+        }
+    }
+}
+
+fn fix_path(p: &mut PathBuf, base: &Path) {
+    if p.is_relative() {
+        *p = base.join(&*p);
+    }
+}
+
+fn fix_secret(s: &mut SecretRef, base: &Path) {
+    if let SecretRef::File(p) = s {
+        fix_path(p, base);
+    }
+}
+
+fn resolve_listeners(l: &mut ListenersConfig, base: &Path) {
+    if let Some(u) = &mut l.unix {
+        fix_path(&mut u.path, base);
+    }
+    if let Some(tls) = l.tcp.as_mut().and_then(|t| t.tls.as_mut()) {
+        fix_path(&mut tls.cert_file, base);
+        fix_path(&mut tls.key_file, base);
         if let Some(ca) = &mut tls.client_ca_file {
-            fix(ca);
+            fix_path(ca, base);
         }
     }
-    if let Some(f) = &mut c.peers.file {
-        fix(f);
+}
+
+fn resolve_front(f: &mut FrontConfig, base: &Path) {
+    if let Some(auth) = &mut f.auth {
+        auth.keys
+            .iter_mut()
+            .for_each(|k| fix_secret(&mut k.secret, base));
     }
-    if let Some(s) = &mut c.admin.socket {
-        fix(s);
+}
+
+fn resolve_app(a: &mut AppConfig, base: &Path) {
+    if let Some(auth) = a.skill.as_mut().and_then(|s| s.auth.as_mut()) {
+        fix_secret(&mut auth.secret, base);
     }
-    let fix_secret = |s: &mut SecretRef| {
-        if let SecretRef::File(p) = s {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        }
-    };
-    if let Some(auth) = &mut c.front.auth {
-        for k in &mut auth.keys {
-            fix_secret(&mut k.secret);
-        }
-    }
-    if let Some(auth) = c.app.skill.as_mut().and_then(|s| s.auth.as_mut()) {
-        fix_secret(&mut auth.secret);
-    }
-    if let Some(rest) = c.app.address.strip_prefix("unix:") {
+    if let Some(rest) = a.address.strip_prefix("unix:") {
         let p = Path::new(rest);
         if p.is_relative() {
-            c.app.address = format!("unix:{}", base.join(p).display());
+            a.address = format!("unix:{}", base.join(p).display());
         }
+    }
+}
+
+/// Resolve relative paths against the configuration file's directory.
+fn resolve_paths(c: &mut Config, base: &Path) {
+    fix_path(&mut c.state_dir, base);
+    resolve_listeners(&mut c.listeners, base);
+    resolve_front(&mut c.front, base);
+    resolve_app(&mut c.app, base);
+    if let Some(f) = &mut c.peers.file {
+        fix_path(f, base);
+    }
+    if let Some(s) = &mut c.admin.socket {
+        fix_path(s, base);
     }
 }
 
@@ -767,77 +904,127 @@ fn is_valid_header_name(name: &str) -> bool {
     http::HeaderName::from_bytes(name.as_bytes()).is_ok()
 }
 
-fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
-    // Listeners.
-    if c.listeners.unix.is_none() && c.listeners.tcp.is_none() {
+/// The typed sections of a configuration. A section is `None` when the schema pass found an
+/// error inside it: its meaning is then not checked, but every other section's still is, so
+/// one run names every error.
+#[derive(Default)]
+struct Parts<'a> {
+    front: Option<&'a FrontConfig>,
+    listeners: Option<&'a ListenersConfig>,
+    app: Option<&'a AppConfig>,
+    rate_limits: Option<&'a RateLimitsConfig>,
+    limits: Option<&'a LimitsConfig>,
+    tools: Option<&'a BTreeMap<String, ToolOverride>>,
+    runtime: Option<&'a RuntimeConfig>,
+    log: Option<&'a LogConfig>,
+    ops: Option<&'a OpsConfig>,
+}
+
+impl<'a> Parts<'a> {
+    fn of(c: &'a Config) -> Self {
+        Parts {
+            front: Some(&c.front),
+            listeners: Some(&c.listeners),
+            app: Some(&c.app),
+            rate_limits: Some(&c.rate_limits),
+            limits: Some(&c.limits),
+            tools: Some(&c.tools),
+            runtime: Some(&c.runtime),
+            log: Some(&c.log),
+            ops: Some(&c.ops),
+        }
+    }
+}
+
+/// What the meaning checks derive from the configuration.
+#[derive(Default)]
+struct Derived {
+    app_address: Option<AppAddress>,
+    tcp_address: Option<SocketAddr>,
+    ops_address: Option<SocketAddr>,
+    unix_mode: u32,
+    caller_keys: Vec<(String, Secret)>,
+    app_secret: Option<Secret>,
+    front_skill_id: Option<String>,
+}
+
+fn check_listeners(
+    l: &ListenersConfig,
+    front: Option<Protocol>,
+    d: &mut Derived,
+    errors: &mut Vec<ConfigError>,
+) {
+    if l.unix.is_none() && l.tcp.is_none() {
         errors.push(err("/listeners", "at least one of unix or tcp is required"));
     }
-    let mut unix_mode = 0o660;
-    if let Some(u) = &c.listeners.unix {
+    d.unix_mode = 0o660;
+    if let Some(u) = &l.unix {
         match u32::from_str_radix(&u.mode, 8) {
-            Ok(m) if m <= 0o777 => unix_mode = m,
+            Ok(m) if m <= 0o777 => d.unix_mode = m,
             _ => errors.push(err(
                 "/listeners/unix/mode",
                 format!("`{}` is not an octal file mode", u.mode),
             )),
         }
     }
-    let mut tcp_address = None;
-    if let Some(t) = &c.listeners.tcp {
-        match t.address.parse::<SocketAddr>() {
-            Ok(a) => tcp_address = Some(a),
-            Err(_) => errors.push(err(
-                "/listeners/tcp/address",
-                format!("`{}` is not host:port with an IP host", t.address),
-            )),
-        }
-        match (&t.tls, c.front.protocol) {
-            (None, Protocol::ToolsV1) => errors.push(err(
+    let Some(t) = &l.tcp else { return };
+    match t.address.parse::<SocketAddr>() {
+        Ok(a) => d.tcp_address = Some(a),
+        Err(_) => errors.push(err(
+            "/listeners/tcp/address",
+            format!("`{}` is not host:port with an IP host", t.address),
+        )),
+    }
+    match (&t.tls, front) {
+        (None, Some(Protocol::ToolsV1)) => errors.push(err(
+            "/listeners/tcp/tls",
+            "a tools-v1 front on TCP requires mTLS (remote mode is mTLS only)",
+        )),
+        (Some(tls), Some(Protocol::ToolsV1)) if tls.client_ca_file.is_none() => errors.push(err(
+            "/listeners/tcp/tls/client_ca_file",
+            "a tools-v1 front on TCP requires client certificates (remote mode is mTLS only)",
+        )),
+        (None, Some(Protocol::SkillV1)) if !d.tcp_address.is_some_and(|a| a.ip().is_loopback()) => {
+            errors.push(err(
                 "/listeners/tcp/tls",
-                "a tools-v1 front on TCP requires mTLS (remote mode is mTLS only)",
-            )),
-            (Some(tls), Protocol::ToolsV1) if tls.client_ca_file.is_none() => errors.push(err(
-                "/listeners/tcp/tls/client_ca_file",
-                "a tools-v1 front on TCP requires client certificates (remote mode is mTLS only)",
-            )),
-            (None, Protocol::SkillV1) if !tcp_address.is_some_and(|a| a.ip().is_loopback()) => {
-                errors.push(err(
-                    "/listeners/tcp/tls",
-                    "plain HTTP is only allowed on a loopback address",
-                ))
-            }
-            _ => {}
+                "plain HTTP is only allowed on a loopback address",
+            ))
         }
-        if let Some(tls) = &t.tls {
-            for (p, f) in [
-                ("/listeners/tcp/tls/cert_file", Some(&tls.cert_file)),
-                ("/listeners/tcp/tls/key_file", Some(&tls.key_file)),
-                (
-                    "/listeners/tcp/tls/client_ca_file",
-                    tls.client_ca_file.as_ref(),
-                ),
-            ] {
-                if let Some(f) = f {
-                    if let Err(e) = std::fs::metadata(f) {
-                        errors.push(err(p, format!("{}: {e}", f.display())));
-                    }
+        _ => {}
+    }
+    if let Some(tls) = &t.tls {
+        for (p, f) in [
+            ("/listeners/tcp/tls/cert_file", Some(&tls.cert_file)),
+            ("/listeners/tcp/tls/key_file", Some(&tls.key_file)),
+            (
+                "/listeners/tcp/tls/client_ca_file",
+                tls.client_ca_file.as_ref(),
+            ),
+        ] {
+            if let Some(f) = f {
+                if let Err(e) = std::fs::metadata(f) {
+                    errors.push(err(p, format!("{}: {e}", f.display())));
                 }
             }
         }
     }
+}
 
-    // Front.
-    let mut caller_keys = Vec::new();
-    let mut front_skill_id = None;
-    match c.front.protocol {
+fn check_front(
+    f: &FrontConfig,
+    app: Option<&AppConfig>,
+    d: &mut Derived,
+    errors: &mut Vec<ConfigError>,
+) {
+    match f.protocol {
         Protocol::ToolsV1 => {
-            if c.front.auth.is_some() {
+            if f.auth.is_some() {
                 errors.push(err(
                     "/front/auth",
                     "tools-v1 callers are authenticated by mTLS; auth is for skill-v1 fronts",
                 ));
             }
-            if c.front.skill_id.is_some() {
+            if f.skill_id.is_some() {
                 errors.push(err(
                     "/front/skill_id",
                     "only a skill-v1 front has a skill id",
@@ -845,70 +1032,70 @@ fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
             }
         }
         Protocol::SkillV1 => {
-            front_skill_id = c
-                .front
-                .skill_id
-                .clone()
-                .or_else(|| c.app.skill.as_ref().map(|s| s.skill_id.clone()));
-            if front_skill_id.is_none() {
+            d.front_skill_id = f.skill_id.clone().or_else(|| {
+                app.and_then(|a| a.skill.as_ref())
+                    .map(|s| s.skill_id.clone())
+            });
+            // Only say it is missing when the app section could be read.
+            if d.front_skill_id.is_none() && app.is_some() {
                 errors.push(err(
                     "/front/skill_id",
                     "required for a skill-v1 front when the app is not a skill-v1 skill",
                 ));
             }
-            match &c.front.auth {
-                None => errors.push(err(
+            let Some(auth) = &f.auth else {
+                errors.push(err(
                     "/front/auth",
                     "a skill-v1 front requires auth (hmac or api_key)",
-                )),
-                Some(auth) => {
-                    if auth.keys.is_empty() {
-                        errors.push(err("/front/auth/keys", "at least one key is required"));
-                    }
-                    let mut ids = std::collections::HashSet::new();
-                    for (i, k) in auth.keys.iter().enumerate() {
-                        if !ids.insert(k.id.clone()) {
-                            errors.push(err(
-                                format!("/front/auth/keys/{i}/id"),
-                                format!("duplicate key id `{}`", k.id),
-                            ));
-                        }
-                        match load_secret(&k.secret) {
-                            Ok(s) => caller_keys.push((k.id.clone(), s)),
-                            Err(m) => errors.push(err(format!("/front/auth/keys/{i}/secret"), m)),
-                        }
-                    }
-                    if let Some(h) = &auth.header_name {
-                        if !is_valid_header_name(h) {
-                            errors.push(err(
-                                "/front/auth/header_name",
-                                format!("`{h}` is not a header name"),
-                            ));
-                        }
-                    }
-                    if auth.timestamp_skew_s == 0 {
-                        errors.push(err("/front/auth/timestamp_skew_s", "must be at least 1"));
-                    }
-                    if auth.nonce_ttl_s < auth.timestamp_skew_s * 2 {
-                        errors.push(err(
-                            "/front/auth/nonce_ttl_s",
-                            "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
-                        ));
-                    }
-                    if auth.nonce_capacity == 0 {
-                        errors.push(err("/front/auth/nonce_capacity", "must be at least 1"));
-                    }
+                ));
+                return;
+            };
+            if auth.keys.is_empty() {
+                errors.push(err("/front/auth/keys", "at least one key is required"));
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (i, k) in auth.keys.iter().enumerate() {
+                if !ids.insert(k.id.clone()) {
+                    errors.push(err(
+                        format!("/front/auth/keys/{i}/id"),
+                        format!("duplicate key id `{}`", k.id),
+                    ));
                 }
+                match load_secret(&k.secret) {
+                    Ok(s) => d.caller_keys.push((k.id.clone(), s)),
+                    Err(m) => errors.push(err(format!("/front/auth/keys/{i}/secret"), m)),
+                }
+            }
+            if let Some(h) = &auth.header_name {
+                if !is_valid_header_name(h) {
+                    errors.push(err(
+                        "/front/auth/header_name",
+                        format!("`{h}` is not a header name"),
+                    ));
+                }
+            }
+            if auth.timestamp_skew_s == 0 {
+                errors.push(err("/front/auth/timestamp_skew_s", "must be at least 1"));
+            }
+            if auth.nonce_ttl_s < auth.timestamp_skew_s * 2 {
+                errors.push(err(
+                    "/front/auth/nonce_ttl_s",
+                    "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
+                ));
+            }
+            if auth.nonce_capacity == 0 {
+                errors.push(err("/front/auth/nonce_capacity", "must be at least 1"));
             }
         }
     }
+}
 
-    // App.
-    let app_address = if let Some(rest) = c.app.address.strip_prefix("unix:") {
+fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    d.app_address = if let Some(rest) = a.address.strip_prefix("unix:") {
         Some(AppAddress::Unix(PathBuf::from(rest)))
-    } else if let Some(rest) = c.app.address.strip_prefix("http://") {
+    } else if let Some(rest) = a.address.strip_prefix("http://") {
         match rest.trim_end_matches('/').parse::<SocketAddr>() {
-            Ok(a) if a.ip().is_loopback() => Some(AppAddress::Tcp(a)),
+            Ok(addr) if addr.ip().is_loopback() => Some(AppAddress::Tcp(addr)),
             Ok(_) => {
                 errors.push(err(
                     "/app/address",
@@ -919,7 +1106,7 @@ fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
             Err(_) => {
                 errors.push(err(
                     "/app/address",
-                    format!("`{}` is not http://IP:PORT", c.app.address),
+                    format!("`{}` is not http://IP:PORT", a.address),
                 ));
                 None
             }
@@ -931,8 +1118,7 @@ fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
         ));
         None
     };
-    let mut app_secret = None;
-    match (&c.app.protocol, &c.app.skill) {
+    match (&a.protocol, &a.skill) {
         (Protocol::SkillV1, None) => {
             errors.push(err("/app/skill", "required when the app speaks skill-v1"))
         }
@@ -948,7 +1134,7 @@ fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
             }
             if let Some(auth) = &skill.auth {
                 match load_secret(&auth.secret) {
-                    Ok(s) => app_secret = Some(s),
+                    Ok(s) => d.app_secret = Some(s),
                     Err(m) => errors.push(err("/app/skill/auth/secret", m)),
                 }
                 if let Some(h) = &auth.header_name {
@@ -963,44 +1149,58 @@ fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
         }
         (Protocol::ToolsV1, None) => {}
     }
-    if c.app.discovery.timeout_ms == 0 {
+    if a.discovery.timeout_ms == 0 {
         errors.push(err("/app/discovery/timeout_ms", "must be at least 1"));
     }
+}
 
-    // Rates and limits.
-    let mut rates: Vec<(String, RateConfig)> = Vec::new();
-    if let Some(r) = c.rate_limits.per_peer {
-        rates.push(("/rate_limits/per_peer".into(), r));
+fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
+    let mut d = Derived::default();
+    if let Some(l) = p.listeners {
+        check_listeners(l, p.front.map(|f| f.protocol), &mut d, errors);
     }
-    if let Some(r) = c.rate_limits.per_tool {
-        rates.push(("/rate_limits/per_tool".into(), r));
+    if let Some(f) = p.front {
+        check_front(f, p.app, &mut d, errors);
     }
-    for (name, r) in &c.rate_limits.tools {
-        rates.push((format!("/rate_limits/tools/{name}"), *r));
+    if let Some(a) = p.app {
+        check_app(a, &mut d, errors);
     }
-    for (p, r) in rates {
-        if r.per_second == 0 || r.burst == 0 {
-            errors.push(err(p, "per_second and burst must be at least 1"));
+    if let Some(rl) = p.rate_limits {
+        let mut rates: Vec<(String, RateConfig)> = Vec::new();
+        if let Some(r) = rl.per_peer {
+            rates.push(("/rate_limits/per_peer".into(), r));
+        }
+        if let Some(r) = rl.per_tool {
+            rates.push(("/rate_limits/per_tool".into(), r));
+        }
+        for (name, r) in &rl.tools {
+            rates.push((format!("/rate_limits/tools/{name}"), *r));
+        }
+        for (path, r) in rates {
+            if r.per_second == 0 || r.burst == 0 {
+                errors.push(err(path, "per_second and burst must be at least 1"));
+            }
         }
     }
-    let l = &c.limits;
-    for (p, v) in [
-        ("/limits/max_connections", l.max_connections as u64),
-        ("/limits/max_in_flight", l.max_in_flight as u64),
-        ("/limits/max_body_bytes", l.max_body_bytes),
-        ("/limits/body_timeout_ms", l.body_timeout_ms),
-        ("/limits/header_read_timeout_ms", l.header_read_timeout_ms),
-        (
-            "/limits/tls_handshake_timeout_ms",
-            l.tls_handshake_timeout_ms,
-        ),
-        ("/limits/max_response_bytes", l.max_response_bytes),
-    ] {
-        if v == 0 {
-            errors.push(err(p, "must be at least 1"));
+    if let Some(l) = p.limits {
+        for (path, v) in [
+            ("/limits/max_connections", l.max_connections as u64),
+            ("/limits/max_in_flight", l.max_in_flight as u64),
+            ("/limits/max_body_bytes", l.max_body_bytes),
+            ("/limits/body_timeout_ms", l.body_timeout_ms),
+            ("/limits/header_read_timeout_ms", l.header_read_timeout_ms),
+            (
+                "/limits/tls_handshake_timeout_ms",
+                l.tls_handshake_timeout_ms,
+            ),
+            ("/limits/max_response_bytes", l.max_response_bytes),
+        ] {
+            if v == 0 {
+                errors.push(err(path, "must be at least 1"));
+            }
         }
     }
-    for (name, t) in &c.tools {
+    for (name, t) in p.tools.into_iter().flatten() {
         if t.timeout_ms_max == Some(0) {
             errors.push(err(
                 format!("/tools/{name}/timeout_ms_max"),
@@ -1008,39 +1208,24 @@ fn check_meaning(c: Config, errors: &mut Vec<ConfigError>) -> Option<Loaded> {
             ));
         }
     }
-    if c.runtime.worker_threads == Some(0) {
+    if p.runtime.is_some_and(|r| r.worker_threads == Some(0)) {
         errors.push(err("/runtime/worker_threads", "must be at least 1"));
     }
-    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&c.log.level) {
-        errors.push(err("/log/level", e.to_string()));
-    }
-    let ops_address = if c.ops.address.is_empty() {
-        None
-    } else {
-        match c.ops.address.parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                errors.push(err(
-                    "/ops/address",
-                    format!("`{}` is not IP:PORT", c.ops.address),
-                ));
-                None
-            }
+    if let Some(log) = p.log {
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
+            errors.push(err("/log/level", e.to_string()));
         }
-    };
-
-    let app_address = app_address?;
-    Some(Loaded {
-        config: c,
-        source: PathBuf::new(),
-        app_address,
-        tcp_address,
-        ops_address,
-        unix_mode,
-        caller_keys,
-        app_secret,
-        front_skill_id,
-    })
+    }
+    if let Some(ops) = p.ops.filter(|o| !o.address.is_empty()) {
+        match ops.address.parse::<SocketAddr>() {
+            Ok(a) => d.ops_address = Some(a),
+            Err(_) => errors.push(err(
+                "/ops/address",
+                format!("`{}` is not IP:PORT", ops.address),
+            )),
+        }
+    }
+    d
 }
 
 #[cfg(test)]
@@ -1127,6 +1312,23 @@ rate_limits: { per_peer: { per_second: 0, burst: 1 } }
             "/app/address",
             "/rate_limits/per_peer",
         ] {
+            assert!(all.contains(needle), "missing {needle} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn structural_and_semantic_errors_are_named_in_one_run() {
+        let e = errors(
+            "
+state_dir: /tmp/x
+front: { protocol: tools-v1, colour: blue }
+listeners: { unix: { path: /tmp/x.sock } }
+app: { protocol: tools-v1, address: 'http://10.0.0.1:80' }
+limits: { max_in_flight: 0 }
+",
+        );
+        let all = e.join("\n");
+        for needle in ["colour", "/app/address", "/limits/max_in_flight"] {
             assert!(all.contains(needle), "missing {needle} in:\n{all}");
         }
     }

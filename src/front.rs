@@ -110,6 +110,16 @@ where
                 }
             };
             let record = resp.extensions().get::<CallRecord>();
+            let outcome = record.map_or("none", |r| r.outcome);
+            if !matches!(outcome, "ok" | "app_error" | "none") {
+                tracing::info!(
+                    front = %front,
+                    tool = record.and_then(|r| r.tool.as_deref()).unwrap_or(""),
+                    reason = outcome,
+                    status = resp.status().as_u16(),
+                    "call refused"
+                );
+            }
             metrics.observe(
                 front,
                 record.and_then(|r| r.tool.as_deref()),

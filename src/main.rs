@@ -128,6 +128,11 @@ fn serve(path: &Path) -> ExitCode {
     init_logging(loaded.config.log.format, &loaded.config.log.level);
     let rt = runtime(loaded.config.runtime.worker_threads);
     rt.block_on(async move {
+        // Handlers first, so a signal during start-up is not fatal.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
         let running = match carapace::server::start(loaded).await {
             Ok(r) => r,
             Err(e) => {
@@ -135,10 +140,6 @@ fn serve(path: &Path) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
         loop {
             tokio::select! {
                 _ = hup.recv() => { let _ = running.reload().await; }

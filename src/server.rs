@@ -89,6 +89,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Run discovery again now (after a reload, or when the global kill-switch is released).
+    pub fn request_discovery(&self) {
+        self.rediscover.notify_one();
+    }
+
     /// Ready: listeners bound and discovery succeeded.
     pub fn ready(&self) -> bool {
         self.listening.load(Ordering::Acquire) && self.catalog.discovered()
@@ -390,7 +395,7 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
                 tracing::error!("peer store kept as it was: {e}");
             }
             shared.metrics.peers.set(shared.peers.len() as i64);
-            shared.rediscover.notify_one();
+            shared.request_discovery();
             shared.metrics.reload(true);
             tracing::info!("config_reloaded path={}", old.source.display());
             Ok(())
@@ -568,7 +573,8 @@ async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
         let cfg = shared.config.load_full();
         let app = shared.app.load_full();
         let first = !shared.catalog.discovered();
-        let ok = match shared.catalog.refresh(&app, &cfg).await {
+        let disabled = shared.kill_switch.global_engaged();
+        let ok = match shared.catalog.refresh(&app, &cfg, disabled).await {
             Ok(n) => {
                 shared.metrics.tools.set(n as i64);
                 if first && cfg.config.app.skill.is_some() {

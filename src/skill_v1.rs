@@ -398,14 +398,17 @@ pub fn encode_run(
 
 /// Decode a skill's `/run` answer.
 pub fn decode_run_response(status: StatusCode, body: &[u8]) -> Result<CallOutcome, Rejection> {
+    // Like the Vagus client: a non-2xx answer is an HTTP failure of the skill whatever code
+    // it carries (a 401 from the skill means carapace's own signing is misconfigured, not
+    // that the caller failed to authenticate).
+    if !status.is_success() {
+        return Err(Rejection::AppHttp(status.as_u16()));
+    }
     let doc: Value = if body.is_empty() {
         json!({})
     } else {
-        match serde_json::from_slice(body) {
-            Ok(d) => d,
-            Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
-            Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
-        }
+        serde_json::from_slice(body)
+            .map_err(|e| Rejection::AppInvalid(format!("answer is not JSON: {e}")))?
     };
     let app_error = |doc: &Value| CallOutcome::AppError {
         code: doc["error_code"]
@@ -414,14 +417,8 @@ pub fn decode_run_response(status: StatusCode, body: &[u8]) -> Result<CallOutcom
             .to_string(),
         message: doc["message"].as_str().unwrap_or("").to_string(),
         details: doc.get("details").cloned(),
-        retryable: status.is_server_error(),
+        retryable: false,
     };
-    if !status.is_success() {
-        return match doc.get("error_code").and_then(Value::as_str) {
-            Some(_) => Ok(app_error(&doc)),
-            None => Err(Rejection::AppHttp(status.as_u16())),
-        };
-    }
     match doc.get("ok") {
         Some(Value::Bool(true)) => Ok(CallOutcome::Ok {
             output: doc.get("output").cloned().unwrap_or(Value::Null),

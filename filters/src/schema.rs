@@ -50,8 +50,24 @@ impl CompiledSchema {
         &self.source
     }
 
-    /// Validate, returning at most a few violations.
+    /// Validate, returning at most a few violations; messages quote the offending values
+    /// (fine for a caller's own input).
     pub fn validate(&self, instance: &Value) -> Result<(), Vec<SchemaViolation>> {
+        self.check(instance, |e| e.to_string())
+    }
+
+    /// Validate, naming only the rule each violation breaks: no value (or unexpected key) of
+    /// the instance appears in the messages. Used for app output, which must not reach the
+    /// caller in any form when it breaks the schema.
+    pub fn validate_redacted(&self, instance: &Value) -> Result<(), Vec<SchemaViolation>> {
+        self.check(instance, |e| format!("breaks `{}`", e.kind().keyword()))
+    }
+
+    fn check(
+        &self,
+        instance: &Value,
+        message: impl Fn(&jsonschema::ValidationError<'_>) -> String,
+    ) -> Result<(), Vec<SchemaViolation>> {
         if self.validator.is_valid(instance) {
             return Ok(());
         }
@@ -61,7 +77,7 @@ impl CompiledSchema {
             .take(MAX_VIOLATIONS)
             .map(|e| SchemaViolation {
                 path: e.instance_path().to_string(),
-                message: e.to_string(),
+                message: message(&e),
             })
             .collect();
         Err(violations)
@@ -142,7 +158,9 @@ where
         Box::pin(async move {
             let outcome = fut.await?;
             if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, &tool.output) {
-                schema.validate(output).map_err(Rejection::OutputSchema)?;
+                schema
+                    .validate_redacted(output)
+                    .map_err(Rejection::OutputSchema)?;
             }
             Ok(outcome)
         })
@@ -168,6 +186,22 @@ mod tests {
         let paths: Vec<_> = v.iter().map(|v| v.path.as_str()).collect();
         assert!(paths.contains(&"/n"), "{v:?}");
         assert!(paths.contains(&""), "{v:?}");
+    }
+
+    #[test]
+    fn redacted_violations_quote_no_value() {
+        let s = CompiledSchema::compile(json!({
+            "type": "object",
+            "properties": {"result": {"type": "string"}},
+            "additionalProperties": false
+        }))
+        .unwrap();
+        let v = s
+            .validate_redacted(&json!({"result": {"api_key": "sk-live-5ecret"}, "zz_key": 1}))
+            .unwrap_err();
+        let all = format!("{v:?}");
+        assert!(!all.contains("5ecret") && !all.contains("zz_key"), "{all}");
+        assert!(all.contains("breaks `type`"), "{all}");
     }
 
     #[test]

@@ -1,0 +1,161 @@
+//! Hot-path costs of the filters: canonical JSON + HMAC verification of a Skill Gateway v1
+//! request, JSON-Schema validation with a precompiled validator, and the nonce store.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use carapace_filters::canonical::{canonical_string, parse_strict, verify_hmac_sha256_hex};
+use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
+use carapace_filters::schema::CompiledSchema;
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use serde_json::{json, Value};
+
+const SECRET: &[u8] = b"demo-secret";
+
+fn vector(id: &str) -> (Vec<u8>, String) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/vectors/vagus/canonical_hmac_vectors.json"
+    );
+    let all: Value = serde_json::from_slice(&std::fs::read(path).expect("vectors")).unwrap();
+    let v = all["vectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["id"] == id)
+        .expect("vector id");
+    (
+        v["wire_body"].as_str().unwrap().as_bytes().to_vec(),
+        v["signature_hex"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Parse the wire body, drop `signature`, canonicalize, verify: what the signature layer and
+/// the skill-v1 front do per request.
+fn verify_wire(body: &[u8]) -> bool {
+    let mut v = parse_strict(body).unwrap();
+    let sig = v
+        .as_object_mut()
+        .unwrap()
+        .remove("signature")
+        .and_then(|s| s.as_str().map(str::to_owned))
+        .unwrap();
+    let canonical = canonical_string(&v).unwrap();
+    verify_hmac_sha256_hex(SECRET, canonical.as_bytes(), &sig)
+}
+
+fn signature(c: &mut Criterion) {
+    let mut g = c.benchmark_group("canonical_hmac");
+    for id in [
+        "v01_basic_spec_example",
+        "v04_arrays_of_objects",
+        "v38_big_array",
+    ] {
+        let (body, _) = vector(id);
+        assert!(verify_wire(&body));
+        g.bench_function(
+            format!("parse+canonical+verify/{id} ({} B)", body.len()),
+            |b| b.iter(|| verify_wire(black_box(&body))),
+        );
+    }
+    let (body, sig) = vector("v01_basic_spec_example");
+    let mut v = parse_strict(&body).unwrap();
+    v.as_object_mut().unwrap().remove("signature");
+    g.bench_function("canonical only/v01", |b| {
+        b.iter(|| canonical_string(black_box(&v)).unwrap())
+    });
+    let canonical = canonical_string(&v).unwrap();
+    g.bench_function("hmac verify only/v01", |b| {
+        b.iter(|| verify_hmac_sha256_hex(SECRET, black_box(canonical.as_bytes()), &sig))
+    });
+    g.finish();
+}
+
+fn schema(c: &mut Criterion) {
+    let s = CompiledSchema::compile(json!({
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": 10000},
+            "tags": {"type": "array", "items": {"type": "string"}}
+        },
+        "required": ["text"],
+        "additionalProperties": false
+    }))
+    .unwrap();
+    let good = json!({"text": "the cat sat on the mat", "tags": ["a", "b", "c"]});
+    let bad = json!({"text": 42, "extra": true});
+    let mut g = c.benchmark_group("schema");
+    g.bench_function("valid memory.append args", |b| {
+        b.iter(|| s.validate(black_box(&good)).is_ok())
+    });
+    g.bench_function("invalid memory.append args (2 violations)", |b| {
+        b.iter(|| s.validate(black_box(&bad)).is_err())
+    });
+    g.finish();
+}
+
+fn nonces(c: &mut Criterion) {
+    const NOW: u64 = 1_800_000_000_000;
+    let mut g = c.benchmark_group("nonce_store");
+    for capacity in [10_000usize, 1_000_000] {
+        let store = NonceStore::open(
+            NonceStoreConfig {
+                capacity,
+                ttl: Duration::from_secs(300),
+                journal: None,
+            },
+            NOW,
+        )
+        .unwrap();
+        let mut i = 0u64;
+        g.bench_function(format!("insert fresh (capacity {capacity})"), |b| {
+            b.iter_batched(
+                || {
+                    i += 1;
+                    if store.len() + 1 >= capacity {
+                        // Keep the store below capacity: expire everything.
+                        store.purge_expired(NOW + 10_000_000);
+                    }
+                    format!("{i:032x}")
+                },
+                |n| store.check_and_insert("demo.echo", &n, NOW).unwrap(),
+                BatchSize::SmallInput,
+            )
+        });
+        store
+            .check_and_insert("demo.echo", "replayed", NOW)
+            .unwrap();
+        g.bench_function(format!("refuse replay (capacity {capacity})"), |b| {
+            b.iter(|| {
+                store
+                    .check_and_insert("demo.echo", black_box("replayed"), NOW)
+                    .is_err()
+            })
+        });
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = NonceStore::open(
+        NonceStoreConfig {
+            capacity: 1_000_000,
+            ttl: Duration::from_secs(300),
+            journal: Some(dir.path().join("nonces.journal")),
+        },
+        NOW,
+    )
+    .unwrap();
+    let mut i = 0u64;
+    g.bench_function("insert fresh with journal (capacity 1000000)", |b| {
+        b.iter_batched(
+            || {
+                i += 1;
+                format!("{i:032x}")
+            },
+            |n| store.check_and_insert("demo.echo", &n, NOW).unwrap(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, signature, schema, nonces);
+criterion_main!(benches);
