@@ -728,47 +728,35 @@ fn meaning_of_sound_sections(
     structural: &[ConfigError],
     base: &Path,
 ) -> Vec<ConfigError> {
-    // A section is sound when no structural error is inside it or names it as missing.
-    let sound = |key: &str| {
+    /// The section `key`, typed, when no structural error is inside it or names it missing.
+    fn sound<T: serde::de::DeserializeOwned>(
+        json: &serde_json::Value,
+        structural: &[ConfigError],
+        key: &str,
+    ) -> Option<T> {
         let prefix = format!("/{key}");
-        !structural.iter().any(|e| {
+        let broken = structural.iter().any(|e| {
             e.path == prefix
                 || e.path.starts_with(&format!("{prefix}/"))
                 || (e.path.is_empty() && e.message.contains(&format!("\"{key}\"")))
-        })
-    };
-    fn typed<T: serde::de::DeserializeOwned>(json: &serde_json::Value, key: &str) -> Option<T> {
+        });
+        if broken {
+            return None;
+        }
         let v = json.get(key).cloned().unwrap_or(serde_json::json!({}));
         serde_json::from_value(v).ok()
     }
-    let mut owned = PartsOwned::default();
-    if sound("front") {
-        owned.front = typed(json, "front");
-    }
-    if sound("listeners") {
-        owned.listeners = typed(json, "listeners");
-    }
-    if sound("app") {
-        owned.app = typed(json, "app");
-    }
-    if sound("rate_limits") {
-        owned.rate_limits = typed(json, "rate_limits");
-    }
-    if sound("limits") {
-        owned.limits = typed(json, "limits");
-    }
-    if sound("tools") {
-        owned.tools = typed(json, "tools");
-    }
-    if sound("runtime") {
-        owned.runtime = typed(json, "runtime");
-    }
-    if sound("log") {
-        owned.log = typed(json, "log");
-    }
-    if sound("ops") {
-        owned.ops = typed(json, "ops");
-    }
+    let mut owned = PartsOwned {
+        front: sound(json, structural, "front"),
+        listeners: sound(json, structural, "listeners"),
+        app: sound(json, structural, "app"),
+        rate_limits: sound(json, structural, "rate_limits"),
+        limits: sound(json, structural, "limits"),
+        tools: sound(json, structural, "tools"),
+        runtime: sound(json, structural, "runtime"),
+        log: sound(json, structural, "log"),
+        ops: sound(json, structural, "ops"),
+    };
     owned.resolve(base);
     let mut errors = Vec::new();
     check_meaning(&owned.parts(), &mut errors);
@@ -776,7 +764,6 @@ fn meaning_of_sound_sections(
 }
 
 /// Owned sections for [`meaning_of_sound_sections`].
-#[derive(Default)]
 struct PartsOwned {
     front: Option<FrontConfig>,
     listeners: Option<ListenersConfig>,
@@ -907,7 +894,6 @@ fn is_valid_header_name(name: &str) -> bool {
 /// The typed sections of a configuration. A section is `None` when the schema pass found an
 /// error inside it: its meaning is then not checked, but every other section's still is, so
 /// one run names every error.
-#[derive(Default)]
 struct Parts<'a> {
     front: Option<&'a FrontConfig>,
     listeners: Option<&'a ListenersConfig>,

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 /// The catalog the app serves on `GET /v1/tools`.
 pub fn catalog() -> Value {
@@ -155,26 +155,43 @@ impl MemoryApp {
         *self.fault.lock().expect("lock") = fault;
     }
 
-    /// Serve on `listener` until the task is dropped.
+    /// Serve on a TCP `listener` until the task is aborted.
     pub fn serve(self: &Arc<Self>, listener: TcpListener) -> tokio::task::JoinHandle<()> {
         let app = self.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let app = app.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let app = app.clone();
-                        async move { Ok::<_, std::convert::Infallible>(app.handle(req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
+                if let Ok((stream, _)) = listener.accept().await {
+                    app.clone().serve_connection(stream);
+                }
             }
         })
+    }
+
+    /// Serve on a Unix socket `listener` until the task is aborted.
+    pub fn serve_unix(self: &Arc<Self>, listener: UnixListener) -> tokio::task::JoinHandle<()> {
+        let app = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok((stream, _)) = listener.accept().await {
+                    app.clone().serve_connection(stream);
+                }
+            }
+        })
+    }
+
+    fn serve_connection<S>(self: Arc<Self>, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let app = self.clone();
+                async move { Ok::<_, std::convert::Infallible>(app.handle(req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -17,7 +17,6 @@ use carapace_filters::signature::UnixClock;
 use common::{call, code, wait_until, Env, SkillApp};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
@@ -43,19 +42,9 @@ impl EchoApp {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let a = app.clone();
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let a = a.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let a = a.clone();
-                        async move { Ok::<_, std::convert::Infallible>(a.handle(req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(s), svc)
-                        .await;
-                });
-            }
+        common::serve_http1(l, move |req| {
+            let a = a.clone();
+            async move { a.handle(req).await }
         });
         (app, addr)
     }
@@ -907,5 +896,42 @@ async fn values_of_a_withheld_output_do_not_reach_the_caller() {
         "withheld output reached the caller: {}",
         reply.json()
     );
+    r.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The skill-v1 front's own names for timeouts and app HTTP failures.
+
+#[tokio::test]
+async fn a_slow_or_failing_app_gets_the_skill_v1_codes() {
+    let env = Env::new().await;
+    let key = secret_file(env.path(), "k0", SECRET);
+    let yaml = front_yaml(
+        &env.path().join("state"),
+        SKILL,
+        &auth_yaml("hmac", &[key], ""),
+        env.app_addr,
+    ) + "tools: { memory.query: { timeout_ms_max: 200 } }\n";
+    let (_now, clock) = clock_at(NOW);
+    let r = env.start_clocked(&yaml, true, clock).await;
+
+    let slow = signed_run(
+        SECRET,
+        SKILL,
+        "memory.query",
+        json!({"query": "x", "delay_ms": 10000}),
+        NOW,
+        &nonce(),
+    );
+    let reply = run_signed(&r, &slow).await;
+    assert_refused(&reply, StatusCode::GATEWAY_TIMEOUT, "SKILL_TIMEOUT");
+    assert_eq!(reply.json()["details"]["timeout_ms"], 200);
+    wait_until(|| env.app.abandoned() == 1).await;
+
+    env.app
+        .set_fault(Some(carapace::memory_app::Fault::Status(500)));
+    let reply = run_signed(&r, &append(SECRET, "x", NOW)).await;
+    assert_refused(&reply, StatusCode::BAD_GATEWAY, "SKILL_HTTP_ERROR");
+    assert_eq!(env.app.received().len(), 2);
     r.shutdown().await;
 }

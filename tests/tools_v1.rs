@@ -679,3 +679,34 @@ async fn connections_beyond_the_cap_are_closed_at_accept() {
     assert_eq!(answer, "", "second connection was served");
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_app_can_be_reached_over_a_unix_socket() {
+    let env = Env::new().await;
+    let app = std::sync::Arc::new(carapace::memory_app::MemoryApp::default());
+    let sock = env.path().join("app.sock");
+    let _task = app.serve_unix(tokio::net::UnixListener::bind(&sock).unwrap());
+    let yaml = env.tools_yaml("").replace(
+        &format!("\"http://{}\"", env.app_addr),
+        &format!("\"unix:{}\"", sock.display()),
+    );
+    let r = env.start(&yaml).await;
+    for text in ["one", "two", "three"] {
+        let reply = env
+            .gateway(&r)
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("memory.append", json!({"text": text})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    }
+    assert_eq!(app.received().len(), 3);
+    assert!(
+        env.app.received().is_empty(),
+        "the TCP app was not configured"
+    );
+    r.shutdown().await;
+}

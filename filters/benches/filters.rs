@@ -96,64 +96,52 @@ fn schema(c: &mut Criterion) {
 
 fn nonces(c: &mut Criterion) {
     const NOW: u64 = 1_800_000_000_000;
+    const TTL_MS: u64 = 300_000;
     let mut g = c.benchmark_group("nonce_store");
-    for capacity in [10_000usize, 1_000_000] {
+    let dir = tempfile::tempdir().unwrap();
+    for (capacity, journal) in [(10_000usize, false), (1_000_000, false), (1_000_000, true)] {
         let store = NonceStore::open(
             NonceStoreConfig {
                 capacity,
-                ttl: Duration::from_secs(300),
-                journal: None,
+                ttl: Duration::from_millis(TTL_MS),
+                journal: journal.then(|| dir.path().join("nonces.journal")),
             },
             NOW,
         )
         .unwrap();
+        // Steady state: the clock advances so that by the time the store is full its oldest
+        // entries have just expired (capacity entries per TTL); purges are part of the cost.
+        let step_ms = TTL_MS / capacity as u64 + 1;
         let mut i = 0u64;
-        g.bench_function(format!("insert fresh (capacity {capacity})"), |b| {
-            b.iter_batched(
-                || {
-                    i += 1;
-                    if store.len() + 1 >= capacity {
-                        // Keep the store below capacity: expire everything.
-                        store.purge_expired(NOW + 10_000_000);
-                    }
-                    format!("{i:032x}")
-                },
-                |n| store.check_and_insert("demo.echo", &n, NOW).unwrap(),
-                BatchSize::SmallInput,
-            )
-        });
+        let label = if journal { ", journal" } else { "" };
+        g.bench_function(
+            format!("insert fresh, steady state (capacity {capacity}{label})"),
+            |b| {
+                b.iter_batched(
+                    || {
+                        i += 1;
+                        (format!("{i:032x}"), NOW + i * step_ms)
+                    },
+                    |(n, now)| store.check_and_insert("demo.echo", &n, now).unwrap(),
+                    BatchSize::SmallInput,
+                )
+            },
+        );
+        if journal {
+            continue;
+        }
+        let later = NOW + (i + 1) * step_ms;
         store
-            .check_and_insert("demo.echo", "replayed", NOW)
+            .check_and_insert("demo.echo", "replayed", later)
             .unwrap();
         g.bench_function(format!("refuse replay (capacity {capacity})"), |b| {
             b.iter(|| {
                 store
-                    .check_and_insert("demo.echo", black_box("replayed"), NOW)
+                    .check_and_insert("demo.echo", black_box("replayed"), later)
                     .is_err()
             })
         });
     }
-    let dir = tempfile::tempdir().unwrap();
-    let store = NonceStore::open(
-        NonceStoreConfig {
-            capacity: 1_000_000,
-            ttl: Duration::from_secs(300),
-            journal: Some(dir.path().join("nonces.journal")),
-        },
-        NOW,
-    )
-    .unwrap();
-    let mut i = 0u64;
-    g.bench_function("insert fresh with journal (capacity 1000000)", |b| {
-        b.iter_batched(
-            || {
-                i += 1;
-                format!("{i:032x}")
-            },
-            |n| store.check_and_insert("demo.echo", &n, NOW).unwrap(),
-            BatchSize::SmallInput,
-        )
-    });
     g.finish();
 }
 

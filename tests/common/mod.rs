@@ -252,22 +252,9 @@ impl SkillApp {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let a = app.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((s, _)) = l.accept().await else {
-                    continue;
-                };
-                let a = a.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let a = a.clone();
-                        async move { Ok::<_, std::convert::Infallible>(a.handle(req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(s), svc)
-                        .await;
-                });
-            }
+        serve_http1(l, move |req| {
+            let a = a.clone();
+            async move { a.handle(req).await }
         });
         (app, addr)
     }
@@ -317,6 +304,28 @@ impl SkillApp {
             ),
         }
     }
+}
+
+/// Serve HTTP/1.1 on `listener` with `handler` until the runtime ends.
+pub fn serve_http1<F, Fut>(listener: TcpListener, handler: F)
+where
+    F: Fn(Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let fut = handler(req);
+                    async move { Ok::<_, std::convert::Infallible>(fut.await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
 }
 
 /// Path of the carapace binary built for these tests.
