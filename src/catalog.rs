@@ -68,6 +68,8 @@ pub struct CatalogHandle {
     discovered: std::sync::atomic::AtomicBool,
     /// Whether `remote_tools_registered` was logged for the current catalog.
     registered: std::sync::atomic::AtomicBool,
+    /// Recompile on the next discovery even if the app's answer is unchanged.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 impl Default for CatalogHandle {
@@ -76,6 +78,7 @@ impl Default for CatalogHandle {
             current: ArcSwap::from_pointee(Catalog::default()),
             discovered: false.into(),
             registered: false.into(),
+            stale: false.into(),
         }
     }
 }
@@ -83,6 +86,11 @@ impl Default for CatalogHandle {
 impl CatalogHandle {
     pub fn load(&self) -> Arc<Catalog> {
         self.current.load_full()
+    }
+
+    /// The configuration changed: the next discovery recompiles even an unchanged answer.
+    pub fn invalidate(&self) {
+        self.stale.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether discovery has succeeded at least once.
@@ -100,7 +108,8 @@ impl CatalogHandle {
         disabled: bool,
     ) -> Result<usize, DiscoveryError> {
         let previous = self.load();
-        let result = discover(app, cfg, &previous).await;
+        let reuse = !self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
+        let result = discover(app, cfg, &previous, reuse).await;
         match result {
             Ok(Some(catalog)) => {
                 let n = catalog.tools.len();
@@ -153,6 +162,7 @@ async fn discover(
     app: &AppClient,
     cfg: &Loaded,
     previous: &Catalog,
+    reuse: bool,
 ) -> Result<Option<Catalog>, DiscoveryError> {
     let timeout = Duration::from_millis(cfg.config.app.discovery.timeout_ms);
     let path = match cfg.config.app.protocol {
@@ -184,7 +194,7 @@ async fn discover(
         ))),
         Ok(Ok(resp)) => {
             let d = digest(&resp.body);
-            if previous.digest == d && !previous.tools.is_empty() {
+            if reuse && previous.digest == d && !previous.tools.is_empty() {
                 if let Some(skill) = skill {
                     tracing::info!("manifest_cached skill_id={}", skill.skill_id);
                 }
@@ -266,11 +276,13 @@ fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryError
             continue;
         };
         let spec = (|| -> Result<ToolSpec, String> {
-            let input = compile(name, "input", t.get("input_schema").unwrap_or(&json!({})))?;
-            let output = match t.get("output_schema") {
-                Some(s) => Some(compile(name, "output", s)?),
-                None => None,
+            // Strict contracts: a tool without both schemas is not served.
+            let (Some(input), Some(output)) = (t.get("input_schema"), t.get("output_schema"))
+            else {
+                return Err("missing_schema".into());
             };
+            let input = compile(name, "input", input)?;
+            let output = Some(compile(name, "output", output)?);
             let u = |k: &str, d: u64| t.get(k).and_then(Value::as_u64).unwrap_or(d);
             let max = clamp_max(name, u("timeout_ms_max", PROTOCOL_TIMEOUT_MAX_MS), cfg);
             Ok(ToolSpec {
@@ -296,7 +308,9 @@ fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryError
         })();
         match spec {
             Ok(s) => {
-                tools.insert(name.to_string(), Arc::new(s));
+                if tools.insert(name.to_string(), Arc::new(s)).is_some() {
+                    tracing::warn!("tool_duplicate name={name}: the last definition is served");
+                }
             }
             Err(reason) => tracing::warn!("tool_skipped name={name} reason={reason}"),
         }
@@ -387,7 +401,7 @@ fn skill_catalog(
             }
         };
         let max = clamp_max(name, skill.timeout_ms_max, cfg);
-        tools.insert(
+        let replaced = tools.insert(
             name.to_string(),
             Arc::new(ToolSpec {
                 name: name.to_string(),
@@ -400,6 +414,12 @@ fn skill_catalog(
                 side_effects: true,
             }),
         );
+        if replaced.is_some() {
+            tracing::warn!(
+                "capability_duplicate skill_id={} capability={name}: the last definition is served",
+                skill.skill_id
+            );
+        }
     }
     tracing::info!("manifest_schema_ok skill_id={}", skill.skill_id);
     Ok(Catalog {

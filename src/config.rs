@@ -112,6 +112,11 @@ pub struct CallerAuthConfig {
     pub nonce_capacity: usize,
 }
 
+/// Largest accepted `timestamp_skew_s`.
+pub const MAX_SKEW_S: u64 = 3600;
+/// Largest accepted `nonce_capacity`.
+pub const MAX_NONCE_CAPACITY: usize = 100_000_000;
+
 fn default_skew_s() -> u64 {
     120
 }
@@ -639,6 +644,36 @@ fn drop_null_alternatives(v: &mut serde_json::Value) {
     }
 }
 
+/// The admin socket named by the configuration at `path`, read without validating the rest
+/// or loading any secret: an operator must be able to reach the kill-switch from a shell that
+/// has none of the secrets.
+pub fn admin_socket_of(path: &Path) -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&text)
+        .map_err(|e| format!("{}: not valid YAML: {e}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let get = |k: &str| yaml.get(k);
+    let socket = match get("admin")
+        .and_then(|a| a.get("socket"))
+        .and_then(|s| s.as_str())
+    {
+        Some(s) => PathBuf::from(s),
+        None => match get("state_dir").and_then(|s| s.as_str()) {
+            Some(d) => PathBuf::from(d).join("admin.sock"),
+            None => {
+                return Err(format!(
+                    "{}: neither admin.socket nor state_dir is set",
+                    path.display()
+                ))
+            }
+        },
+    };
+    let mut socket = socket;
+    fix_path(&mut socket, base);
+    Ok(socket)
+}
+
 /// Read, validate and load `path`: every error is reported.
 pub fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -946,6 +981,14 @@ fn check_listeners(
     d.unix_mode = 0o660;
     if let Some(u) = &l.unix {
         match u32::from_str_radix(&u.mode, 8) {
+            // Local mode has no authentication: the socket's mode is its access control.
+            Ok(m) if m & 0o002 != 0 => errors.push(err(
+                "/listeners/unix/mode",
+                format!(
+                    "`{}` lets every local user write to the unauthenticated socket",
+                    u.mode
+                ),
+            )),
             Ok(m) if m <= 0o777 => d.unix_mode = m,
             _ => errors.push(err(
                 "/listeners/unix/mode",
@@ -1060,17 +1103,23 @@ fn check_front(
                     ));
                 }
             }
-            if auth.timestamp_skew_s == 0 {
-                errors.push(err("/front/auth/timestamp_skew_s", "must be at least 1"));
+            if !(1..=MAX_SKEW_S).contains(&auth.timestamp_skew_s) {
+                errors.push(err(
+                    "/front/auth/timestamp_skew_s",
+                    format!("must be between 1 and {MAX_SKEW_S}"),
+                ));
             }
-            if auth.nonce_ttl_s < auth.timestamp_skew_s * 2 {
+            if auth.nonce_ttl_s < auth.timestamp_skew_s.saturating_mul(2) {
                 errors.push(err(
                     "/front/auth/nonce_ttl_s",
                     "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
                 ));
             }
-            if auth.nonce_capacity == 0 {
-                errors.push(err("/front/auth/nonce_capacity", "must be at least 1"));
+            if !(1..=MAX_NONCE_CAPACITY).contains(&auth.nonce_capacity) {
+                errors.push(err(
+                    "/front/auth/nonce_capacity",
+                    format!("must be between 1 and {MAX_NONCE_CAPACITY} (about 30 bytes each)"),
+                ));
             }
         }
     }

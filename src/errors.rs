@@ -70,14 +70,24 @@ pub fn details(r: &Rejection) -> Option<serde_json::Value> {
     }
 }
 
-/// The message sent to the caller: the rejection's text, except for internal errors, whose
-/// detail stays in the log.
+/// The message sent to the caller: the rejection's text, except where it would carry detail
+/// of carapace or of the app (internal errors, the app's transport errors and answers), which
+/// stays in the log.
 pub fn message(r: &Rejection) -> String {
     match r {
         Rejection::Internal(_) => "internal error".into(),
         Rejection::AppUnavailable(_) => "the app is unavailable".into(),
+        Rejection::AppInvalid(_) => "the app's answer does not follow its protocol".into(),
         other => other.to_string(),
     }
+}
+
+/// Whether the rejection's full text belongs in the log (the caller got less).
+pub fn log_detail(r: &Rejection) -> bool {
+    matches!(
+        r,
+        Rejection::Internal(_) | Rejection::AppUnavailable(_) | Rejection::AppInvalid(_)
+    )
 }
 
 /// Add `Retry-After` when the rejection says how long to wait.
@@ -87,5 +97,156 @@ pub fn retry_after_header(r: &Rejection, headers: &mut http::HeaderMap) {
             http::header::RETRY_AFTER,
             http::HeaderValue::from(d.as_secs().max(1)),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The README's table, row by row: every rejection on both fronts.
+    #[test]
+    fn every_rejection_has_its_documented_code_and_status() {
+        let d = Duration::from_secs(1);
+        let rows: Vec<(Rejection, &str, &str, u16)> = vec![
+            (
+                Rejection::PairingRequired,
+                "PAIRING_REQUIRED",
+                "PAIRING_REQUIRED",
+                401,
+            ),
+            (
+                Rejection::Forbidden("x".into()),
+                "FORBIDDEN",
+                "FORBIDDEN",
+                403,
+            ),
+            (
+                Rejection::AuthFailed("x"),
+                "UNAUTHORIZED",
+                "SKILL_AUTH_FAILED",
+                401,
+            ),
+            (
+                Rejection::Disabled("x".into()),
+                "GATEWAY_DISABLED",
+                "GATEWAY_DISABLED",
+                503,
+            ),
+            (
+                Rejection::RateLimited {
+                    scope: "peer",
+                    retry_after: d,
+                },
+                "RATE_LIMITED",
+                "RATE_LIMITED",
+                429,
+            ),
+            (Rejection::Overloaded, "RATE_LIMITED", "RATE_LIMITED", 503),
+            (
+                Rejection::NonceStoreFull { retry_after: d },
+                "RATE_LIMITED",
+                "RATE_LIMITED",
+                503,
+            ),
+            (
+                Rejection::PayloadTooLarge { limit: 1 },
+                "INVALID_ARGS",
+                "INVALID_ARGS",
+                413,
+            ),
+            (
+                Rejection::BodyTimeout(d),
+                "INVALID_ARGS",
+                "INVALID_ARGS",
+                408,
+            ),
+            (Rejection::invalid("x"), "INVALID_ARGS", "INVALID_ARGS", 400),
+            (
+                Rejection::NoRoute("x".into()),
+                "ROUTING_FAILED",
+                "ROUTING_FAILED",
+                404,
+            ),
+            (
+                Rejection::ToolNotFound("x".into()),
+                "TOOL_NOT_FOUND",
+                "TOOL_NOT_FOUND",
+                404,
+            ),
+            (
+                Rejection::ProtocolVersionUnsupported("2".into()),
+                "PROTOCOL_VERSION_UNSUPPORTED",
+                "PROTOCOL_VERSION_UNSUPPORTED",
+                400,
+            ),
+            (
+                Rejection::StaleTimestamp { window: d },
+                "NONCE_REPLAY",
+                "NONCE_REPLAY",
+                400,
+            ),
+            (Rejection::NonceReplay, "NONCE_REPLAY", "NONCE_REPLAY", 409),
+            (
+                Rejection::InputSchema(vec![]),
+                "SCHEMA_VALIDATION_FAILED",
+                "SCHEMA_VALIDATION_FAILED",
+                400,
+            ),
+            (
+                Rejection::OutputSchema(vec![]),
+                "SCHEMA_VALIDATION_FAILED",
+                "SCHEMA_VALIDATION_FAILED",
+                502,
+            ),
+            (Rejection::Timeout(1), "TIMEOUT", "SKILL_TIMEOUT", 504),
+            (
+                Rejection::AppUnavailable("x".into()),
+                "DEPENDENCY_UNAVAILABLE",
+                "DEPENDENCY_UNAVAILABLE",
+                502,
+            ),
+            (
+                Rejection::AppHttp(500),
+                "DEPENDENCY_UNAVAILABLE",
+                "SKILL_HTTP_ERROR",
+                502,
+            ),
+            (
+                Rejection::AppInvalid("x".into()),
+                "DEPENDENCY_UNAVAILABLE",
+                "SKILL_HTTP_ERROR",
+                502,
+            ),
+            (Rejection::Internal("x".into()), "INTERNAL", "INTERNAL", 500),
+        ];
+        for (r, tools, skill, status) in &rows {
+            let (t, ts) = code_and_status(r, Protocol::ToolsV1);
+            let (s, ss) = code_and_status(r, Protocol::SkillV1);
+            assert_eq!((t, ts.as_u16()), (*tools, *status), "{r:?} on tools-v1");
+            assert_eq!((s, ss.as_u16()), (*skill, *status), "{r:?} on skill-v1");
+        }
+        assert_eq!(
+            rows.len(),
+            22,
+            "a Rejection variant is missing from this table"
+        );
+    }
+
+    #[test]
+    fn detail_of_carapace_and_the_app_is_not_sent_to_callers() {
+        for r in [
+            Rejection::Internal("journal /var/lib/x: EIO".into()),
+            Rejection::AppUnavailable("connect 127.0.0.1:8080 refused".into()),
+            Rejection::AppInvalid("answer breaks schema at /result".into()),
+        ] {
+            let m = message(&r);
+            assert!(
+                !m.contains("/var") && !m.contains("8080") && !m.contains("/result"),
+                "{m}"
+            );
+            assert!(log_detail(&r));
+        }
     }
 }

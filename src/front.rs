@@ -10,12 +10,13 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
-use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::call::{CallOutcome, Principal, ToolCall};
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::config::Protocol;
+use crate::errors;
 use crate::metrics::Metrics;
 
 /// Every response carapace sends to callers.
@@ -29,6 +30,62 @@ pub type CallStack = tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rej
 pub struct CallRecord {
     pub tool: Option<String>,
     pub outcome: &'static str,
+}
+
+/// The principal the identity layer put on the request.
+pub fn principal<B>(req: &Request<B>) -> Result<Arc<Principal>, Rejection> {
+    req.extensions()
+        .get::<Arc<Principal>>()
+        .cloned()
+        .ok_or_else(|| Rejection::Internal("request without principal".into()))
+}
+
+/// Tag a response with its call record.
+pub fn recorded(mut resp: Resp, tool: Option<String>, outcome: &'static str) -> Resp {
+    resp.extensions_mut().insert(CallRecord { tool, outcome });
+    resp
+}
+
+/// Log what a rejection withheld from the caller (never secrets: rejections carry none).
+pub fn log_withheld(r: &Rejection, call_id: &str, tool: &str) {
+    if errors::log_detail(r) {
+        if matches!(r, Rejection::Internal(_)) {
+            tracing::error!(call_id, tool, error = %r, "internal error");
+        } else {
+            tracing::warn!(call_id, tool, error = %r, "app failure");
+        }
+    }
+}
+
+/// A call that could not be decoded: the front's error envelope, recorded without a tool.
+pub fn refused(r: &Rejection, encode: impl FnOnce(&Rejection) -> Resp) -> Resp {
+    log_withheld(r, "", "");
+    recorded(encode(r), None, r.reason())
+}
+
+/// Run a decoded call through the call stage and encode its result with the front's codecs;
+/// both fronts go through here.
+pub async fn run_call(
+    calls: &CallStack,
+    call: ToolCall,
+    started: Instant,
+    encode_outcome: impl FnOnce(&CallOutcome, &str, &str, u64) -> Resp,
+    encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
+) -> Resp {
+    let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+    let result = calls.clone().oneshot(call).await;
+    let ms = started.elapsed().as_millis() as u64;
+    let (resp, outcome) = match &result {
+        Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool, ms), "ok"),
+        Ok(o @ CallOutcome::AppError { .. }) => {
+            (encode_outcome(o, &call_id, &tool, ms), "app_error")
+        }
+        Err(r) => {
+            log_withheld(r, &call_id, &tool);
+            (encode_rejection(r, &call_id, &tool, ms), r.reason())
+        }
+    };
+    recorded(resp, Some(tool), outcome)
 }
 
 /// A JSON response.
@@ -97,21 +154,11 @@ where
             };
             let resp = match result {
                 Ok(resp) => resp,
-                Err(r) => {
-                    if matches!(r, Rejection::Internal(_)) {
-                        tracing::error!(error = %r, "internal error");
-                    }
-                    let mut resp = rejection_response(front, &r);
-                    resp.extensions_mut().insert(CallRecord {
-                        tool: None,
-                        outcome: r.reason(),
-                    });
-                    resp
-                }
+                Err(r) => refused(&r, |r| rejection_response(front, r)),
             };
             let record = resp.extensions().get::<CallRecord>();
-            let outcome = record.map_or("none", |r| r.outcome);
-            if !matches!(outcome, "ok" | "app_error" | "none") {
+            let outcome = record.map_or("ok", |r| r.outcome);
+            if !matches!(outcome, "ok" | "app_error") {
                 tracing::info!(
                     front = %front,
                     tool = record.and_then(|r| r.tool.as_deref()).unwrap_or(""),

@@ -8,14 +8,17 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use carapace_filters::call::Principal;
 use carapace_filters::identity::PeerDirectory;
 use carapace_filters::Rejection;
+
+/// Principal ids carapace gives callers itself; a peer may not use them.
+pub const RESERVED_IDS: [&str; 2] = ["local", "anonymous"];
 
 /// One paired peer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,7 +75,8 @@ pub enum PeerStoreError {
 struct Snapshot {
     by_fingerprint: HashMap<String, Arc<(PeerRecord, Arc<Principal>)>>,
     records: usize,
-    modified: Option<SystemTime>,
+    /// SHA-256 of the file's bytes (`None`: no file), to notice every change.
+    digest: Option<[u8; 32]>,
 }
 
 /// The loaded peer store.
@@ -97,15 +101,15 @@ impl PeerStore {
         &self.path
     }
 
-    /// Re-read the file if it changed. A bad file keeps the old store (and says why).
+    /// Re-read the file and swap it in if its content changed. The whole file is read and
+    /// hashed each time (it is small), so no edit is missed whatever the file system's
+    /// timestamp granularity. A bad file keeps the old store (and says why).
     pub fn reload_if_changed(&self) -> Result<bool, PeerStoreError> {
-        let modified = std::fs::metadata(&self.path)
-            .ok()
-            .and_then(|m| m.modified().ok());
-        if modified == self.snapshot.load().modified {
+        let next = read(&self.path)?;
+        if next.digest == self.snapshot.load().digest {
             return Ok(false);
         }
-        self.snapshot.store(Arc::new(read(&self.path)?));
+        self.snapshot.store(Arc::new(next));
         Ok(true)
     }
 
@@ -120,15 +124,15 @@ impl PeerStore {
 }
 
 fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
-    let (file, modified) = match std::fs::read(path) {
+    let (file, digest) = match std::fs::read(path) {
         Ok(bytes) => {
-            let modified = std::fs::metadata(path).ok().and_then(|m| m.modified().ok());
+            let digest = Sha256::digest(&bytes).into();
             let file: PeerFile =
                 serde_json::from_slice(&bytes).map_err(|e| PeerStoreError::Invalid {
                     path: path.into(),
                     message: e.to_string(),
                 })?;
-            (file, modified)
+            (file, Some(digest))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (PeerFile::default(), None),
         Err(source) => {
@@ -160,10 +164,26 @@ fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
                 ),
             });
         }
+        // The id goes to the app in a header: it must be a valid header value, and it must
+        // not pass for one of the principals carapace itself names.
+        let id_ok = !rec.component_id.is_empty()
+            && !RESERVED_IDS.contains(&rec.component_id.as_str())
+            && http::HeaderValue::from_str(&rec.component_id).is_ok()
+            && http::HeaderValue::from_str(&rec.component_type).is_ok();
+        if !id_ok {
+            return Err(PeerStoreError::Invalid {
+                path: path.into(),
+                message: format!(
+                    "peers[{i}]: component_id `{}` / component_type `{}` is reserved or not a valid header value",
+                    rec.component_id, rec.component_type
+                ),
+            });
+        }
         let principal = Arc::new(Principal {
             id: rec.component_id.clone(),
             kind: rec.component_type.clone(),
             fingerprint: Some(fp.clone()),
+            remote_ip: None,
         });
         if by_fingerprint
             .insert(fp, Arc::new((rec, principal)))
@@ -178,7 +198,7 @@ fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
     Ok(Snapshot {
         by_fingerprint,
         records,
-        modified,
+        digest,
     })
 }
 
@@ -240,17 +260,17 @@ mod tests {
         let path = write(dir.path(), "active");
         let store = PeerStore::open(&path).unwrap();
         assert!(store.resolve(FP).is_ok());
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Rewritten at once (same mtime on a coarse file system): still noticed.
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
         write(dir.path(), "revoked");
-        // Make sure the mtime differs even on coarse file systems.
-        let later = SystemTime::now() + std::time::Duration::from_secs(2);
         std::fs::File::options()
             .write(true)
             .open(&path)
             .unwrap()
-            .set_modified(later)
+            .set_modified(before)
             .unwrap();
         assert!(store.reload_if_changed().unwrap());
+        assert!(!store.reload_if_changed().unwrap());
         assert!(matches!(store.resolve(FP), Err(Rejection::Forbidden(_))));
     }
 
@@ -262,5 +282,12 @@ mod tests {
         assert!(PeerStore::open(&p).is_err());
         std::fs::write(&p, r#"{"version":1,"peers":[],"extra":1}"#).unwrap();
         assert!(PeerStore::open(&p).is_err());
+        for id in ["local", "anonymous", "bad\nid", ""] {
+            let rec = serde_json::json!({"version": 1, "peers": [{
+                "component_type": "gateway", "component_id": id,
+                "mtls_cert_fingerprint": FP, "status": "active"}]});
+            std::fs::write(&p, rec.to_string()).unwrap();
+            assert!(PeerStore::open(&p).is_err(), "{id:?} accepted");
+        }
     }
 }

@@ -86,9 +86,26 @@ pub struct Shared {
     rediscover: tokio::sync::Notify,
     /// Wall clock for signature windows and nonce expiry (injected in tests).
     pub clock: UnixClock,
+    /// Serializes reloads (SIGHUP and the admin socket).
+    reload_lock: tokio::sync::Mutex<()>,
+    /// The concurrency limit, kept across reloads so calls in flight keep counting.
+    load_shed: std::sync::Mutex<Option<(usize, LoadShedLayer)>>,
 }
 
 impl Shared {
+    /// The concurrency limit: the same permits as before unless the limit changed.
+    fn load_shed_layer(&self, max: usize) -> LoadShedLayer {
+        let mut current = self.load_shed.lock().unwrap_or_else(|e| e.into_inner());
+        match &*current {
+            Some((m, layer)) if *m == max => layer.clone(),
+            _ => {
+                let layer = LoadShedLayer::new(max);
+                *current = Some((max, layer.clone()));
+                layer
+            }
+        }
+    }
+
     /// Run discovery again now (after a reload, or when the global kill-switch is released).
     pub fn request_discovery(&self) {
         self.rediscover.notify_one();
@@ -194,7 +211,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
         ))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         .layer(PeerRateLimitLayer::new(peer_limits))
-        .layer(LoadShedLayer::new(c.limits.max_in_flight))
+        .layer(shared.load_shed_layer(c.limits.max_in_flight))
         .layer(BodyLimitLayer::new(body));
     match c.front.protocol {
         Protocol::ToolsV1 => BoxCloneSyncService::new(Envelope::new(
@@ -305,101 +322,137 @@ impl Running {
     }
 }
 
+/// Settings that only take effect at start; a reload that changes one is refused.
+fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
+    let (o, n) = (&old.config, &new.config);
+    let nonce = |c: &crate::config::Config| {
+        format!(
+            "{:?}",
+            c.front
+                .auth
+                .as_ref()
+                .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
+        )
+    };
+    let pairs = [
+        (
+            "listeners.unix, listeners.tcp.address",
+            format!("{:?}{:?}", o.listeners.unix, old.tcp_address),
+            format!("{:?}{:?}", n.listeners.unix, new.tcp_address),
+        ),
+        (
+            "state_dir",
+            format!("{:?}", o.state_dir),
+            format!("{:?}", n.state_dir),
+        ),
+        (
+            "front.protocol, front.skill_id",
+            format!("{:?}{:?}", o.front.protocol, old.front_skill_id),
+            format!("{:?}{:?}", n.front.protocol, new.front_skill_id),
+        ),
+        ("front.auth nonce settings", nonce(o), nonce(n)),
+        (
+            "ops.address",
+            format!("{:?}", old.ops_address),
+            format!("{:?}", new.ops_address),
+        ),
+        (
+            "admin.socket",
+            format!("{:?}", old.admin_socket()),
+            format!("{:?}", new.admin_socket()),
+        ),
+        (
+            "peers.file",
+            format!("{:?}", old.peers_file()),
+            format!("{:?}", new.peers_file()),
+        ),
+        (
+            "limits.max_connections",
+            o.limits.max_connections.to_string(),
+            n.limits.max_connections.to_string(),
+        ),
+        ("log", format!("{:?}", o.log), format!("{:?}", n.log)),
+        (
+            "runtime",
+            format!("{:?}", o.runtime),
+            format!("{:?}", n.runtime),
+        ),
+    ];
+    pairs
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(what, _, _)| format!("{what} cannot change on reload; restart to apply it"))
+        .collect()
+}
+
 /// Apply a reloaded configuration: everything is built first and swapped in only if all of it
-/// succeeded, so a bad configuration leaves the old one serving.
+/// succeeded, so a bad configuration leaves the old one serving. Reloads are serialized.
 pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
+    let _guard = shared.reload_lock.lock().await;
     let old = shared.config.load_full();
-    let result = (|| {
-        let new = crate::config::load(&old.source)
-            .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
-        let fixed = [
-            (
-                "listeners",
-                format!("{:?}", old.config.listeners.unix.as_ref().map(|u| &u.path))
-                    + &format!("{:?}", old.tcp_address),
-                format!("{:?}", new.config.listeners.unix.as_ref().map(|u| &u.path))
-                    + &format!("{:?}", new.tcp_address),
-            ),
-            (
-                "state_dir",
-                format!("{:?}", old.config.state_dir),
-                format!("{:?}", new.config.state_dir),
-            ),
-            (
-                "front",
-                format!("{:?}{:?}", old.config.front.protocol, old.front_skill_id),
-                format!("{:?}{:?}", new.config.front.protocol, new.front_skill_id),
-            ),
-            (
-                "ops",
-                format!("{:?}", old.ops_address),
-                format!("{:?}", new.ops_address),
-            ),
-            (
-                "admin",
-                format!("{:?}", old.admin_socket()),
-                format!("{:?}", new.admin_socket()),
-            ),
-            (
-                "nonce store",
-                format!(
-                    "{:?}",
-                    old.config
-                        .front
-                        .auth
-                        .as_ref()
-                        .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
-                ),
-                format!(
-                    "{:?}",
-                    new.config
-                        .front
-                        .auth
-                        .as_ref()
-                        .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
-                ),
-            ),
-        ];
-        let changed: Vec<String> = fixed
-            .iter()
-            .filter(|(_, a, b)| a != b)
-            .map(|(what, _, _)| format!("{what} cannot change on reload; restart to apply it"))
-            .collect();
-        if !changed.is_empty() {
-            return Err(changed);
-        }
-        let tls = tls_acceptor(&new).map_err(|e| vec![e.to_string()])?;
-        Ok((new, tls))
-    })();
-    match result {
+    let prepared = crate::config::load(&old.source)
+        .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+        .and_then(|new| {
+            let changed = restart_only_changes(&old, &new);
+            if !changed.is_empty() {
+                return Err(changed);
+            }
+            let tls = tls_acceptor(&new).map_err(|e| vec![e.to_string()])?;
+            Ok((new, tls))
+        });
+    let (new, tls) = match prepared {
+        Ok(p) => p,
         Err(errors) => {
             for e in &errors {
                 tracing::error!("reload refused: {e}");
             }
             shared.metrics.reload(false);
-            Err(errors)
+            return Err(errors);
         }
-        Ok((new, tls)) => {
-            let new = Arc::new(new);
-            if new.app_address != old.app_address
-                || format!("{:?}", new.config.app.pool) != format!("{:?}", old.config.app.pool)
-            {
-                shared.app.store(Arc::new(app_client(&new)));
-            }
-            let stack = build_stack(&new, shared);
-            shared.kill_switch.set_config(switches(&new));
-            shared.tls.store(tls.map(Arc::new));
-            shared.config.store(new);
-            shared.stack.store(Arc::new(stack));
-            if let Err(e) = shared.peers.reload_if_changed() {
-                tracing::error!("peer store kept as it was: {e}");
-            }
-            shared.metrics.peers.set(shared.peers.len() as i64);
-            shared.request_discovery();
-            shared.metrics.reload(true);
-            tracing::info!("config_reloaded path={}", old.source.display());
-            Ok(())
-        }
+    };
+    let new = Arc::new(new);
+    // Tool settings from the configuration (timeouts, the skill) shape the compiled catalog.
+    let tools_changed = format!("{:?}{:?}", new.config.tools, new.config.app.skill)
+        != format!("{:?}{:?}", old.config.tools, old.config.app.skill);
+    if new.app_address != old.app_address
+        || format!("{:?}", new.config.app.pool) != format!("{:?}", old.config.app.pool)
+    {
+        shared.app.store(Arc::new(app_client(&new)));
+    }
+    let stack = build_stack(&new, shared);
+    shared.kill_switch.set_config(switches(&new));
+    shared.tls.store(tls.map(Arc::new));
+    shared.config.store(new);
+    shared.stack.store(Arc::new(stack));
+    if let Err(e) = shared.peers.reload_if_changed() {
+        tracing::error!("peer store kept as it was: {e}");
+    }
+    shared.metrics.peers.set(shared.peers.len() as i64);
+    if tools_changed {
+        shared.catalog.invalidate();
+    }
+    shared.request_discovery();
+    shared.metrics.reload(true);
+    tracing::info!("config_reloaded path={}", old.source.display());
+    Ok(())
+}
+
+/// Remove a stale socket file at `path`, refusing if something is listening there.
+fn claim_socket_path(path: &Path, what: &'static str) -> Result<(), StartError> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(StartError::Bind {
+            what,
+            address: path.display().to_string(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        });
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StartError::Bind {
+            what,
+            address: path.display().to_string(),
+            source: e,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -456,13 +509,15 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         listening: AtomicBool::new(false),
         rediscover: tokio::sync::Notify::new(),
         clock,
+        reload_lock: tokio::sync::Mutex::new(()),
+        load_shed: std::sync::Mutex::new(None),
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
 
     // Bind everything before serving anything.
     let unix = match &c.listeners.unix {
         Some(u) => {
-            let _ = std::fs::remove_file(&u.path);
+            claim_socket_path(&u.path, "unix listener")?;
             if let Some(dir) = u.path.parent() {
                 let _ = std::fs::create_dir_all(dir);
             }
@@ -471,7 +526,11 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
                 address: u.path.display().to_string(),
                 source,
             })?;
-            set_mode(&u.path, cfg.unix_mode);
+            set_mode(&u.path, cfg.unix_mode).map_err(|source| StartError::Bind {
+                what: "unix listener (mode)",
+                address: u.path.display().to_string(),
+                source,
+            })?;
             Some((l, u.path.clone()))
         }
         None => None,
@@ -501,13 +560,17 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         None => None,
     };
     let admin_path = cfg.admin_socket();
-    let _ = std::fs::remove_file(&admin_path);
+    claim_socket_path(&admin_path, "admin socket")?;
     let admin = UnixListener::bind(&admin_path).map_err(|source| StartError::Bind {
         what: "admin socket",
         address: admin_path.display().to_string(),
         source,
     })?;
-    set_mode(&admin_path, 0o600);
+    set_mode(&admin_path, 0o600).map_err(|source| StartError::Bind {
+        what: "admin socket (mode)",
+        address: admin_path.display().to_string(),
+        source,
+    })?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
@@ -536,7 +599,11 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         ));
     }
     if let Some(l) = ops {
-        tracing::info!("ops listening on {}", ops_address.expect("bound"));
+        let a = ops_address.expect("bound");
+        if !a.ip().is_loopback() {
+            tracing::warn!("ops endpoint on non-loopback address {a}: metrics are unauthenticated");
+        }
+        tracing::info!("ops listening on {a}");
         tasks.spawn(crate::ops::serve(l, shared.clone(), shutdown_rx.clone()));
     }
     tasks.spawn(crate::admin::serve(
@@ -560,11 +627,9 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     })
 }
 
-fn set_mode(path: &Path, mode: u32) {
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
-        tracing::warn!("cannot set mode of {}: {e}", path.display());
-    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
@@ -574,7 +639,11 @@ async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
         let app = shared.app.load_full();
         let first = !shared.catalog.discovered();
         let disabled = shared.kill_switch.global_engaged();
-        let ok = match shared.catalog.refresh(&app, &cfg, disabled).await {
+        let refreshed = tokio::select! {
+            r = shared.catalog.refresh(&app, &cfg, disabled) => r,
+            _ = shutdown.changed() => return,
+        };
+        let ok = match refreshed {
             Ok(n) => {
                 shared.metrics.tools.set(n as i64);
                 if first && cfg.config.app.skill.is_some() {
@@ -726,7 +795,9 @@ async fn accept_tcp(
                 None => {
                     serve_connection(
                         stream,
-                        ConnectionIdentity::Anonymous,
+                        ConnectionIdentity::Anonymous {
+                            remote_ip: Some(peer.ip()),
+                        },
                         false,
                         shared,
                         watcher,
@@ -753,7 +824,9 @@ async fn accept_tcp(
                         Some(cert) => ConnectionIdentity::Certificate {
                             fingerprint: crate::tls::fingerprint(cert),
                         },
-                        None => ConnectionIdentity::Anonymous,
+                        None => ConnectionIdentity::Anonymous {
+                            remote_ip: Some(peer.ip()),
+                        },
                     };
                     let h2 = conn.alpn_protocol() == Some(b"h2");
                     serve_connection(tls, identity, h2, shared, watcher).await

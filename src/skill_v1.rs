@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderName, Method, Request, StatusCode};
 use serde_json::{json, Map, Value};
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
 use carapace_filters::canonical::{canonical_string, hmac_sha256_hex, parse_strict};
@@ -18,7 +18,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use crate::catalog::CatalogHandle;
 use crate::config::{Protocol, Secret};
 use crate::errors;
-use crate::front::{json_response, CallRecord, CallStack, Resp};
+use crate::front::{self, json_response, CallStack, Resp};
 use crate::upstream::AppClient;
 
 /// The protocol version this front speaks.
@@ -167,9 +167,9 @@ impl SkillV1Front {
         let timestamp = fields
             .get("timestamp")
             .and_then(Value::as_f64)
-            .filter(|t| t.is_finite())
+            .filter(|t| t.is_finite() && *t >= 0.0 && t.fract() == 0.0 && *t < 9.0e15)
             .ok_or(Rejection::InvalidRequest {
-                message: "`timestamp` must be a number (Unix ms)".into(),
+                message: "`timestamp` must be a whole, non-negative number of Unix ms".into(),
                 path: Some("/timestamp".into()),
             })?;
         if !self.catalog.discovered() {
@@ -190,15 +190,17 @@ impl SkillV1Front {
             .collect();
         let canonical = canonical_string(&Value::Object(signed))
             .map_err(|e| Rejection::invalid(e.to_string()))?;
-        let header = |h: &HeaderName| {
-            req.headers()
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
+        // A credential header that is present must be readable: never treat it as absent.
+        let header = |h: &HeaderName| match req.headers().get(h) {
+            None => Ok(None),
+            Some(v) => v
+                .to_str()
+                .map(|s| Some(s.to_owned()))
+                .map_err(|_| Rejection::AuthFailed("malformed credential header")),
         };
         let (api_key, header_signature) = match self.mode {
-            AuthMode::ApiKey => (header(&self.auth_header), None),
-            AuthMode::Hmac => (None, header(&self.auth_header)),
+            AuthMode::ApiKey => (header(&self.auth_header)?, None),
+            AuthMode::Hmac => (None, header(&self.auth_header)?),
         };
         Ok(ToolCall {
             call_id: nonce.clone(),
@@ -266,44 +268,17 @@ impl Service<Request<Bytes>> for SkillV1Front {
                 (&Method::GET, "/manifest") => Ok(this.manifest()),
                 (&Method::POST, "/run") => {
                     let started = Instant::now();
-                    let principal = req
-                        .extensions()
-                        .get::<Arc<Principal>>()
-                        .cloned()
-                        .ok_or_else(|| Rejection::Internal("request without principal".into()))?;
-                    let call = match this.decode(&req, principal) {
-                        Ok(c) => c,
-                        Err(r) => {
-                            let mut resp = error_response(&r);
-                            resp.extensions_mut().insert(CallRecord {
-                                tool: None,
-                                outcome: r.reason(),
-                            });
-                            return Ok(resp);
-                        }
-                    };
-                    let tool = call.tool.name.clone();
-                    let call_id = call.call_id.clone();
-                    let result = this.calls.clone().oneshot(call).await;
-                    let ms = started.elapsed().as_millis() as u64;
-                    let (mut resp, outcome) = match &result {
-                        Ok(o) => (
-                            outcome_response(o, ms),
-                            match o {
-                                CallOutcome::Ok { .. } => "ok",
-                                CallOutcome::AppError { .. } => "app_error",
-                            },
-                        ),
-                        Err(r) => (error_response(r), r.reason()),
-                    };
-                    if let Err(Rejection::Internal(e)) = &result {
-                        tracing::error!(call_id = %call_id, tool = %tool, error = %e, "internal error");
+                    match this.decode(&req, front::principal(&req)?) {
+                        Ok(call) => Ok(front::run_call(
+                            &this.calls,
+                            call,
+                            started,
+                            |o, _, _, ms| outcome_response(o, ms),
+                            |r, _, _, _| error_response(r),
+                        )
+                        .await),
+                        Err(r) => Ok(front::refused(&r, error_response)),
                     }
-                    resp.extensions_mut().insert(CallRecord {
-                        tool: Some(tool),
-                        outcome,
-                    });
-                    Ok(resp)
                 }
                 (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
             }

@@ -89,9 +89,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fingerprint_format_matches_the_pairing_vectors() {
-        // From the crabstack vectors: the fingerprint of the DER bytes `abc` is not pinned, but
-        // the format is `sha256:` + 64 lowercase hex.
+    fn fingerprint_is_sha256_prefix_and_lowercase_hex() {
+        // The format of the pairing handshake: `sha256:` + 64 lowercase hex of SHA-256(DER).
         let f = fingerprint(b"abc");
         assert_eq!(
             f,

@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, ToolCall};
 use carapace_filters::canonical::parse_strict;
@@ -19,7 +19,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use crate::catalog::{tools_v1_descriptor, CatalogHandle};
 use crate::config::Protocol;
 use crate::errors;
-use crate::front::{json_response, CallRecord, CallStack, Resp};
+use crate::front::{self, json_response, CallStack, Resp};
 use crate::upstream::AppClient;
 
 /// The seed's `POST /v1/tools/call` request schema.
@@ -200,43 +200,19 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                 (&Method::GET, "/v1/tools") => Ok(this.list()),
                 (&Method::POST, "/v1/tools/call") => {
                     let started = Instant::now();
-                    let principal = req
-                        .extensions()
-                        .get::<Arc<carapace_filters::call::Principal>>()
-                        .cloned()
-                        .ok_or_else(|| Rejection::Internal("request without principal".into()))?;
-                    let call = match decode(req.body(), &this.catalog, principal) {
-                        Ok(c) => c,
-                        Err((r, call_id, tool)) => {
-                            let mut resp = error_response(&r, &call_id, &tool, 0);
-                            resp.extensions_mut().insert(CallRecord {
-                                tool: None,
-                                outcome: r.reason(),
-                            });
-                            return Ok(resp);
-                        }
-                    };
-                    let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
-                    let result = this.calls.clone().oneshot(call).await;
-                    let ms = started.elapsed().as_millis() as u64;
-                    let (mut resp, outcome) = match &result {
-                        Ok(o) => (
-                            outcome_response(o, &call_id, &tool, ms),
-                            match o {
-                                CallOutcome::Ok { .. } => "ok",
-                                CallOutcome::AppError { .. } => "app_error",
-                            },
-                        ),
-                        Err(r) => (error_response(r, &call_id, &tool, ms), r.reason()),
-                    };
-                    if let Err(Rejection::Internal(e)) = &result {
-                        tracing::error!(call_id = %call_id, tool = %tool, error = %e, "internal error");
+                    match decode(req.body(), &this.catalog, front::principal(&req)?) {
+                        Ok(call) => Ok(front::run_call(
+                            &this.calls,
+                            call,
+                            started,
+                            outcome_response,
+                            error_response,
+                        )
+                        .await),
+                        Err((r, call_id, tool)) => Ok(front::refused(&r, |r| {
+                            error_response(r, &call_id, &tool, 0)
+                        })),
                     }
-                    resp.extensions_mut().insert(CallRecord {
-                        tool: Some(tool),
-                        outcome,
-                    });
-                    Ok(resp)
                 }
                 (_, "/v1/tools" | "/v1/tools/call") => Err(Rejection::NoRoute(format!(
                     "{} {}",
@@ -271,11 +247,11 @@ pub fn encode_request(call: &ToolCall) -> Value {
         "tenant_id": call.tenant_id.as_deref().unwrap_or("default"),
         "args": call.args,
         "timeout_ms": timeout,
-        // A call from a front without a context (skill-v1) gets one naming the caller.
+        // A call from a front without a context (skill-v1) gets one naming the caller; no
+        // `request_origin` is claimed for it.
         "context": call.context.clone().unwrap_or_else(|| json!({
             "agent_id": call.principal.id,
             "session_id": call.call_id,
-            "request_origin": "system",
         })),
     });
     if let Some(k) = &call.idempotency_key {
@@ -295,10 +271,12 @@ pub fn decode_response(
         Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
         Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
     };
-    if let Err(v) = RESPONSE.validate(&doc) {
-        if !status.is_success() {
-            return Err(Rejection::AppHttp(status.as_u16()));
-        }
+    if !status.is_success() {
+        // Even with a well-formed body, an HTTP error is not a successful call.
+        return Err(Rejection::AppHttp(status.as_u16()));
+    }
+    // Redacted: the app's answer must not reach the caller quoted in an error.
+    if let Err(v) = RESPONSE.validate_redacted(&doc) {
         return Err(Rejection::AppInvalid(format!(
             "answer breaks the tools-v1 response schema at `{}`: {}",
             v[0].path, v[0].message

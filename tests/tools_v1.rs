@@ -189,14 +189,28 @@ async fn identity_fails_closed() {
         &env.path().join("peers.json"),
         &[(&env.pki.gateway.fingerprint, "gw_test", "revoked")],
     );
-    let later = std::time::SystemTime::now() + Duration::from_secs(5);
-    std::fs::File::options()
-        .write(true)
-        .open(env.path().join("peers.json"))
-        .unwrap()
-        .set_modified(later)
-        .unwrap();
-    r.shared.peers.reload_if_changed().unwrap();
+    // Picked up by the running process on its own (no reload call); calls made before the
+    // change is noticed still pass, none after.
+    let gw = env.gateway(&r);
+    let mut reply = None;
+    for _ in 0..100 {
+        let rep = gw
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("memory.query", json!({"query": "x"})),
+            )
+            .await
+            .unwrap();
+        if rep.status == StatusCode::FORBIDDEN {
+            reply = Some(rep);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reply = reply.expect("revocation not picked up within 5 s");
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+    let reached = env.app.received().len();
     let reply = env
         .gateway(&r)
         .post_json(
@@ -209,8 +223,8 @@ async fn identity_fails_closed() {
     assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
     assert_eq!(
         env.app.received().len(),
-        1,
-        "only the paired call reached the app"
+        reached,
+        "a revoked peer reached the app"
     );
     r.shutdown().await;
 }
@@ -580,10 +594,19 @@ async fn body_size_and_slow_clients_are_bounded() {
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("INVALID_ARGS"), "{answer}");
 
-    // Undeclared (chunked) and too large.
+    // Undeclared (chunked) and too large: caught while reading.
+    let chunk = "x".repeat(200);
+    let chunked = format!(
+        "POST /v1/tools/call HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{n:x}\r\n{chunk}\r\n{n:x}\r\n{chunk}\r\n0\r\n\r\n",
+        n = chunk.len()
+    );
+    let answer = raw_exchange(&sock, chunked.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    // The same limit holds on HTTP/2 (mTLS), where there is no chunked encoding.
     let big = call("memory.append", json!({"text": "x".repeat(400)}));
     let reply = env
-        .local(&r)
+        .tls_client(&r, Some(&env.pki.gateway), true)
         .post_json("/v1/tools/call", &[], &big)
         .await
         .unwrap();
@@ -707,6 +730,69 @@ async fn the_app_can_be_reached_over_a_unix_socket() {
     assert!(
         env.app.received().is_empty(),
         "the TCP app was not configured"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reload_applies_new_tool_settings_and_refuses_a_bad_file() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("tools: { memory.query: { timeout_ms_max: 5000 } }"))
+        .await;
+    let max = |r: &carapace::client::Reply| r.json()["tools"][2]["timeout_ms_max"].clone();
+    let list = env
+        .gateway(&r)
+        .send(Method::GET, "/v1/tools", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(max(&list), 5000);
+
+    // A file with an error is refused and the old configuration keeps serving.
+    std::fs::write(
+        env.path().join("carapace.yaml"),
+        env.tools_yaml("tools: { memory.query: { timeout_ms_max: 0 } }"),
+    )
+    .unwrap();
+    let errors = r.reload().await.unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("/tools/memory.query/timeout_ms_max")),
+        "{errors:?}"
+    );
+
+    // A good one applies, even though the app's catalog did not change.
+    std::fs::write(
+        env.path().join("carapace.yaml"),
+        env.tools_yaml("tools: { memory.query: { timeout_ms_max: 250 } }"),
+    )
+    .unwrap();
+    r.reload().await.unwrap();
+    let mut applied = false;
+    for _ in 0..100 {
+        let list = env
+            .gateway(&r)
+            .send(Method::GET, "/v1/tools", &[], "")
+            .await
+            .unwrap();
+        if max(&list) == 250 {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(applied, "reloaded tool setting not applied");
+    // A setting that needs a restart is refused, not silently ignored.
+    std::fs::write(
+        env.path().join("carapace.yaml"),
+        env.tools_yaml("limits: { max_connections: 7 }"),
+    )
+    .unwrap();
+    let errors = r.reload().await.unwrap_err();
+    assert!(
+        errors.iter().any(|e| e.contains("max_connections")),
+        "{errors:?}"
     );
     r.shutdown().await;
 }

@@ -16,6 +16,8 @@ pub struct Principal {
     pub kind: String,
     /// `sha256:<hex>` fingerprint of the peer certificate; `None` on the Unix socket.
     pub fingerprint: Option<String>,
+    /// Remote address of an unauthenticated caller, so that limits apply per address.
+    pub remote_ip: Option<std::net::IpAddr>,
 }
 
 impl Principal {
@@ -25,6 +27,16 @@ impl Principal {
             id: "local".into(),
             kind: "local".into(),
             fingerprint: None,
+            remote_ip: None,
+        }
+    }
+
+    /// The key rate limits are kept under: the peer id, or for unauthenticated callers their
+    /// address (one caller cannot spend another's budget).
+    pub fn limit_key(&self) -> std::borrow::Cow<'_, str> {
+        match self.remote_ip {
+            Some(ip) => std::borrow::Cow::Owned(format!("{}@{ip}", self.id)),
+            None => std::borrow::Cow::Borrowed(&self.id),
         }
     }
 }
@@ -52,8 +64,9 @@ impl ToolSpec {
     }
 }
 
-/// The credential fields of a Skill Gateway v1 `/run` call, extracted by the front.
-#[derive(Debug, Clone)]
+/// The credential fields of a Skill Gateway v1 `/run` call, extracted by the front. Its
+/// `Debug` output shows none of the key, the signatures or the signed payload.
+#[derive(Clone)]
 pub struct SkillCredential {
     /// API key header value, when one was sent.
     pub api_key: Option<String>,
@@ -67,6 +80,25 @@ pub struct SkillCredential {
     pub nonce: String,
     /// Replay scope: nonces are unique per scope (the skill id).
     pub scope: String,
+}
+
+impl std::fmt::Debug for SkillCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SkillCredential")
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "header_signature",
+                &self.header_signature.as_ref().map(|_| "<redacted>"),
+            )
+            .field("signature_hex", &"<redacted>")
+            .field(
+                "canonical",
+                &format_args!("<{} bytes>", self.canonical.len()),
+            )
+            .field("timestamp_ms", &self.timestamp_ms)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What authenticates a call beyond its connection.

@@ -114,18 +114,12 @@ mod tests {
             }
         });
         let svc = LoadShedLayer::new(1).layer(svc);
-        let first = tokio::spawn(svc.clone().oneshot(()));
-        tokio::task::yield_now().await;
-        // The first call holds the only permit.
-        let mut probe = svc.clone();
-        let shed = loop {
-            match probe.call(()).await {
-                Err(Rejection::Overloaded) => break true,
-                Ok(()) => tokio::task::yield_now().await,
-                Err(e) => panic!("{e}"),
-            }
-        };
-        assert!(shed);
+        // The first call takes the only permit when it is called (not when polled).
+        let mut first_svc = svc.clone();
+        let first = first_svc.call(());
+        let first = tokio::spawn(first);
+        let err = svc.clone().oneshot(()).await.unwrap_err();
+        assert!(matches!(err, Rejection::Overloaded), "{err:?}");
         release_tx.send(true).unwrap();
         first.await.unwrap().unwrap();
         svc.oneshot(()).await.unwrap();

@@ -29,8 +29,9 @@ pub enum ConnectionIdentity {
     Local,
     /// TLS with a verified client certificate, by its fingerprint (`sha256:<hex>` of the DER).
     Certificate { fingerprint: String },
-    /// TLS or loopback TCP without a client certificate (signed fronts only).
-    Anonymous,
+    /// TLS or loopback TCP without a client certificate (signed fronts only), from this
+    /// address.
+    Anonymous { remote_ip: Option<std::net::IpAddr> },
 }
 
 /// Resolves a certificate fingerprint to a paired peer.
@@ -83,14 +84,15 @@ impl<S> Identity<S> {
             Some(ConnectionIdentity::Certificate { fingerprint }) => {
                 self.directory.resolve(fingerprint)
             }
-            Some(ConnectionIdentity::Anonymous) if self.allow_anonymous => {
+            Some(ConnectionIdentity::Anonymous { remote_ip }) if self.allow_anonymous => {
                 Ok(Arc::new(Principal {
                     id: "anonymous".into(),
                     kind: "anonymous".into(),
                     fingerprint: None,
+                    remote_ip: *remote_ip,
                 }))
             }
-            Some(ConnectionIdentity::Anonymous) => Err(Rejection::Forbidden(
+            Some(ConnectionIdentity::Anonymous { .. }) => Err(Rejection::Forbidden(
                 "a client certificate is required".into(),
             )),
             None => Err(Rejection::Internal("connection identity missing".into())),
@@ -153,6 +155,7 @@ mod tests {
                     id: "gw".into(),
                     kind: "gateway".into(),
                     fingerprint: Some(fingerprint.into()),
+                    remote_ip: None,
                 }))
             } else {
                 Err(Rejection::Forbidden("unknown peer".into()))
@@ -210,14 +213,14 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, Rejection::Forbidden(_)));
         let e = svc(false)
-            .oneshot(req(Some(ConnectionIdentity::Anonymous)))
+            .oneshot(req(Some(ConnectionIdentity::Anonymous { remote_ip: None })))
             .await
             .unwrap_err();
         assert!(matches!(e, Rejection::Forbidden(_)));
         let e = svc(false).oneshot(req(None)).await.unwrap_err();
         assert!(matches!(e, Rejection::Internal(_)));
         let h = svc(true)
-            .oneshot(req(Some(ConnectionIdentity::Anonymous)))
+            .oneshot(req(Some(ConnectionIdentity::Anonymous { remote_ip: None })))
             .await
             .unwrap();
         assert_eq!(h[PEER_ID], "anonymous");

@@ -40,6 +40,9 @@ struct State {
 pub struct KillSwitch {
     state: Arc<RwLock<State>>,
     file: Option<Arc<PathBuf>>,
+    /// Serializes runtime changes, so the state file is written outside the lock that
+    /// requests read.
+    writer: Arc<std::sync::Mutex<()>>,
 }
 
 /// Reading or writing the kill-switch state file failed.
@@ -66,6 +69,7 @@ impl KillSwitch {
                 runtime: Switches::default(),
             })),
             file: None,
+            writer: Arc::default(),
         }
     }
 
@@ -87,6 +91,7 @@ impl KillSwitch {
         Ok(KillSwitch {
             state: Arc::new(RwLock::new(State { config, runtime })),
             file: Some(Arc::new(file)),
+            writer: Arc::default(),
         })
     }
 
@@ -98,8 +103,8 @@ impl KillSwitch {
     /// Engage or release the runtime switch, globally (`tool = None`) or for one tool, and
     /// persist it before returning.
     pub fn set_runtime(&self, tool: Option<&str>, engaged: bool) -> Result<(), KillSwitchError> {
-        let mut state = self.write();
-        let mut next = state.runtime.clone();
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.read().runtime.clone();
         match tool {
             None => next.global = engaged,
             Some(t) if engaged => {
@@ -119,7 +124,7 @@ impl KillSwitch {
                 source,
             })?;
         }
-        state.runtime = next;
+        self.write().runtime = next;
         Ok(())
     }
 

@@ -37,7 +37,12 @@ pub struct KeyedLimits {
     default: Option<Keyed>,
     overrides: HashMap<String, Keyed>,
     clock: DefaultClock,
+    checks: std::sync::atomic::AtomicU64,
 }
+
+/// Every this many checks, keys whose bucket is full again are forgotten, which bounds the
+/// memory held for callers keyed by address.
+const RETAIN_EVERY: u64 = 4096;
 
 impl std::fmt::Debug for KeyedLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,11 +63,18 @@ impl KeyedLimits {
                 .map(|(k, r)| (k, RateLimiter::keyed(r.quota())))
                 .collect(),
             clock: DefaultClock::default(),
+            checks: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     /// Take one cell for `key`, or say how long until one is available.
     pub fn check(&self, key: &str) -> Result<(), Duration> {
+        let n = self
+            .checks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n % RETAIN_EVERY == RETAIN_EVERY - 1 {
+            self.retain_recent();
+        }
         let limiter = match self.overrides.get(key) {
             Some(l) => l,
             None => match &self.default {
@@ -76,8 +88,8 @@ impl KeyedLimits {
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
-    /// Forget keys whose state is back to full; call periodically to bound memory.
-    pub fn retain_recent(&self) {
+    /// Forget keys whose state is back to full.
+    fn retain_recent(&self) {
         if let Some(l) = &self.default {
             l.retain_recent();
         }
@@ -143,7 +155,7 @@ where
             // The identity layer runs first; a request without a principal is a wiring bug.
             return ReadyOr::reject(Rejection::Internal("request without principal".into()));
         };
-        match self.limits.check(&principal.id) {
+        match self.limits.check(&principal.limit_key()) {
             Ok(()) => ReadyOr::inner(self.inner.call(req)),
             Err(wait) => ReadyOr::reject(rate_limited("peer", wait)),
         }

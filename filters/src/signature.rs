@@ -114,8 +114,10 @@ impl SignatureVerifier {
             }
         };
         let now = (self.clock)();
-        let skew_ms = self.skew.as_millis() as i64;
-        if (cred.timestamp_ms - now as i64).abs() > skew_ms {
+        let skew_ms = u64::try_from(self.skew.as_millis()).unwrap_or(u64::MAX);
+        let in_window =
+            u64::try_from(cred.timestamp_ms).is_ok_and(|ts| ts.abs_diff(now) <= skew_ms);
+        if !in_window {
             return Err(Rejection::StaleTimestamp { window: self.skew });
         }
         if cred.nonce.is_empty() || cred.nonce.len() > MAX_NONCE_LEN {
@@ -131,11 +133,15 @@ impl SignatureVerifier {
         }
     }
 
-    /// Compare against every key without stopping early, in constant time per key.
+    /// Compare against every key without stopping early, in constant time per key. Digests
+    /// are compared so that neither the time nor an early length check tells the key's length.
     fn match_api_key(&self, presented: &[u8]) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        let presented = Sha256::digest(presented);
         let mut found = None;
         for key in &self.keys {
-            if bool::from(presented.ct_eq(&key.secret)) && found.is_none() {
+            let expected = Sha256::digest(&key.secret);
+            if bool::from(presented.ct_eq(&expected)) && found.is_none() {
                 found = Some(key.id.clone());
             }
         }
