@@ -703,7 +703,13 @@ fn http_builder(cfg: &Loaded, h2_only: bool) -> auto::Builder<TokioExecutor> {
         .header_read_timeout(Duration::from_millis(
             cfg.config.limits.header_read_timeout_ms,
         ));
-    b.http2().timer(TokioTimer::new());
+    // HTTP/2: pings find dead peers; streams per connection are capped at the in-flight
+    // limit. (HTTP/1's header-read timeout also bounds idle keep-alive connections.)
+    b.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .max_concurrent_streams(u32::try_from(cfg.config.limits.max_in_flight).unwrap_or(u32::MAX));
     if h2_only {
         b = b.http2_only();
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderName, Method, Request, StatusCode};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
@@ -120,7 +120,7 @@ impl SkillV1Front {
         principal: Arc<Principal>,
     ) -> Result<ToolCall, Rejection> {
         let doc = parse_strict(req.body()).map_err(|e| Rejection::invalid(e.to_string()))?;
-        let Value::Object(fields) = doc else {
+        let Value::Object(mut fields) = doc else {
             return Err(Rejection::invalid("body must be a JSON object"));
         };
         // A field the signature does not cover could be read by the app unverified.
@@ -155,15 +155,12 @@ impl SkillV1Front {
         let capability = str_field("capability")?;
         let nonce = str_field("nonce")?.to_string();
         let signature = str_field("signature")?.to_string();
-        let input = match fields.get("input") {
-            Some(v @ Value::Object(_)) => v.clone(),
-            _ => {
-                return Err(Rejection::InvalidRequest {
-                    message: "`input` must be an object".into(),
-                    path: Some("/input".into()),
-                })
-            }
-        };
+        if !matches!(fields.get("input"), Some(Value::Object(_))) {
+            return Err(Rejection::InvalidRequest {
+                message: "`input` must be an object".into(),
+                path: Some("/input".into()),
+            });
+        }
         let timestamp = fields
             .get("timestamp")
             .and_then(Value::as_f64)
@@ -183,13 +180,15 @@ impl SkillV1Front {
             .get(capability)
             .cloned()
             .ok_or_else(|| Rejection::ToolNotFound(capability.into()))?;
-        let signed: Map<String, Value> = fields
-            .iter()
-            .filter(|(k, _)| k.as_str() != "signature")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let canonical = canonical_string(&Value::Object(signed))
-            .map_err(|e| Rejection::invalid(e.to_string()))?;
+        // The signed form is the body without `signature`: canonicalize it in place, then move
+        // the input out of it.
+        fields.remove("signature");
+        let signed = Value::Object(fields);
+        let canonical = canonical_string(&signed).map_err(|e| Rejection::invalid(e.to_string()))?;
+        let Value::Object(mut fields) = signed else {
+            unreachable!("built as an object above")
+        };
+        let input = fields.remove("input").expect("checked above");
         // A credential header that is present must be readable: never treat it as absent.
         let header = |h: &HeaderName| match req.headers().get(h) {
             None => Ok(None),

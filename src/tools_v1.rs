@@ -214,11 +214,6 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                         })),
                     }
                 }
-                (_, "/v1/tools" | "/v1/tools/call") => Err(Rejection::NoRoute(format!(
-                    "{} {}",
-                    req.method(),
-                    req.uri().path()
-                ))),
                 (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
             }
         })

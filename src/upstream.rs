@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::io;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -193,12 +192,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
-}
-
-/// Path of a Unix socket from an `AppAddress`, for messages.
-pub fn describe(address: &AppAddress) -> String {
-    match address {
-        AppAddress::Tcp(a) => format!("http://{a}"),
-        AppAddress::Unix(p) => format!("unix:{}", PathBuf::from(p).display()),
-    }
 }

@@ -33,8 +33,7 @@
 //! Number parsing precision: the canonical number is the `f64` that serde_json parsed. JS
 //! parses decimal literals with correct rounding; serde_json only does so with its
 //! `float_roundtrip` feature (its default fast path can be one ULP off for long mantissas).
-//! In this crate that feature is switched on through feature unification by `jsonschema`;
-//! a unit test guards the assumption.
+//! This crate enables that feature in its manifest; a unit test guards it.
 
 use std::borrow::Cow;
 use std::cell::RefCell;

@@ -25,11 +25,6 @@ impl LoadShedLayer {
             permits: Arc::new(Semaphore::new(max)),
         }
     }
-
-    /// Requests currently in flight.
-    pub fn in_flight(&self, max: usize) -> usize {
-        max - self.permits.available_permits()
-    }
 }
 
 impl<S> Layer<S> for LoadShedLayer {
