@@ -627,6 +627,11 @@ log: {{ format: json, level: trace }}
     );
     let sig = good["signature"].as_str().unwrap().to_string();
     sensitive.push(sig.clone());
+    // The signed payload, in its canonical and its wire form.
+    let mut signed = good.clone();
+    signed.as_object_mut().unwrap().remove("signature");
+    sensitive.push(carapace_filters::canonical::canonical_string(&signed).unwrap());
+    sensitive.push(good.to_string());
     let bad = signed_run(
         b"not-the-secret",
         "memory",
@@ -635,6 +640,11 @@ log: {{ format: json, level: trace }}
         now_ms(),
         &nonce(),
     );
+    // What the failed attempt presented is not logged either.
+    sensitive.push(bad["signature"].as_str().unwrap().to_string());
+    if mode == "api_key" {
+        sensitive.push("not-the-secret".to_string());
+    }
     let (good_headers, bad_headers): (Headers, Headers) = match mode {
         "hmac" => (
             vec![("x-skill-signature", sig.as_str())],

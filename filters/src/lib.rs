@@ -20,7 +20,9 @@
 //! HTTP-stage layers are `Service<http::Request<B>>`; call-stage layers are
 //! `Service<`[`call::ToolCall`]`>` and work on the protocol-neutral model that every front
 //! decodes to. Every layer fails with a [`Rejection`]; a front maps it to its own envelope in
-//! one place.
+//! one place. In an axum router, put `axum::error_handling::HandleErrorLayer` outside these
+//! layers to turn a `Rejection` into the response of your choice, as with any fallible tower
+//! middleware.
 
 pub mod body;
 pub mod call;

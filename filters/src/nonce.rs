@@ -241,6 +241,9 @@ struct Journal {
     /// A failed append may have left a partial record: rewrite the file from
     /// memory before appending again.
     dirty: bool,
+    /// Exclusive lock on `<path>.lock`, held while the store lives: two processes
+    /// appending to one journal would each miss the other's nonces.
+    _lock: File,
 }
 
 struct Inner {
@@ -303,6 +306,7 @@ impl NonceStore {
             None => (random_key(), None),
             Some(path) => {
                 create_parent_dir(&path)?;
+                let lock = lock_journal(&path)?;
                 let key = match File::open(&path) {
                     Ok(file) => load_journal(file, &mut map, now_unix_ms)?,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => random_key(),
@@ -317,6 +321,7 @@ impl NonceStore {
                     records,
                     compact_above: compact_threshold(config.capacity),
                     dirty: false,
+                    _lock: lock,
                 };
                 (key, Some(journal))
             }
@@ -668,6 +673,25 @@ fn create_parent_dir(path: &Path) -> io::Result<()> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
+/// Take the exclusive lock beside the journal, or fail if another process holds it.
+fn lock_journal(path: &Path) -> io::Result<File> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path.with_file_name(name))?;
+    lock.try_lock().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("{} is in use by another process", path.display()),
+        )
+    })?;
+    Ok(lock)
+}
+
 fn sync_parent_dir(path: &Path) -> io::Result<()> {
     File::open(parent_dir(path))?.sync_all()
 }
@@ -904,6 +928,20 @@ mod tests {
     fn zero_capacity_is_rejected() {
         let err = NonceStore::open(NonceStoreConfig::new(0), T0).unwrap_err();
         assert!(matches!(err, NonceError::Journal(e) if e.kind() == io::ErrorKind::InvalidInput));
+    }
+
+    #[test]
+    fn one_journal_serves_one_store_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nonces.journal");
+        let first = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+        let err = NonceStore::open(journal_config(&path, 100), T0).unwrap_err();
+        assert!(
+            matches!(&err, NonceError::Journal(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "{err:?}"
+        );
+        drop(first);
+        NonceStore::open(journal_config(&path, 100), T0).unwrap();
     }
 
     #[test]
