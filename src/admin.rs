@@ -25,6 +25,13 @@ pub struct KillSwitchRequest {
     pub tool: Option<String>,
 }
 
+/// `POST /v1/peers/revoke` body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    pub component_id: String,
+}
+
 fn reply(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = status;
@@ -64,6 +71,37 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
                         shared.request_discovery();
                     }
                     reply(StatusCode::OK, state(&shared))
+                }
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({"error": e.to_string()}),
+                ),
+            }
+        }
+        (Method::GET, "/v1/peers") => {
+            reply(StatusCode::OK, json!({"peers": shared.peers.records()}))
+        }
+        (Method::POST, "/v1/peers/revoke") => {
+            let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+            };
+            let r: RevokeRequest = match serde_json::from_slice(&body) {
+                Ok(r) => r,
+                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+            };
+            match shared.peers.revoke(&r.component_id) {
+                Ok(0) => reply(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": format!("no active peer `{}`", r.component_id)}),
+                ),
+                Ok(n) => {
+                    tracing::warn!("peer_revoked component_id={} records={n}", r.component_id);
+                    shared.metrics.peers.set(shared.peers.len() as i64);
+                    reply(
+                        StatusCode::OK,
+                        json!({"revoked": n, "component_id": r.component_id}),
+                    )
                 }
                 Err(e) => reply(
                     StatusCode::INTERNAL_SERVER_ERROR,

@@ -48,6 +48,17 @@ enum Command {
         #[arg(short, long, global = true)]
         config: Option<PathBuf>,
     },
+    /// List or revoke the paired peers of a running carapace through its admin socket.
+    Peers {
+        #[command(subcommand)]
+        action: PeersAction,
+        /// Admin socket of the running carapace.
+        #[arg(long, global = true)]
+        admin_socket: Option<PathBuf>,
+        /// Or: its configuration file (the admin socket is read from it).
+        #[arg(short, long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// Ask a running carapace to reload its configuration (same as SIGHUP).
     Reload {
         #[arg(long)]
@@ -55,6 +66,14 @@ enum Command {
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand, Clone)]
+enum PeersAction {
+    /// Print every peer record.
+    List,
+    /// Revoke a peer: its next request fails.
+    Revoke { component_id: String },
 }
 
 #[derive(Subcommand, Clone)]
@@ -202,6 +221,28 @@ fn main() -> ExitCode {
                 ),
             };
             admin_call(&sock, method, "/v1/kill-switch", body)
+        }
+        Command::Peers {
+            action,
+            admin_socket: sock,
+            config,
+        } => {
+            let sock = match admin_socket(sock, config) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            match action {
+                PeersAction::List => admin_call(&sock, http::Method::GET, "/v1/peers", None),
+                PeersAction::Revoke { component_id } => admin_call(
+                    &sock,
+                    http::Method::POST,
+                    "/v1/peers/revoke",
+                    Some(serde_json::json!({ "component_id": component_id })),
+                ),
+            }
         }
         Command::Reload {
             admin_socket: sock,

@@ -84,6 +84,8 @@ struct Snapshot {
 pub struct PeerStore {
     path: PathBuf,
     snapshot: ArcSwap<Snapshot>,
+    /// Serializes read-modify-write changes of the file.
+    writer: std::sync::Mutex<()>,
 }
 
 impl PeerStore {
@@ -94,6 +96,7 @@ impl PeerStore {
         Ok(PeerStore {
             path,
             snapshot: ArcSwap::from_pointee(snapshot),
+            writer: std::sync::Mutex::new(()),
         })
     }
 
@@ -113,6 +116,73 @@ impl PeerStore {
         Ok(true)
     }
 
+    /// Every record, as stored.
+    pub fn records(&self) -> Vec<PeerRecord> {
+        let mut v: Vec<PeerRecord> = self
+            .snapshot
+            .load()
+            .by_fingerprint
+            .values()
+            .map(|e| e.0.clone())
+            .collect();
+        v.sort_by(|a, b| a.component_id.cmp(&b.component_id));
+        v
+    }
+
+    /// Change the file: read its current content, apply `change`, validate the result, write
+    /// it atomically, then serve it. Changes are serialized; a change that would make the
+    /// file invalid is refused and nothing is written.
+    pub fn modify<T>(&self, change: impl FnOnce(&mut PeerFile) -> T) -> Result<T, PeerStoreError> {
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut file = match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| PeerStoreError::Invalid {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => PeerFile {
+                version: 1,
+                peers: Vec::new(),
+            },
+            Err(source) => {
+                return Err(PeerStoreError::Io {
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        };
+        let out = change(&mut file);
+        let bytes = serde_json::to_vec_pretty(&file).expect("serializable");
+        // Validate exactly what will be served before writing it.
+        parse(&self.path, &bytes)?;
+        carapace_filters::state_file::write_atomically(&self.path, &bytes).map_err(|source| {
+            PeerStoreError::Io {
+                path: self.path.clone(),
+                source,
+            }
+        })?;
+        self.snapshot.store(Arc::new(read(&self.path)?));
+        Ok(out)
+    }
+
+    /// Mark every record of `component_id` revoked; its next request fails. Returns how many
+    /// records changed.
+    pub fn revoke(&self, component_id: &str) -> Result<usize, PeerStoreError> {
+        self.modify(|f| {
+            let mut n = 0;
+            for p in f
+                .peers
+                .iter_mut()
+                .filter(|p| p.component_id == component_id)
+            {
+                if p.status != "revoked" {
+                    p.status = "revoked".into();
+                    n += 1;
+                }
+            }
+            n
+        })
+    }
+
     /// Number of records (any status).
     pub fn len(&self) -> usize {
         self.snapshot.load().records
@@ -124,24 +194,22 @@ impl PeerStore {
 }
 
 fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
-    let (file, digest) = match std::fs::read(path) {
-        Ok(bytes) => {
-            let digest = Sha256::digest(&bytes).into();
-            let file: PeerFile =
-                serde_json::from_slice(&bytes).map_err(|e| PeerStoreError::Invalid {
-                    path: path.into(),
-                    message: e.to_string(),
-                })?;
-            (file, Some(digest))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (PeerFile::default(), None),
-        Err(source) => {
-            return Err(PeerStoreError::Io {
-                path: path.into(),
-                source,
-            })
-        }
-    };
+    match std::fs::read(path) {
+        Ok(bytes) => parse(path, &bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Snapshot::default()),
+        Err(source) => Err(PeerStoreError::Io {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
+    let digest = Some(Sha256::digest(bytes).into());
+    let file: PeerFile = serde_json::from_slice(bytes).map_err(|e| PeerStoreError::Invalid {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     if !matches!(file.version, 0 | 1) {
         return Err(PeerStoreError::Invalid {
             path: path.into(),
@@ -244,6 +312,7 @@ mod tests {
         let store = PeerStore::open(dir.path().join("none.json")).unwrap();
         assert!(matches!(store.resolve(FP), Err(Rejection::PairingRequired)));
         let store = PeerStore::open(write(dir.path(), "active")).unwrap();
+        assert_eq!(store.records().len(), 1);
         let p = store
             .resolve(&FP.to_ascii_uppercase().replace("SHA256", "sha256"))
             .unwrap();
@@ -272,6 +341,25 @@ mod tests {
         assert!(store.reload_if_changed().unwrap());
         assert!(!store.reload_if_changed().unwrap());
         assert!(matches!(store.resolve(FP), Err(Rejection::Forbidden(_))));
+    }
+
+    #[test]
+    fn revoke_writes_the_file_and_takes_effect_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "active");
+        let store = PeerStore::open(&path).unwrap();
+        assert_eq!(store.revoke("gw_home").unwrap(), 1);
+        assert!(matches!(store.resolve(FP), Err(Rejection::Forbidden(_))));
+        assert_eq!(store.revoke("gw_home").unwrap(), 0);
+        assert_eq!(store.revoke("nobody").unwrap(), 0);
+        // Persisted: a fresh load sees it too.
+        let again = PeerStore::open(&path).unwrap();
+        assert_eq!(again.records()[0].status, "revoked");
+        // A change that would break the file is refused and nothing is written.
+        let before = std::fs::read(&path).unwrap();
+        let err = store.modify(|f| f.peers[0].mtls_cert_fingerprint = "md5:00".into());
+        assert!(err.is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 
     #[test]

@@ -985,3 +985,28 @@ fn demo_runs_and_names_the_error_codes() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_list_and_revoke_from_the_command_line() {
+    let env = Env::new().await;
+    let cfg = env.path().join("carapace.yaml");
+    std::fs::write(&cfg, tools_config(&env, "")).unwrap();
+    let cfg_s = path_str(&cfg).to_string();
+    let mut srv = Serve::spawn(&cfg, &env.path().join("carapace.log"), &[]);
+    wait_serving(&sock(&env), "/v1/tools", "memory.query").await;
+
+    let out = run(&["peers", "list", "-c", &cfg_s], &[]).await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let list: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(list["peers"][0]["component_id"], "gw_test", "{out:?}");
+    assert_eq!(list["peers"][0]["status"], "active", "{out:?}");
+
+    let out = run(&["peers", "revoke", "gw_test", "-c", &cfg_s], &[]).await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let out = run(&["peers", "revoke", "gw_test", "-c", &cfg_s], &[]).await;
+    assert_eq!(out.code(), Some(1), "revoking twice should fail: {out:?}");
+    let out = run(&["peers", "list", "-c", &cfg_s], &[]).await;
+    let list: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(list["peers"][0]["status"], "revoked", "{out:?}");
+    srv.stop().await;
+}

@@ -796,3 +796,57 @@ async fn a_reload_applies_new_tool_settings_and_refuses_a_bad_file() {
     );
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn revoking_a_peer_through_the_admin_socket_fails_its_next_request() {
+    let env = Env::new().await;
+    let r = env.start(&env.tools_yaml("")).await;
+    let gw = env.gateway(&r);
+    let ok = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.json()["status"], "ok");
+
+    let (status, list) = carapace::admin::request(&r.admin_socket, Method::GET, "/v1/peers", None)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["peers"][0]["component_id"], "gw_test");
+    assert_eq!(list["peers"][0]["status"], "active");
+
+    let revoke = |id: &str| {
+        carapace::admin::request(
+            &r.admin_socket,
+            Method::POST,
+            "/v1/peers/revoke",
+            Some(json!({"component_id": id})),
+        )
+    };
+    let (status, body) = revoke("gw_test").await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["revoked"], 1);
+    let (status, _) = revoke("nobody").await.unwrap();
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let seen = env.app.received().len();
+    let reply = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+    assert_eq!(env.app.received().len(), seen);
+    // Written to the peer store file, so it holds across restarts.
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.path().join("peers.json")).unwrap()).unwrap();
+    assert_eq!(file["peers"][0]["status"], "revoked");
+    r.shutdown().await;
+}

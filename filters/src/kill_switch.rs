@@ -5,8 +5,7 @@
 //! so survives restarts.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
@@ -115,7 +114,7 @@ impl KillSwitch {
             }
         }
         if let Some(file) = &self.file {
-            write_atomically(
+            crate::state_file::write_atomically(
                 file,
                 &serde_json::to_vec_pretty(&next).expect("serializable"),
             )
@@ -161,29 +160,6 @@ impl KillSwitch {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// Write `bytes` to `path` so that a crash leaves either the old or the new content: write a
-/// temporary file beside it, fsync, rename over, fsync the directory. Mode 0600.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let dir = dir.unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Applies a [`KillSwitch`]: on `http::Request`s it checks the global switch only (the tool
