@@ -1,0 +1,4 @@
+//! The pairing handshake of the Remote Tool Protocol: identities of both roles and the wire
+//! format, compatible with the public crabstack implementation.
+
+pub mod identity;
