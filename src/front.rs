@@ -40,6 +40,25 @@ pub fn principal<B>(req: &Request<B>) -> Result<Arc<Principal>, Rejection> {
         .ok_or_else(|| Rejection::Internal("request without principal".into()))
 }
 
+/// The tools `principal` may call, in name order (discovery shows only those).
+pub fn visible_tools(
+    catalog: &crate::catalog::Catalog,
+    principal: &Principal,
+    now_ms: u64,
+) -> Vec<Arc<carapace_filters::call::ToolSpec>> {
+    catalog
+        .tools
+        .values()
+        .filter(|t| {
+            principal
+                .permissions
+                .as_ref()
+                .is_some_and(|p| p.may_call(&t.name, now_ms))
+        })
+        .cloned()
+        .collect()
+}
+
 /// Tag a response with its call record.
 pub fn recorded(mut resp: Resp, tool: Option<String>, outcome: &'static str) -> Resp {
     resp.extensions_mut().insert(CallRecord { tool, outcome });

@@ -13,6 +13,7 @@ use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use carapace_filters::authorization::{default_role, Permissions, Policy};
 use carapace_filters::call::Principal;
 use carapace_filters::identity::PeerDirectory;
 use carapace_filters::Rejection;
@@ -45,9 +46,9 @@ pub struct PeerRecord {
     pub paired_at: Option<String>,
     #[serde(default)]
     pub last_seen_at: Option<String>,
-    /// Per-peer authorization overrides (used by the authorization filter).
+    /// Per-peer authorization overrides: `allow`, `deny` and temporary `leases`.
     #[serde(default)]
-    pub policy: Option<serde_json::Value>,
+    pub policy: Option<Policy>,
 }
 
 /// The file format.
@@ -252,6 +253,12 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
             kind: rec.component_type.clone(),
             fingerprint: Some(fp.clone()),
             remote_ip: None,
+            permissions: Some(Arc::new(Permissions::new(
+                rec.role
+                    .clone()
+                    .unwrap_or_else(|| default_role(&rec.component_type).to_string()),
+                rec.policy.clone().unwrap_or_default(),
+            ))),
         });
         if by_fingerprint
             .insert(fp, Arc::new((rec, principal)))

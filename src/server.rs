@@ -21,6 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
+use carapace_filters::authorization::AuthorizationLayer;
 use carapace_filters::body::{BodyLimitLayer, BodyLimits};
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::concurrency::LoadShedLayer;
@@ -186,6 +187,7 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(ToolRateLimitLayer::new(tool_limits))
+            .layer(AuthorizationLayer::new(shared.clock.clone()))
             .option_layer(signature)
             .layer(InputSchemaLayer)
             .layer(CallTimeoutLayer)
@@ -215,7 +217,11 @@ pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
         .layer(BodyLimitLayer::new(body));
     match c.front.protocol {
         Protocol::ToolsV1 => BoxCloneSyncService::new(Envelope::new(
-            http.service(ToolsV1Front::new(shared.catalog.clone(), calls)),
+            http.service(ToolsV1Front::new(
+                shared.catalog.clone(),
+                calls,
+                shared.clock.clone(),
+            )),
             Protocol::ToolsV1,
             shared.metrics.clone(),
         )),
@@ -228,6 +234,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
                     auth.header_name.as_deref(),
                     shared.catalog.clone(),
                     calls,
+                    shared.clock.clone(),
                 )),
                 Protocol::SkillV1,
                 shared.metrics.clone(),

@@ -12,7 +12,7 @@ use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
 use carapace_filters::canonical::{canonical_string, hmac_sha256_hex, parse_strict};
-use carapace_filters::signature::AuthMode;
+use carapace_filters::signature::{AuthMode, UnixClock};
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::catalog::CatalogHandle;
@@ -57,6 +57,7 @@ pub struct SkillV1Front {
     auth_header: HeaderName,
     catalog: Arc<CatalogHandle>,
     calls: CallStack,
+    clock: UnixClock,
 }
 
 impl SkillV1Front {
@@ -66,6 +67,7 @@ impl SkillV1Front {
         header_name: Option<&str>,
         catalog: Arc<CatalogHandle>,
         calls: CallStack,
+        clock: UnixClock,
     ) -> Self {
         let default = match mode {
             AuthMode::ApiKey => DEFAULT_API_KEY_HEADER,
@@ -79,17 +81,17 @@ impl SkillV1Front {
             auth_header,
             catalog,
             calls,
+            clock,
         }
     }
 
     /// The manifest: capabilities as objects carrying their own schemas (the shape the public
     /// Vagus client reads), plus the top-level schemas of the text's shape when there is
     /// exactly one capability.
-    fn manifest(&self) -> Resp {
+    fn manifest(&self, principal: &Principal) -> Resp {
         let catalog = self.catalog.load();
-        let caps: Vec<Value> = catalog
-            .tools
-            .values()
+        let caps: Vec<Value> = front::visible_tools(&catalog, principal, (self.clock)())
+            .iter()
             .map(|t| {
                 json!({
                     "capability": t.name,
@@ -264,7 +266,7 @@ impl Service<Request<Bytes>> for SkillV1Front {
         let this = self.clone();
         Box::pin(async move {
             match (req.method(), req.uri().path()) {
-                (&Method::GET, "/manifest") => Ok(this.manifest()),
+                (&Method::GET, "/manifest") => Ok(this.manifest(&*front::principal(&req)?)),
                 (&Method::POST, "/run") => {
                     let started = Instant::now();
                     match this.decode(&req, front::principal(&req)?) {

@@ -14,6 +14,7 @@ use tower::Service;
 use carapace_filters::call::{CallOutcome, Credential, ToolCall};
 use carapace_filters::canonical::parse_strict;
 use carapace_filters::schema::CompiledSchema;
+use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::catalog::{tools_v1_descriptor, CatalogHandle};
@@ -72,18 +73,23 @@ pub fn error_response(r: &Rejection, call_id: &str, tool: &str, duration_ms: u64
 pub struct ToolsV1Front {
     catalog: Arc<CatalogHandle>,
     calls: CallStack,
+    clock: UnixClock,
 }
 
 impl ToolsV1Front {
-    pub fn new(catalog: Arc<CatalogHandle>, calls: CallStack) -> Self {
-        ToolsV1Front { catalog, calls }
+    pub fn new(catalog: Arc<CatalogHandle>, calls: CallStack, clock: UnixClock) -> Self {
+        ToolsV1Front {
+            catalog,
+            calls,
+            clock,
+        }
     }
 
-    fn list(&self) -> Resp {
+    /// Discovery: only the tools this caller may call.
+    fn list(&self, principal: &carapace_filters::call::Principal) -> Resp {
         let catalog = self.catalog.load();
-        let tools: Vec<Value> = catalog
-            .tools
-            .values()
+        let tools: Vec<Value> = front::visible_tools(&catalog, principal, (self.clock)())
+            .iter()
             .map(|t| tools_v1_descriptor(t))
             .collect();
         json_response(
@@ -197,7 +203,7 @@ impl Service<Request<Bytes>> for ToolsV1Front {
         let this = self.clone();
         Box::pin(async move {
             match (req.method(), req.uri().path()) {
-                (&Method::GET, "/v1/tools") => Ok(this.list()),
+                (&Method::GET, "/v1/tools") => Ok(this.list(&*front::principal(&req)?)),
                 (&Method::POST, "/v1/tools/call") => {
                     let started = Instant::now();
                     match decode(req.body(), &this.catalog, front::principal(&req)?) {

@@ -850,3 +850,103 @@ async fn revoking_a_peer_through_the_admin_socket_fails_its_next_request() {
     assert_eq!(file["peers"][0]["status"], "revoked");
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn authorization_applies_roles_overrides_and_leases_to_calls_and_discovery() {
+    let env = Env::new().await;
+    const NOW: u64 = 1_900_000_000_000;
+    let peers = json!({"version": 1, "peers": [
+        {"component_type": "gateway", "component_id": "gw_test", "role": "gateway",
+         "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active",
+         "policy": {"deny": ["tool.call:memory.delete"],
+                    "leases": [{"allow": ["tool.call:memory.query"], "expires_at_ms": NOW + 60_000}]}},
+        {"component_type": "subscriber", "component_id": "sub_1",
+         "mtls_cert_fingerprint": env.pki.stranger.fingerprint, "status": "active"}
+    ]});
+    std::fs::write(env.path().join("peers.json"), peers.to_string()).unwrap();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(NOW));
+    let clock_now = now.clone();
+    let r = env
+        .start_clocked(
+            &env.tools_yaml(""),
+            true,
+            std::sync::Arc::new(move || clock_now.load(std::sync::atomic::Ordering::SeqCst)),
+        )
+        .await;
+    let gw = env.gateway(&r);
+    let names = |reply: &Reply| -> Vec<String> {
+        reply.json()["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // While the lease is in force the gateway may only query; discovery shows just that.
+    let list = gw.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+    assert_eq!(names(&list), ["memory.query"]);
+    let reply = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.append", json!({"text": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+    let reply = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok");
+
+    // The lease lapses: role defaults apply again, but the deny still wins.
+    now.store(NOW + 60_000, std::sync::atomic::Ordering::SeqCst);
+    let list = gw.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+    assert_eq!(names(&list), ["memory.append", "memory.query"]);
+    let reply = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.append", json!({"text": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok");
+    let reply = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.delete", json!({"id": "m1"})),
+        )
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+
+    // A subscriber may call no tool by default and sees none.
+    let sub = env.tls_client(&r, Some(&env.pki.stranger), false);
+    let list = sub.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+    assert!(names(&list).is_empty());
+    let reply = sub
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+
+    let tools: Vec<String> = env.app.received().iter().map(|c| c.tool.clone()).collect();
+    assert_eq!(
+        tools,
+        ["memory.query", "memory.append"],
+        "refused calls reached the app"
+    );
+    r.shutdown().await;
+}

@@ -18,6 +18,8 @@ pub struct Principal {
     pub fingerprint: Option<String>,
     /// Remote address of an unauthenticated caller, so that limits apply per address.
     pub remote_ip: Option<std::net::IpAddr>,
+    /// What the caller may do; `None` grants nothing (default deny).
+    pub permissions: Option<crate::authorization::SharedPermissions>,
 }
 
 impl Principal {
@@ -28,6 +30,9 @@ impl Principal {
             kind: "local".into(),
             fingerprint: None,
             remote_ip: None,
+            permissions: Some(std::sync::Arc::new(
+                crate::authorization::Permissions::all_tools("local"),
+            )),
         }
     }
 

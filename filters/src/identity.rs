@@ -90,6 +90,9 @@ impl<S> Identity<S> {
                     kind: "anonymous".into(),
                     fingerprint: None,
                     remote_ip: *remote_ip,
+                    permissions: Some(Arc::new(crate::authorization::Permissions::all_tools(
+                        "signed_caller",
+                    ))),
                 }))
             }
             Some(ConnectionIdentity::Anonymous { .. }) => Err(Rejection::Forbidden(
@@ -156,6 +159,7 @@ mod tests {
                     kind: "gateway".into(),
                     fingerprint: Some(fingerprint.into()),
                     remote_ip: None,
+                    permissions: None,
                 }))
             } else {
                 Err(Rejection::Forbidden("unknown peer".into()))

@@ -24,6 +24,7 @@
 //! layers to turn a `Rejection` into the response of your choice, as with any fallible tower
 //! middleware.
 
+pub mod authorization;
 pub mod body;
 pub mod call;
 pub mod canonical;

@@ -1,0 +1,300 @@
+//! Authorization: what a paired peer may do, per action.
+//!
+//! Effective permissions are the peer's **role defaults**, plus its **policy** overrides, cut
+//! down by any **lease** in force, with **deny** always winning and anything not granted
+//! denied:
+//!
+//! ```text
+//! allowed(action) = (role grants it  or  policy.allow grants it)
+//!                   and not policy.deny matches it
+//!                   and every unexpired lease grants it
+//! ```
+//!
+//! A lease is temporary and can only narrow: while it is in force the peer may do only what
+//! the lease lists (and what it was already allowed); once it expires it no longer applies.
+//!
+//! Actions are strings: `tool.call:<tool name>` for tool calls, `event.subscribe:<topic>` and
+//! `event.publish:<topic>` for events, `control:<action>` for control-plane requests, and
+//! `pair.start`, which no role grants remotely and no policy can grant either. A pattern is an
+//! exact action or a prefix ending in `*` (`tool.call:memory.*`, `tool.call:*`).
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use serde::{Deserialize, Serialize};
+use tower::{Layer, Service};
+
+use crate::call::ToolCall;
+use crate::future::ReadyOr;
+use crate::Rejection;
+
+/// Starting a pairing: only ever from the local admin socket, never by a remote peer.
+pub const PAIR_START: &str = "pair.start";
+
+/// The role defaults, as the Remote Tool Protocol lists them.
+pub fn role_defaults(role: &str) -> &'static [&'static str] {
+    match role {
+        // The paired gateway calls the tools of the host it paired with.
+        "gateway" => &["tool.call:*"],
+        "tool_host" => &[
+            "event.subscribe:tool.call.requested",
+            "event.publish:tool.call.completed",
+            "event.publish:tool.call.failed",
+        ],
+        // Neither consumes nor publishes tool.call.* by default.
+        "subscriber" => &["event.subscribe:channel.*", "event.publish:channel.*"],
+        "listener" => &["event.subscribe:channel.*"],
+        // Control plane, but never starting a pairing (see `PAIR_START`).
+        "cli_admin" => &["control:*"],
+        _ => &[],
+    }
+}
+
+/// The role a `component_type` gets when its record names none.
+pub fn default_role(component_type: &str) -> &'static str {
+    match component_type {
+        "gateway" => "gateway",
+        "tool_host" => "tool_host",
+        "subscriber" => "subscriber",
+        "listener" => "listener",
+        "operator" => "cli_admin",
+        _ => "none",
+    }
+}
+
+/// A temporary narrowing of a peer's permissions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// What the peer may still do while the lease is in force.
+    pub allow: Vec<String>,
+    /// Unix time in milliseconds after which the lease no longer applies.
+    pub expires_at_ms: u64,
+}
+
+/// Per-peer overrides, stored in the peer record's `policy`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub leases: Vec<Lease>,
+}
+
+/// Whether `pattern` covers `action`.
+fn matches(pattern: &str, action: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => action.starts_with(prefix),
+        None => pattern == action,
+    }
+}
+
+/// A peer's role and policy, resolved once per peer record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permissions {
+    role: String,
+    policy: Policy,
+}
+
+impl Permissions {
+    pub fn new(role: impl Into<String>, policy: Policy) -> Self {
+        Permissions {
+            role: role.into(),
+            policy,
+        }
+    }
+
+    /// Every tool call allowed: the local principal of the Unix socket, and callers of a
+    /// signed front, whose every call carries a valid signature.
+    pub fn all_tools(role: &str) -> Self {
+        Permissions::new(
+            role,
+            Policy {
+                allow: vec!["tool.call:*".into()],
+                ..Policy::default()
+            },
+        )
+    }
+
+    pub fn role(&self) -> &str {
+        &self.role
+    }
+
+    /// Whether `action` is allowed at `now_ms`.
+    pub fn allows(&self, action: &str, now_ms: u64) -> bool {
+        if action == PAIR_START {
+            return false;
+        }
+        let granted = role_defaults(&self.role).iter().any(|p| matches(p, action))
+            || self.policy.allow.iter().any(|p| matches(p, action));
+        let denied = self.policy.deny.iter().any(|p| matches(p, action));
+        let leases_ok = self
+            .policy
+            .leases
+            .iter()
+            .filter(|l| l.expires_at_ms > now_ms)
+            .all(|l| l.allow.iter().any(|p| matches(p, action)));
+        granted && !denied && leases_ok
+    }
+
+    /// Whether the peer may call `tool`.
+    pub fn may_call(&self, tool: &str, now_ms: u64) -> bool {
+        self.allows(&format!("tool.call:{tool}"), now_ms)
+    }
+}
+
+/// Refuses tool calls the caller's permissions do not allow (`Forbidden`). A call whose
+/// principal carries no permissions is refused: default deny.
+#[derive(Clone)]
+pub struct AuthorizationLayer {
+    clock: crate::signature::UnixClock,
+}
+
+impl AuthorizationLayer {
+    pub fn new(clock: crate::signature::UnixClock) -> Self {
+        AuthorizationLayer { clock }
+    }
+}
+
+impl std::fmt::Debug for AuthorizationLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthorizationLayer")
+    }
+}
+
+impl<S> Layer<S> for AuthorizationLayer {
+    type Service = Authorization<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Authorization {
+            inner,
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// Service of [`AuthorizationLayer`].
+#[derive(Clone)]
+pub struct Authorization<S> {
+    inner: S,
+    clock: crate::signature::UnixClock,
+}
+
+impl<S> Service<ToolCall> for Authorization<S>
+where
+    S: Service<ToolCall, Error = Rejection>,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = ReadyOr<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let allowed = call
+            .principal
+            .permissions
+            .as_ref()
+            .is_some_and(|p| p.may_call(&call.tool.name, (self.clock)()));
+        if allowed {
+            ReadyOr::inner(self.inner.call(call))
+        } else {
+            ReadyOr::reject(Rejection::Forbidden(format!(
+                "{} may not call {}",
+                call.principal.id, call.tool.name
+            )))
+        }
+    }
+}
+
+/// Shared permissions of a principal.
+pub type SharedPermissions = Arc<Permissions>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(role: &str, allow: &[&str], deny: &[&str], leases: Vec<Lease>) -> Permissions {
+        Permissions::new(
+            role,
+            Policy {
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+                deny: deny.iter().map(|s| s.to_string()).collect(),
+                leases,
+            },
+        )
+    }
+
+    #[test]
+    fn role_defaults_follow_the_protocol() {
+        let t = p("tool_host", &[], &[], vec![]);
+        assert!(t.allows("event.subscribe:tool.call.requested", 0));
+        assert!(t.allows("event.publish:tool.call.completed", 0));
+        assert!(t.allows("event.publish:tool.call.failed", 0));
+        assert!(!t.allows("event.publish:tool.call.requested", 0));
+        let s = p("subscriber", &[], &[], vec![]);
+        assert!(!s.allows("event.subscribe:tool.call.requested", 0));
+        assert!(!s.allows("event.publish:tool.call.completed", 0));
+        let admin = p("cli_admin", &[], &[], vec![]);
+        assert!(admin.allows("control:kill_switch", 0));
+        assert!(!admin.allows(PAIR_START, 0), "never pairs remotely");
+        assert!(p("gateway", &[], &[], vec![]).may_call("memory.query", 0));
+        assert!(
+            !p("nobody", &[], &[], vec![]).may_call("memory.query", 0),
+            "default deny"
+        );
+    }
+
+    #[test]
+    fn overrides_add_and_deny_wins() {
+        let s = p("subscriber", &["tool.call:memory.query"], &[], vec![]);
+        assert!(s.may_call("memory.query", 0));
+        assert!(!s.may_call("memory.delete", 0));
+        let g = p(
+            "gateway",
+            &["tool.call:memory.delete"],
+            &["tool.call:memory.delete"],
+            vec![],
+        );
+        assert!(
+            !g.may_call("memory.delete", 0),
+            "deny beats both role and allow"
+        );
+        assert!(g.may_call("memory.query", 0));
+        let g = p("gateway", &[], &["tool.call:memory.*"], vec![]);
+        assert!(!g.may_call("memory.query", 0));
+        assert!(g.may_call("cron.list", 0));
+        let admin = p("cli_admin", &[PAIR_START], &[], vec![]);
+        assert!(
+            !admin.allows(PAIR_START, 0),
+            "no policy grants remote pairing"
+        );
+    }
+
+    #[test]
+    fn leases_narrow_while_in_force_and_lapse() {
+        let lease = Lease {
+            allow: vec!["tool.call:memory.query".into(), "tool.call:cron.*".into()],
+            expires_at_ms: 1_000,
+        };
+        let g = p("gateway", &[], &[], vec![lease]);
+        assert!(g.may_call("memory.query", 999));
+        assert!(!g.may_call("memory.delete", 999), "narrowed by the lease");
+        assert!(g.may_call("memory.delete", 1_000), "lease expired");
+        // A lease never widens.
+        let s = p(
+            "subscriber",
+            &[],
+            &[],
+            vec![Lease {
+                allow: vec!["tool.call:*".into()],
+                expires_at_ms: u64::MAX,
+            }],
+        );
+        assert!(!s.may_call("memory.query", 0));
+    }
+}
