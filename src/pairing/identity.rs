@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use rand::RngCore;
-use ring::signature::{Ed25519KeyPair, KeyPair};
+
+use super::wire::{x25519_public_b64, SigningIdentity};
 use serde::{Deserialize, Serialize};
 
 /// Reading or creating an identity failed.
@@ -131,8 +132,8 @@ impl HostIdentity {
     }
 
     /// The Ed25519 signing key.
-    pub fn signing_key(&self) -> Ed25519KeyPair {
-        Ed25519KeyPair::from_seed_unchecked(&*self.ed25519_seed.0).expect("32-byte seed")
+    pub fn signing_key(&self) -> SigningIdentity {
+        SigningIdentity::from_seed(&self.ed25519_seed.0).expect("32-byte seed")
     }
 
     /// The X25519 secret.
@@ -142,12 +143,12 @@ impl HostIdentity {
 
     /// Base64 (standard, padded) of the Ed25519 public key.
     pub fn public_key_ed25519(&self) -> String {
-        B64.encode(self.signing_key().public_key().as_ref())
+        self.signing_key().public_key_b64()
     }
 
     /// Base64 (standard, padded) of the X25519 public key.
     pub fn public_key_x25519(&self) -> String {
-        B64.encode(x25519_dalek::PublicKey::from(&self.x25519_secret()).as_bytes())
+        x25519_public_b64(&self.x25519_secret())
     }
 }
 
@@ -216,13 +217,13 @@ impl GatewayIdentity {
     }
 
     /// The Ed25519 signing key.
-    pub fn signing_key(&self) -> Ed25519KeyPair {
-        Ed25519KeyPair::from_seed_unchecked(&*self.ed25519_seed.0).expect("32-byte seed")
+    pub fn signing_key(&self) -> SigningIdentity {
+        SigningIdentity::from_seed(&self.ed25519_seed.0).expect("32-byte seed")
     }
 
     /// Base64 (standard, padded) of the Ed25519 public key, as remotes configure it.
     pub fn public_key_ed25519(&self) -> String {
-        B64.encode(self.signing_key().public_key().as_ref())
+        self.signing_key().public_key_b64()
     }
 
     /// The CA's key pair (for issuing).
@@ -319,9 +320,9 @@ mod tests {
             k["remote_x25519"]["public_key_b64"].as_str().unwrap()
         );
         let gw_seed = hex32(&k["gateway_ed25519"]["seed_hex"]);
-        let gw = Ed25519KeyPair::from_seed_unchecked(&gw_seed).unwrap();
+        let gw = SigningIdentity::from_seed(&gw_seed).unwrap();
         assert_eq!(
-            B64.encode(gw.public_key().as_ref()),
+            gw.public_key_b64(),
             k["gateway_ed25519"]["public_key_b64"].as_str().unwrap()
         );
     }

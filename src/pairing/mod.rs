@@ -2,3 +2,4 @@
 //! format, compatible with the public crabstack implementation.
 
 pub mod identity;
+pub mod wire;
