@@ -7,7 +7,6 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use sha2::{Digest, Sha256};
 
 use crate::config::TlsConfig;
 
@@ -25,7 +24,7 @@ pub enum TlsError {
 /// The fingerprint of a certificate as the pairing handshake defines it: `sha256:` and the
 /// lowercase hex SHA-256 of its DER.
 pub fn fingerprint(der: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(der)))
+    crate::pairing::wire::fingerprint_der(der)
 }
 
 /// The crypto provider used everywhere.
