@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use carapace_filters::authorization::{default_role, Permissions, Policy};
 use carapace_filters::call::Principal;
-use carapace_filters::identity::PeerDirectory;
+use carapace_filters::identity::{PeerCertificate, PeerDirectory};
 use carapace_filters::Rejection;
 
 /// Principal ids carapace gives callers itself; a peer may not use them.
@@ -38,8 +38,15 @@ pub struct PeerRecord {
     pub public_key_ed25519: Option<String>,
     #[serde(default)]
     pub public_key_x25519: Option<String>,
-    /// `sha256:<hex>` of the peer's mTLS certificate DER (compared case-insensitively).
+    /// `sha256:<hex>` of the peer's mTLS certificate DER (compared case-insensitively); `""`
+    /// when the record pins a CA instead.
+    #[serde(default)]
     pub mtls_cert_fingerprint: String,
+    /// `sha256:<hex>` of the CA whose certificates with the common name `component_id` are
+    /// this peer (how a tool host knows the gateway it paired with, whose own client
+    /// certificate is not part of the handshake).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtls_ca_fingerprint: Option<String>,
     /// `active` records are accepted; anything else (`revoked`, `pending`) is refused.
     pub status: String,
     #[serde(default)]
@@ -75,7 +82,9 @@ pub enum PeerStoreError {
 #[derive(Debug, Default)]
 struct Snapshot {
     by_fingerprint: HashMap<String, Arc<(PeerRecord, Arc<Principal>)>>,
-    records: usize,
+    /// Records that pin a CA, by (CA fingerprint, common name).
+    by_ca: HashMap<(String, String), Arc<(PeerRecord, Arc<Principal>)>>,
+    all: Vec<Arc<(PeerRecord, Arc<Principal>)>>,
     /// SHA-256 of the file's bytes (`None`: no file), to notice every change.
     digest: Option<[u8; 32]>,
 }
@@ -122,8 +131,8 @@ impl PeerStore {
         let mut v: Vec<PeerRecord> = self
             .snapshot
             .load()
-            .by_fingerprint
-            .values()
+            .all
+            .iter()
             .map(|e| e.0.clone())
             .collect();
         v.sort_by(|a, b| a.component_id.cmp(&b.component_id));
@@ -186,7 +195,7 @@ impl PeerStore {
 
     /// Number of records (any status).
     pub fn len(&self) -> usize {
-        self.snapshot.load().records
+        self.snapshot.load().all.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -218,20 +227,40 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
         });
     }
     let mut by_fingerprint = HashMap::new();
-    let records = file.peers.len();
+    let mut by_ca = HashMap::new();
+    let mut all = Vec::new();
+    let valid_fp = |fp: &str| {
+        fp.strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
     for (i, rec) in file.peers.into_iter().enumerate() {
+        let invalid = |message: String| PeerStoreError::Invalid {
+            path: path.into(),
+            message: format!("peers[{i}]: {message}"),
+        };
         let fp = rec.mtls_cert_fingerprint.to_ascii_lowercase();
-        let valid = fp
-            .strip_prefix("sha256:")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-        if !valid {
-            return Err(PeerStoreError::Invalid {
-                path: path.into(),
-                message: format!(
-                    "peers[{i}].mtls_cert_fingerprint must be sha256:<64 hex>, got `{}`",
+        let ca = rec
+            .mtls_ca_fingerprint
+            .as_ref()
+            .map(|c| c.to_ascii_lowercase());
+        match (&fp[..], &ca) {
+            ("", None) => {
+                return Err(invalid(
+                    "mtls_cert_fingerprint or mtls_ca_fingerprint is required".into(),
+                ))
+            }
+            (f, _) if !f.is_empty() && !valid_fp(f) => {
+                return Err(invalid(format!(
+                    "mtls_cert_fingerprint must be sha256:<64 hex>, got `{}`",
                     rec.mtls_cert_fingerprint
-                ),
-            });
+                )))
+            }
+            (_, Some(c)) if !valid_fp(c) => {
+                return Err(invalid(format!(
+                    "mtls_ca_fingerprint must be sha256:<64 hex>, got `{c}`"
+                )))
+            }
+            _ => {}
         }
         // The id goes to the app in a header: it must be a valid header value, and it must
         // not pass for one of the principals carapace itself names.
@@ -240,18 +269,15 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
             && http::HeaderValue::from_str(&rec.component_id).is_ok()
             && http::HeaderValue::from_str(&rec.component_type).is_ok();
         if !id_ok {
-            return Err(PeerStoreError::Invalid {
-                path: path.into(),
-                message: format!(
-                    "peers[{i}]: component_id `{}` / component_type `{}` is reserved or not a valid header value",
-                    rec.component_id, rec.component_type
-                ),
-            });
+            return Err(invalid(format!(
+                "component_id `{}` / component_type `{}` is reserved or not a valid header value",
+                rec.component_id, rec.component_type
+            )));
         }
         let principal = Arc::new(Principal {
             id: rec.component_id.clone(),
             kind: rec.component_type.clone(),
-            fingerprint: Some(fp.clone()),
+            fingerprint: (!fp.is_empty()).then(|| fp.clone()),
             remote_ip: None,
             permissions: Some(Arc::new(Permissions::new(
                 rec.role
@@ -260,39 +286,63 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
                 rec.policy.clone().unwrap_or_default(),
             ))),
         });
-        if by_fingerprint
-            .insert(fp, Arc::new((rec, principal)))
-            .is_some()
-        {
-            return Err(PeerStoreError::Invalid {
-                path: path.into(),
-                message: format!("peers[{i}]: fingerprint listed twice"),
-            });
+        let entry = Arc::new((rec, principal));
+        if !fp.is_empty() && by_fingerprint.insert(fp, entry.clone()).is_some() {
+            return Err(invalid("fingerprint listed twice".into()));
         }
+        if let Some(ca) = ca {
+            let key = (ca, entry.0.component_id.clone());
+            if by_ca.insert(key, entry.clone()).is_some() {
+                return Err(invalid("CA and component_id listed twice".into()));
+            }
+        }
+        all.push(entry);
     }
     Ok(Snapshot {
         by_fingerprint,
-        records,
+        by_ca,
+        all,
         digest,
     })
 }
 
 impl PeerDirectory for PeerStore {
-    fn resolve(&self, fingerprint: &str) -> Result<Arc<Principal>, Rejection> {
+    fn resolve(&self, cert: &PeerCertificate) -> Result<Arc<Principal>, Rejection> {
         let snap = self.snapshot.load();
-        if snap.records == 0 {
+        if snap.all.is_empty() {
             return Err(Rejection::PairingRequired);
         }
-        match snap.by_fingerprint.get(&fingerprint.to_ascii_lowercase()) {
-            Some(entry) if entry.0.status == "active" => Ok(entry.1.clone()),
-            Some(entry) => Err(Rejection::Forbidden(format!(
+        let exact = snap
+            .by_fingerprint
+            .get(&cert.fingerprint.to_ascii_lowercase());
+        let by_ca = || {
+            let ca = cert.ca_fingerprint.as_ref()?.to_ascii_lowercase();
+            snap.by_ca.get(&(ca, cert.common_name.clone()?))
+        };
+        let (entry, pinned_ca) = match exact {
+            Some(e) => (e, false),
+            None => match by_ca() {
+                Some(e) => (e, true),
+                None => {
+                    return Err(Rejection::Forbidden(
+                        "certificate does not match a paired peer".into(),
+                    ))
+                }
+            },
+        };
+        if entry.0.status != "active" {
+            return Err(Rejection::Forbidden(format!(
                 "peer {} is {}",
                 entry.0.component_id, entry.0.status
-            ))),
-            None => Err(Rejection::Forbidden(
-                "certificate does not match a paired peer".into(),
-            )),
+            )));
         }
+        if pinned_ca {
+            // Tell the app which certificate it was.
+            let mut p = (*entry.1).clone();
+            p.fingerprint = Some(cert.fingerprint.to_ascii_lowercase());
+            return Ok(Arc::new(p));
+        }
+        Ok(entry.1.clone())
     }
 }
 
@@ -301,6 +351,14 @@ mod tests {
     use super::*;
 
     const FP: &str = "sha256:cb7fcdc361abd781db9c3bb64306d58140bdafd6a9ccfca45f465f5261169cdf";
+
+    fn leaf(fp: &str) -> PeerCertificate {
+        PeerCertificate {
+            fingerprint: fp.to_string(),
+            common_name: None,
+            ca_fingerprint: None,
+        }
+    }
 
     fn write(dir: &Path, status: &str) -> PathBuf {
         let p = dir.join("peers.json");
@@ -317,15 +375,18 @@ mod tests {
     fn empty_store_requires_pairing_and_unknown_is_forbidden() {
         let dir = tempfile::tempdir().unwrap();
         let store = PeerStore::open(dir.path().join("none.json")).unwrap();
-        assert!(matches!(store.resolve(FP), Err(Rejection::PairingRequired)));
+        assert!(matches!(
+            store.resolve(&leaf(FP)),
+            Err(Rejection::PairingRequired)
+        ));
         let store = PeerStore::open(write(dir.path(), "active")).unwrap();
         assert_eq!(store.records().len(), 1);
         let p = store
-            .resolve(&FP.to_ascii_uppercase().replace("SHA256", "sha256"))
+            .resolve(&leaf(&FP.to_ascii_uppercase().replace("SHA256", "sha256")))
             .unwrap();
         assert_eq!(p.id, "gw_home");
         assert!(matches!(
-            store.resolve(&FP.replace("cb7f", "0000")),
+            store.resolve(&leaf(&FP.replace("cb7f", "0000"))),
             Err(Rejection::Forbidden(_))
         ));
     }
@@ -335,7 +396,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "active");
         let store = PeerStore::open(&path).unwrap();
-        assert!(store.resolve(FP).is_ok());
+        assert!(store.resolve(&leaf(FP)).is_ok());
         // Rewritten at once (same mtime on a coarse file system): still noticed.
         let before = std::fs::metadata(&path).unwrap().modified().unwrap();
         write(dir.path(), "revoked");
@@ -347,7 +408,10 @@ mod tests {
             .unwrap();
         assert!(store.reload_if_changed().unwrap());
         assert!(!store.reload_if_changed().unwrap());
-        assert!(matches!(store.resolve(FP), Err(Rejection::Forbidden(_))));
+        assert!(matches!(
+            store.resolve(&leaf(FP)),
+            Err(Rejection::Forbidden(_))
+        ));
     }
 
     #[test]
@@ -356,7 +420,10 @@ mod tests {
         let path = write(dir.path(), "active");
         let store = PeerStore::open(&path).unwrap();
         assert_eq!(store.revoke("gw_home").unwrap(), 1);
-        assert!(matches!(store.resolve(FP), Err(Rejection::Forbidden(_))));
+        assert!(matches!(
+            store.resolve(&leaf(FP)),
+            Err(Rejection::Forbidden(_))
+        ));
         assert_eq!(store.revoke("gw_home").unwrap(), 0);
         assert_eq!(store.revoke("nobody").unwrap(), 0);
         // Persisted: a fresh load sees it too.
@@ -367,6 +434,39 @@ mod tests {
         let err = store.modify(|f| f.peers[0].mtls_cert_fingerprint = "md5:00".into());
         assert!(err.is_err());
         assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+
+    #[test]
+    fn a_record_can_pin_a_ca_and_a_common_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("peers.json");
+        let ca = FP.replace("cb7f", "ca00");
+        let rec = serde_json::json!({"version": 1, "peers": [{
+            "component_type": "gateway", "component_id": "gw_home",
+            "mtls_ca_fingerprint": ca, "status": "active"}]});
+        std::fs::write(&p, rec.to_string()).unwrap();
+        let store = PeerStore::open(&p).unwrap();
+        let cert = |cn: Option<&str>, ca: Option<&str>| PeerCertificate {
+            fingerprint: FP.to_string(),
+            common_name: cn.map(str::to_owned),
+            ca_fingerprint: ca.map(str::to_owned),
+        };
+        let who = store.resolve(&cert(Some("gw_home"), Some(&ca))).unwrap();
+        assert_eq!(who.id, "gw_home");
+        assert_eq!(who.fingerprint.as_deref(), Some(FP));
+        // Another holder of a certificate from the same CA is not the gateway.
+        assert!(matches!(
+            store.resolve(&cert(Some("memory-east"), Some(&ca))),
+            Err(Rejection::Forbidden(_))
+        ));
+        assert!(matches!(
+            store.resolve(&cert(Some("gw_home"), None)),
+            Err(Rejection::Forbidden(_))
+        ));
+        assert!(matches!(
+            store.resolve(&cert(Some("gw_home"), Some(FP))),
+            Err(Rejection::Forbidden(_))
+        ));
     }
 
     #[test]

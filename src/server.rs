@@ -17,7 +17,6 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
-use tokio_rustls::TlsAcceptor;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -25,7 +24,7 @@ use carapace_filters::authorization::AuthorizationLayer;
 use carapace_filters::body::{BodyLimitLayer, BodyLimits};
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::concurrency::LoadShedLayer;
-use carapace_filters::identity::{ConnectionIdentity, IdentityLayer};
+use carapace_filters::identity::{ConnectionIdentity, IdentityLayer, PeerCertificate};
 use carapace_filters::kill_switch::{KillSwitch, KillSwitchLayer, Switches};
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::rate_limit::{KeyedLimits, PeerRateLimitLayer, Rate, ToolRateLimitLayer};
@@ -82,7 +81,7 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub app: ArcSwap<AppClient>,
     stack: ArcSwap<HttpStack>,
-    tls: arc_swap::ArcSwapOption<TlsAcceptor>,
+    tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
     listening: AtomicBool,
     rediscover: tokio::sync::Notify,
     /// Wall clock for signature windows and nonce expiry (injected in tests).
@@ -251,15 +250,18 @@ fn app_client(cfg: &Loaded) -> AppClient {
     )
 }
 
-fn tls_acceptor(cfg: &Loaded) -> Result<Option<TlsAcceptor>, StartError> {
-    match cfg
+fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTls>, StartError> {
+    let tls = cfg
         .config
         .listeners
         .tcp
         .as_ref()
-        .and_then(|t| t.tls.as_ref())
-    {
-        Some(tls) => Ok(Some(TlsAcceptor::from(crate::tls::server_config(tls)?))),
+        .and_then(|t| t.tls.as_ref());
+    match tls {
+        Some(tls) => {
+            let paired = crate::tls::PairedFiles::in_state_dir(&cfg.config.state_dir);
+            Ok(Some(crate::tls::listener_tls(tls, &paired)?))
+        }
         None => Ok(None),
     }
 }
@@ -803,8 +805,8 @@ async fn accept_tcp(
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let acceptor = shared.tls.load_full();
-            match acceptor {
+            let listener_tls = shared.tls.load_full();
+            match listener_tls {
                 None => {
                     serve_connection(
                         stream,
@@ -817,11 +819,12 @@ async fn accept_tcp(
                     )
                     .await
                 }
-                Some(acceptor) => {
+                Some(listener_tls) => {
                     let handshake = Duration::from_millis(
                         shared.config.load().config.limits.tls_handshake_timeout_ms,
                     );
-                    let tls = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                    let accept = listener_tls.acceptor.accept(stream);
+                    let tls = match tokio::time::timeout(handshake, accept).await {
                         Ok(Ok(tls)) => tls,
                         Ok(Err(e)) => {
                             tracing::info!(%peer, "TLS handshake failed: {e}");
@@ -834,9 +837,11 @@ async fn accept_tcp(
                     };
                     let (_, conn) = tls.get_ref();
                     let identity = match conn.peer_certificates().and_then(|c| c.first()) {
-                        Some(cert) => ConnectionIdentity::Certificate {
+                        Some(cert) => ConnectionIdentity::Certificate(PeerCertificate {
                             fingerprint: crate::tls::fingerprint(cert),
-                        },
+                            common_name: crate::tls::common_name(cert),
+                            ca_fingerprint: listener_tls.client_ca_fingerprint.clone(),
+                        }),
                         None => ConnectionIdentity::Anonymous {
                             remote_ip: Some(peer.ip()),
                         },

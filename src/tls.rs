@@ -1,6 +1,6 @@
 //! TLS 1.3 server configuration (one crypto provider: ring) and certificate fingerprints.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::server::WebPkiClientVerifier;
@@ -56,19 +56,76 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, e))
 }
 
-/// TLS 1.3 only, ALPN `h2` and `http/1.1`, and — when a client CA is configured — a client
-/// certificate chained to it required on every connection.
-pub fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
+/// A TLS listener's settings, with what the identity layer needs to know of its client CA.
+pub struct ListenerTls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// Fingerprint of the client CA when the listener trusts exactly one.
+    pub client_ca_fingerprint: Option<String>,
+}
+
+/// Where the pairing installs the tool host's certificate, key and the gateway's CA.
+pub struct PairedFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl PairedFiles {
+    pub fn in_state_dir(state_dir: &Path) -> Self {
+        let dir = state_dir.join("pairing");
+        PairedFiles {
+            cert: dir.join("mtls.crt"),
+            key: dir.join("mtls.key"),
+            ca: dir.join("gateway-ca.pem"),
+        }
+    }
+
+    /// Whether a pairing installed them (all three present).
+    pub fn installed(&self) -> bool {
+        self.cert.exists() && self.key.exists() && self.ca.exists()
+    }
+}
+
+/// The listener's TLS: the certificate and gateway CA a pairing installed, else the
+/// configured files.
+pub fn listener_tls(tls: &TlsConfig, paired: &PairedFiles) -> Result<ListenerTls, TlsError> {
+    let (cert, key, ca) = if paired.installed() {
+        (&paired.cert, &paired.key, Some(&paired.ca))
+    } else {
+        (&tls.cert_file, &tls.key_file, tls.client_ca_file.as_ref())
+    };
+    let cas = match ca {
+        Some(ca) => Some(load_certs(ca)?),
+        None => None,
+    };
+    let client_ca_fingerprint = match cas.as_deref() {
+        Some([one]) => Some(fingerprint(one)),
+        _ => None,
+    };
+    let config = server_config(load_certs(cert)?, load_key(key)?, cas)?;
+    Ok(ListenerTls {
+        acceptor: tokio_rustls::TlsAcceptor::from(config),
+        client_ca_fingerprint,
+    })
+}
+
+/// TLS 1.3 only, ALPN `h2` and `http/1.1`, and — when client CAs are given — a client
+/// certificate chained to one of them required on every connection.
+pub fn server_config(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_cas: Option<Vec<CertificateDer<'static>>>,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
-    let certs = load_certs(&tls.cert_file)?;
-    let key = load_key(&tls.key_file)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
-    let mut config = match &tls.client_ca_file {
-        Some(ca) => {
+    let mut config = match client_cas {
+        Some(cas) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in load_certs(ca)? {
-                roots.add(c).map_err(|e| file_err(ca, e))?;
+            for c in cas {
+                roots
+                    .add(c)
+                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
@@ -81,6 +138,14 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
     };
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The common name of a certificate's subject, if it has one.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    use x509_parser::prelude::FromDer;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
 }
 
 #[cfg(test)]

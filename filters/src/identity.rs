@@ -27,18 +27,30 @@ pub const PEER_FINGERPRINT: HeaderName = HeaderName::from_static("x-carapace-pee
 pub enum ConnectionIdentity {
     /// The local Unix socket: no authentication, by the protocol's local mode.
     Local,
-    /// TLS with a verified client certificate, by its fingerprint (`sha256:<hex>` of the DER).
-    Certificate { fingerprint: String },
+    /// TLS with a verified client certificate.
+    Certificate(PeerCertificate),
     /// TLS or loopback TCP without a client certificate (signed fronts only), from this
     /// address.
     Anonymous { remote_ip: Option<std::net::IpAddr> },
 }
 
-/// Resolves a certificate fingerprint to a paired peer.
+/// What the listener knows of a verified client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCertificate {
+    /// `sha256:<hex>` of the certificate's DER.
+    pub fingerprint: String,
+    /// The subject's common name, if it has one.
+    pub common_name: Option<String>,
+    /// `sha256:<hex>` of the CA the listener verified it against, when the listener trusts
+    /// exactly one CA.
+    pub ca_fingerprint: Option<String>,
+}
+
+/// Resolves a verified client certificate to a paired peer.
 pub trait PeerDirectory: Send + Sync + 'static {
     /// `Ok` with the peer if it is paired and active; `PairingRequired` when nothing is paired
     /// yet; `Forbidden` for an unknown or revoked identity.
-    fn resolve(&self, fingerprint: &str) -> Result<Arc<Principal>, Rejection>;
+    fn resolve(&self, cert: &PeerCertificate) -> Result<Arc<Principal>, Rejection>;
 }
 
 /// Sets `Arc<Principal>` in the request extensions and the `x-carapace-peer-*` headers.
@@ -81,9 +93,7 @@ impl<S> Identity<S> {
     fn principal<B>(&self, req: &http::Request<B>) -> Result<Arc<Principal>, Rejection> {
         match req.extensions().get::<ConnectionIdentity>() {
             Some(ConnectionIdentity::Local) => Ok(Arc::new(Principal::local())),
-            Some(ConnectionIdentity::Certificate { fingerprint }) => {
-                self.directory.resolve(fingerprint)
-            }
+            Some(ConnectionIdentity::Certificate(cert)) => self.directory.resolve(cert),
             Some(ConnectionIdentity::Anonymous { remote_ip }) if self.allow_anonymous => {
                 Ok(Arc::new(Principal {
                     id: "anonymous".into(),
@@ -152,7 +162,8 @@ mod tests {
 
     struct OnePeer;
     impl PeerDirectory for OnePeer {
-        fn resolve(&self, fingerprint: &str) -> Result<Arc<Principal>, Rejection> {
+        fn resolve(&self, cert: &PeerCertificate) -> Result<Arc<Principal>, Rejection> {
+            let fingerprint = cert.fingerprint.as_str();
             if fingerprint == "sha256:aa" {
                 Ok(Arc::new(Principal {
                     id: "gw".into(),
@@ -175,6 +186,14 @@ mod tests {
         ))
     }
 
+    fn cert(fingerprint: &str) -> ConnectionIdentity {
+        ConnectionIdentity::Certificate(PeerCertificate {
+            fingerprint: fingerprint.into(),
+            common_name: None,
+            ca_fingerprint: None,
+        })
+    }
+
     fn req(id: Option<ConnectionIdentity>) -> http::Request<()> {
         let mut r = http::Request::builder()
             .header("x-carapace-peer-id", "admin")
@@ -190,9 +209,7 @@ mod tests {
     #[tokio::test]
     async fn caller_identity_headers_are_replaced() {
         let h = svc(false)
-            .oneshot(req(Some(ConnectionIdentity::Certificate {
-                fingerprint: "sha256:aa".into(),
-            })))
+            .oneshot(req(Some(cert("sha256:aa"))))
             .await
             .unwrap();
         assert_eq!(h.get_all(PEER_ID).iter().collect::<Vec<_>>(), ["gw"]);
@@ -210,9 +227,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_or_missing_identity_fails_closed() {
         let e = svc(false)
-            .oneshot(req(Some(ConnectionIdentity::Certificate {
-                fingerprint: "sha256:bb".into(),
-            })))
+            .oneshot(req(Some(cert("sha256:bb"))))
             .await
             .unwrap_err();
         assert!(matches!(e, Rejection::Forbidden(_)));

@@ -195,6 +195,15 @@ impl RemoteHandshake {
         self
     }
 
+    /// The certificate to install, once `pair.csr_issued` passed every check and until
+    /// `pair.complete` (install it before sending the confirmation).
+    pub fn installed(&self) -> Option<&Installed> {
+        match &self.state {
+            RemoteState::AwaitComplete(i) => Some(i),
+            _ => None,
+        }
+    }
+
     /// The `pair.error` to send when the handshake fails (the gateway never sends one).
     pub fn error_message(&self, e: &HandshakeError) -> String {
         PairError::handshake_failed(e.to_string())

@@ -3,4 +3,5 @@
 
 pub mod handshake;
 pub mod identity;
+pub mod transport;
 pub mod wire;
