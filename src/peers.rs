@@ -79,12 +79,15 @@ pub enum PeerStoreError {
     Invalid { path: PathBuf, message: String },
 }
 
+/// A record with the principal it makes.
+type Entry = Arc<(PeerRecord, Arc<Principal>)>;
+
 #[derive(Debug, Default)]
 struct Snapshot {
-    by_fingerprint: HashMap<String, Arc<(PeerRecord, Arc<Principal>)>>,
+    by_fingerprint: HashMap<String, Entry>,
     /// Records that pin a CA, by (CA fingerprint, common name).
-    by_ca: HashMap<(String, String), Arc<(PeerRecord, Arc<Principal>)>>,
-    all: Vec<Arc<(PeerRecord, Arc<Principal>)>>,
+    by_ca: HashMap<(String, String), Entry>,
+    all: Vec<Entry>,
     /// SHA-256 of the file's bytes (`None`: no file), to notice every change.
     digest: Option<[u8; 32]>,
 }

@@ -153,6 +153,8 @@ impl PairingEndpoint {
         }
     }
 
+    // The upgrade callback's error type is tungstenite's.
+    #[allow(clippy::result_large_err)]
     async fn handle(&self, stream: TcpStream) -> Result<(), PairingError> {
         let path = self.path.clone();
         let check_path = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
