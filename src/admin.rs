@@ -47,8 +47,163 @@ fn state(shared: &Shared) -> serde_json::Value {
     json!({"config": config, "runtime": runtime, "global_engaged": shared.kill_switch.global_engaged()})
 }
 
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(format!("{body}\n"))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        "x-content-type-options",
+        http::HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+/// `POST /v1/pairings` body, as the crabstack gateway's admin API takes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairingRequestBody {
+    pub component_type: String,
+    pub component_id: String,
+    #[serde(default)]
+    pub endpoint: String,
+}
+
+/// The protocol's component type for a requested one (`tool`, `tool-host`, `cli`, ...).
+pub fn component_type(raw: &str) -> Option<&'static str> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "tool" | "tool_host" | "tool-host" => Some("tool_host"),
+        "subscriber" => Some("subscriber"),
+        "listener" => Some("listener"),
+        "operator" | "cli" => Some("operator"),
+        _ => None,
+    }
+}
+
+/// Run a pairing requested on the admin socket and record the peer.
+async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::POST {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    }
+    let Some(gateway) = shared.gateway.clone() else {
+        return text(StatusCode::NOT_IMPLEMENTED, "pairing not configured");
+    };
+    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return text(StatusCode::BAD_REQUEST, &format!("invalid json: {e}")),
+    };
+    let r: PairingRequestBody = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) if e.is_eof() => return text(StatusCode::BAD_REQUEST, "invalid json: EOF"),
+        Err(e) => return text(StatusCode::BAD_REQUEST, &format!("invalid json: {e}")),
+    };
+    let Some(kind) = component_type(&r.component_type) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            &format!("unsupported component type: {}", r.component_type),
+        );
+    };
+    let component_id = r.component_id.trim().to_string();
+    if component_id.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "component_id is required");
+    }
+    let endpoint = r.endpoint.trim().to_string();
+    if endpoint.is_empty() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "invalid pairing request: endpoint is required",
+        );
+    }
+    let request = crate::pairing::handshake::PairRequest {
+        component_type: kind.to_string(),
+        component_id,
+        endpoint,
+    };
+    match crate::pairing::transport::pair(gateway, request).await {
+        Ok(peer) => match record_peer(&shared, &peer) {
+            Ok(record) => {
+                tracing::info!(
+                    "paired component_type={} component_id={} mtls_cert_fingerprint={}",
+                    peer.component_type,
+                    peer.component_id,
+                    peer.mtls_cert_fingerprint
+                );
+                let body = json!({
+                    "pairing_id": peer.pairing_id,
+                    "endpoint": peer.endpoint,
+                    "peer": {
+                        "component_type": record.component_type,
+                        "component_id": record.component_id,
+                        "endpoint": record.endpoint,
+                        "public_key_ed25519": record.public_key_ed25519,
+                        "public_key_x25519": record.public_key_x25519,
+                        "mtls_cert_fingerprint": record.mtls_cert_fingerprint,
+                        "paired_at": record.paired_at,
+                        "last_seen_at": record.last_seen_at,
+                        "status": record.status,
+                    }
+                });
+                // As the crabstack gateway writes it: JSON and a newline.
+                let mut r = reply(StatusCode::OK, body.clone());
+                *r.body_mut() = Full::new(Bytes::from(format!("{body}\n")));
+                r
+            }
+            Err(e) => text(StatusCode::BAD_GATEWAY, &format!("recording the peer: {e}")),
+        },
+        Err(crate::pairing::transport::PairingError::InvalidRequest(m)) => text(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid pairing request: {m}"),
+        ),
+        Err(e) => {
+            tracing::warn!("pairing failed: {e}");
+            text(StatusCode::BAD_GATEWAY, &e.to_string())
+        }
+    }
+}
+
+/// Write the paired peer into the peer store (replacing an earlier record of the same id).
+fn record_peer(
+    shared: &Shared,
+    peer: &crate::pairing::handshake::PairedPeer,
+) -> Result<crate::peers::PeerRecord, crate::peers::PeerStoreError> {
+    let record = crate::peers::PeerRecord {
+        component_type: peer.component_type.clone(),
+        component_id: peer.component_id.clone(),
+        role: None,
+        endpoint: Some(peer.endpoint.clone()),
+        public_key_ed25519: Some(peer.public_key_ed25519.clone()),
+        public_key_x25519: Some(peer.public_key_x25519.clone()),
+        mtls_cert_fingerprint: peer.mtls_cert_fingerprint.clone(),
+        mtls_ca_fingerprint: None,
+        status: "active".into(),
+        paired_at: Some(peer.paired_at.clone()),
+        last_seen_at: Some(peer.paired_at.clone()),
+        policy: None,
+    };
+    let stored = record.clone();
+    shared.peers.modify(move |f| {
+        f.version = 1;
+        f.peers.retain(|p| p.component_id != record.component_id);
+        f.peers.push(record);
+    })?;
+    shared.metrics.peers.set(shared.peers.len() as i64);
+    Ok(stored)
+}
+
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/v1/pairings" {
+        return pairings(shared, req).await;
+    }
     match (req.method().clone(), req.uri().path()) {
+        (Method::GET, "/v1/gateway") => match &shared.gateway {
+            Some(g) => reply(
+                StatusCode::OK,
+                json!({"gateway_id": g.gateway_id, "public_key_ed25519": g.public_key_ed25519()}),
+            ),
+            None => reply(StatusCode::NOT_FOUND, json!({"error": "not a gateway"})),
+        },
         (Method::GET, "/v1/kill-switch") => reply(StatusCode::OK, state(&shared)),
         (Method::PUT, "/v1/kill-switch") => {
             let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {

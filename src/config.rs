@@ -54,6 +54,40 @@ pub struct Config {
     /// Runtime threads.
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    /// Tool-host role: the pairing endpoint a gateway dials.
+    #[serde(default)]
+    pub pairing: Option<PairingConfig>,
+    /// Gateway role: pairs tool hosts (`carapace pair ...` through the admin socket).
+    #[serde(default)]
+    pub gateway: Option<GatewayConfig>,
+}
+
+/// The tool-host side of pairing.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PairingConfig {
+    /// `IP:PORT` of the pairing WebSocket endpoint; never the tool listener's. Plain `ws://`
+    /// pairing is for loopback addresses only.
+    pub listen: String,
+    /// Path of the endpoint.
+    #[serde(default = "default_pairing_path")]
+    pub path: String,
+    /// This tool host's `component_id` (the `<name>` the operator pairs).
+    pub component_id: String,
+    /// The gateway's Ed25519 public key (base64): only its `pair.init` is answered.
+    pub gateway_public_key_ed25519: String,
+}
+
+fn default_pairing_path() -> String {
+    "/v1/pair".into()
+}
+
+/// The gateway role.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The gateway's id, sent in `pair.init` and the common name of its client certificate.
+    pub id: String,
 }
 
 /// A protocol carapace speaks, on either side.
@@ -580,6 +614,8 @@ pub struct Loaded {
     pub app_secret: Option<Secret>,
     /// skill-v1 front: the skill id served and expected.
     pub front_skill_id: Option<String>,
+    /// The pairing endpoint's address.
+    pub pairing_address: Option<SocketAddr>,
 }
 
 impl Loaded {
@@ -752,6 +788,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             caller_keys: d.caller_keys,
             app_secret: d.app_secret,
             front_skill_id: d.front_skill_id,
+            pairing_address: d.pairing_address,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -782,6 +819,8 @@ fn meaning_of_sound_sections(
         serde_json::from_value(v).ok()
     }
     let mut owned = PartsOwned {
+        pairing: sound(json, structural, "pairing"),
+        gateway: sound(json, structural, "gateway"),
         front: sound(json, structural, "front"),
         listeners: sound(json, structural, "listeners"),
         app: sound(json, structural, "app"),
@@ -800,6 +839,8 @@ fn meaning_of_sound_sections(
 
 /// Owned sections for [`meaning_of_sound_sections`].
 struct PartsOwned {
+    pairing: Option<PairingConfig>,
+    gateway: Option<GatewayConfig>,
     front: Option<FrontConfig>,
     listeners: Option<ListenersConfig>,
     app: Option<AppConfig>,
@@ -814,6 +855,8 @@ struct PartsOwned {
 impl PartsOwned {
     fn parts(&self) -> Parts<'_> {
         Parts {
+            pairing: self.pairing.as_ref(),
+            gateway: self.gateway.as_ref(),
             front: self.front.as_ref(),
             listeners: self.listeners.as_ref(),
             app: self.app.as_ref(),
@@ -926,10 +969,58 @@ fn is_valid_header_name(name: &str) -> bool {
     http::HeaderName::from_bytes(name.as_bytes()).is_ok()
 }
 
+fn check_pairing(
+    p: &PairingConfig,
+    listeners: Option<&ListenersConfig>,
+    d: &mut Derived,
+    errors: &mut Vec<ConfigError>,
+) {
+    match p.listen.parse::<SocketAddr>() {
+        Ok(a) if a.port() != 0 && Some(a) == d.tcp_address => errors.push(err(
+            "/pairing/listen",
+            "the pairing endpoint must not share the tool listener's port",
+        )),
+        Ok(a) if !a.ip().is_loopback() => errors.push(err(
+            "/pairing/listen",
+            "pairing over plain ws:// is allowed on loopback addresses only",
+        )),
+        Ok(a) => d.pairing_address = Some(a),
+        Err(_) => errors.push(err(
+            "/pairing/listen",
+            format!("`{}` is not IP:PORT", p.listen),
+        )),
+    }
+    if !p.path.starts_with('/') {
+        errors.push(err("/pairing/path", "must start with /"));
+    }
+    if p.component_id.is_empty() || http::HeaderValue::from_str(&p.component_id).is_err() {
+        errors.push(err(
+            "/pairing/component_id",
+            "must be a non-empty header-safe name",
+        ));
+    }
+    use base64::Engine;
+    let key = base64::engine::general_purpose::STANDARD.decode(&p.gateway_public_key_ed25519);
+    if !key.is_ok_and(|k| k.len() == 32) {
+        errors.push(err(
+            "/pairing/gateway_public_key_ed25519",
+            "must be the base64 of a 32-byte Ed25519 public key",
+        ));
+    }
+    if listeners.is_some_and(|l| l.tcp.as_ref().and_then(|t| t.tls.as_ref()).is_none()) {
+        errors.push(err(
+            "/pairing",
+            "pairing installs the mTLS certificate of listeners.tcp, which must be set with tls",
+        ));
+    }
+}
+
 /// The typed sections of a configuration. A section is `None` when the schema pass found an
 /// error inside it: its meaning is then not checked, but every other section's still is, so
 /// one run names every error.
 struct Parts<'a> {
+    pairing: Option<&'a PairingConfig>,
+    gateway: Option<&'a GatewayConfig>,
     front: Option<&'a FrontConfig>,
     listeners: Option<&'a ListenersConfig>,
     app: Option<&'a AppConfig>,
@@ -944,6 +1035,8 @@ struct Parts<'a> {
 impl<'a> Parts<'a> {
     fn of(c: &'a Config) -> Self {
         Parts {
+            pairing: c.pairing.as_ref(),
+            gateway: c.gateway.as_ref(),
             front: Some(&c.front),
             listeners: Some(&c.listeners),
             app: Some(&c.app),
@@ -967,6 +1060,7 @@ struct Derived {
     caller_keys: Vec<(String, Secret)>,
     app_secret: Option<Secret>,
     front_skill_id: Option<String>,
+    pairing_address: Option<SocketAddr>,
 }
 
 fn check_listeners(
@@ -1199,6 +1293,14 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
     }
     if let Some(a) = p.app {
         check_app(a, &mut d, errors);
+    }
+    if let Some(pairing) = p.pairing {
+        check_pairing(pairing, p.listeners, &mut d, errors);
+    }
+    if let Some(g) = p.gateway {
+        if g.id.is_empty() || http::HeaderValue::from_str(&g.id).is_err() {
+            errors.push(err("/gateway/id", "must be a non-empty header-safe name"));
+        }
     }
     if let Some(rl) = p.rate_limits {
         let mut rates: Vec<(String, RateConfig)> = Vec::new();

@@ -39,6 +39,8 @@ use crate::catalog::CatalogHandle;
 use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
 use crate::front::{CallStack, Envelope, Resp};
 use crate::metrics::Metrics;
+use crate::pairing::handshake::{Installed, RemoteConfig};
+use crate::pairing::identity::{GatewayIdentity, HostIdentity};
 use crate::peers::PeerStore;
 use crate::skill_v1::{AppSigning, SkillV1Back, SkillV1Front};
 use crate::tools_v1::{ToolsV1Back, ToolsV1Front};
@@ -63,6 +65,8 @@ pub enum StartError {
     Peers(#[from] crate::peers::PeerStoreError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Identity(#[from] crate::pairing::identity::IdentityError),
     #[error("cannot bind {what} {address}: {source}")]
     Bind {
         what: &'static str,
@@ -90,6 +94,8 @@ pub struct Shared {
     reload_lock: tokio::sync::Mutex<()>,
     /// The concurrency limit, kept across reloads so calls in flight keep counting.
     load_shed: std::sync::Mutex<Option<(usize, LoadShedLayer)>>,
+    /// Gateway role: its identity and pairing CA.
+    pub gateway: Option<Arc<crate::pairing::identity::GatewayIdentity>>,
 }
 
 impl Shared {
@@ -292,6 +298,8 @@ pub struct Running {
     pub tcp_address: Option<SocketAddr>,
     /// The bound ops address.
     pub ops_address: Option<SocketAddr>,
+    /// The bound pairing endpoint address.
+    pub pairing_address: Option<SocketAddr>,
     pub unix_path: Option<PathBuf>,
     pub admin_socket: PathBuf,
     shutdown: watch::Sender<bool>,
@@ -489,6 +497,17 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     };
     let peers = Arc::new(PeerStore::open(cfg.peers_file())?);
     let tls = tls_acceptor(&cfg)?;
+    let gateway = match &c.gateway {
+        Some(g) => Some(Arc::new(GatewayIdentity::load_or_create(
+            &c.state_dir,
+            &g.id,
+        )?)),
+        None => None,
+    };
+    let host = match &c.pairing {
+        Some(_) => Some(Arc::new(HostIdentity::load_or_create(&c.state_dir)?)),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::default());
     metrics.peers.set(peers.len() as i64);
 
@@ -520,6 +539,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         clock,
         reload_lock: tokio::sync::Mutex::new(()),
         load_shed: std::sync::Mutex::new(None),
+        gateway,
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
 
@@ -568,6 +588,41 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         ),
         None => None,
     };
+    let pairing = match (cfg.pairing_address, &c.pairing, host) {
+        (Some(a), Some(p), Some(host)) => {
+            let l = TcpListener::bind(a)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "pairing listener",
+                    address: a.to_string(),
+                    source,
+                })?;
+            let init_nonces = Arc::new(NonceStore::open(
+                NonceStoreConfig {
+                    capacity: 100_000,
+                    ttl: crate::pairing::handshake::MAX_INIT_SKEW * 3,
+                    journal: Some(c.state_dir.join("pair_init.journal")),
+                },
+                (shared.clock)(),
+            )?);
+            let endpoint = crate::pairing::transport::PairingEndpoint::new(
+                RemoteConfig {
+                    component_type: "tool_host".into(),
+                    component_id: p.component_id.clone(),
+                    gateway_public_key_ed25519: p.gateway_public_key_ed25519.clone(),
+                    endpoint_tls_fingerprint: String::new(),
+                },
+                host,
+                init_nonces,
+                p.path.clone(),
+                Arc::new(ToolHostInstaller {
+                    shared: shared.clone(),
+                }),
+            );
+            Some((l, Arc::new(endpoint)))
+        }
+        _ => None,
+    };
     let admin_path = cfg.admin_socket();
     claim_socket_path(&admin_path, "admin socket")?;
     let admin = UnixListener::bind(&admin_path).map_err(|source| StartError::Bind {
@@ -615,6 +670,14 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         tracing::info!("ops listening on {a}");
         tasks.spawn(crate::ops::serve(l, shared.clone(), shutdown_rx.clone()));
     }
+    let pairing_address = pairing.as_ref().and_then(|(l, _)| l.local_addr().ok());
+    if let Some((l, endpoint)) = pairing {
+        tracing::info!(
+            "pairing endpoint on ws://{}",
+            pairing_address.expect("bound")
+        );
+        tasks.spawn(endpoint.serve(l, shutdown_rx.clone()));
+    }
     tasks.spawn(crate::admin::serve(
         admin,
         shared.clone(),
@@ -628,6 +691,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         shared,
         tcp_address,
         ops_address,
+        pairing_address,
         unix_path: cfg.config.listeners.unix.as_ref().map(|u| u.path.clone()),
         admin_socket: admin_path,
         shutdown: shutdown_tx,
@@ -852,5 +916,69 @@ async fn accept_tcp(
             }
             drop(permit);
         });
+    }
+}
+
+/// Installs what a pairing issued on this tool host: the certificate files before the
+/// install is confirmed, the new listener TLS and the gateway's peer record once the gateway
+/// said the pairing is complete.
+struct ToolHostInstaller {
+    shared: Arc<Shared>,
+}
+
+impl crate::pairing::transport::PairingSink for ToolHostInstaller {
+    fn install(&self, i: &Installed) -> Result<(), String> {
+        let cfg = self.shared.config.load();
+        let files = crate::tls::PairedFiles::in_state_dir(&cfg.config.state_dir);
+        let write = |path: &Path, bytes: &[u8]| {
+            carapace_filters::state_file::write_atomically(path, bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        };
+        // Key first, CA last: `installed()` needs all three, so a crash in between leaves
+        // the configured certificate in use.
+        write(&files.key, i.key_pem.as_bytes())?;
+        write(&files.cert, i.certificate_pem.as_bytes())?;
+        write(&files.ca, i.chain_pem.concat().as_bytes())?;
+        Ok(())
+    }
+
+    fn activate(&self, i: &Installed) -> Result<(), String> {
+        let cfg = self.shared.config.load();
+        let tls = tls_acceptor(&cfg).map_err(|e| e.to_string())?;
+        let ca_fingerprint = tls
+            .as_ref()
+            .and_then(|t| t.client_ca_fingerprint.clone())
+            .ok_or("the installed gateway CA is not a single certificate")?;
+        self.shared.tls.store(tls.map(Arc::new));
+        let paired_at =
+            crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
+                .and_then(|t| t.to_rfc3339_nano());
+        let record = crate::peers::PeerRecord {
+            component_type: "gateway".into(),
+            component_id: i.gateway_id.clone(),
+            role: Some("gateway".into()),
+            endpoint: None,
+            public_key_ed25519: Some(i.gateway_public_key_ed25519.clone()),
+            public_key_x25519: None,
+            mtls_cert_fingerprint: String::new(),
+            mtls_ca_fingerprint: Some(ca_fingerprint),
+            status: "active".into(),
+            paired_at: paired_at.clone(),
+            last_seen_at: None,
+            policy: None,
+        };
+        self.shared
+            .peers
+            .modify(|f| {
+                f.version = 1;
+                f.peers.retain(|p| p.component_id != record.component_id);
+                f.peers.push(record);
+            })
+            .map_err(|e| e.to_string())?;
+        self.shared
+            .metrics
+            .peers
+            .set(self.shared.peers.len() as i64);
+        Ok(())
     }
 }

@@ -300,7 +300,9 @@ impl RemoteHandshake {
             Some(k) => k,
             None => KeyPair::generate().map_err(|e| HandshakeError::Certificate(e.to_string()))?,
         };
-        let mut params = CertificateParams::new(vec!["localhost".to_string()])
+        // The gateway pins this certificate by fingerprint; the names serve local clients.
+        let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+        let mut params = CertificateParams::new(names)
             .map_err(|e| HandshakeError::Certificate(e.to_string()))?;
         params
             .distinguished_name

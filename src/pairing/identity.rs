@@ -230,6 +230,29 @@ impl GatewayIdentity {
     pub fn ca_key(&self) -> rcgen::KeyPair {
         rcgen::KeyPair::from_pem(&self.ca_key_pem).expect("checked at load")
     }
+
+    /// A client certificate from the pairing CA with the gateway's id as common name: what
+    /// the gateway presents to the tool hosts it paired. Returns (certificate PEM, key PEM).
+    pub fn issue_client_certificate(&self) -> Result<(String, String), IdentityError> {
+        let invalid = |e: rcgen::Error| IdentityError::Invalid {
+            path: PathBuf::from("gateway_identity.json"),
+            message: e.to_string(),
+        };
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(invalid)?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, self.gateway_id.clone());
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        let now = std::time::SystemTime::now();
+        params.not_before = (now - std::time::Duration::from_secs(300)).into();
+        params.not_after = (now + std::time::Duration::from_secs(365 * 24 * 3600)).into();
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&self.ca_cert_pem, self.ca_key()).map_err(invalid)?;
+        let key = rcgen::KeyPair::generate().map_err(invalid)?;
+        let cert = params.signed_by(&key, &issuer).map_err(invalid)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
 }
 
 /// A new pairing CA: (key PEM, self-signed certificate PEM), valid ten years.
