@@ -58,12 +58,15 @@ fn ws_config() -> WebSocketConfig {
 }
 
 /// Read the next text message, bounded in time and size.
-async fn next_text<S>(ws: &mut WebSocketStream<S>) -> Result<String, PairingError>
+async fn next_text<S>(
+    ws: &mut WebSocketStream<S>,
+    step_timeout: Duration,
+) -> Result<String, PairingError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     loop {
-        let msg = tokio::time::timeout(STEP_TIMEOUT, ws.next())
+        let msg = tokio::time::timeout(step_timeout, ws.next())
             .await
             .map_err(|_| PairingError::Timeout)?;
         match msg {
@@ -111,6 +114,8 @@ pub struct PairingEndpoint {
     pub init_nonces: Arc<NonceStore>,
     pub path: String,
     pub sink: Arc<dyn PairingSink>,
+    /// Longest wait for each of the gateway's messages.
+    pub step_timeout: Duration,
     /// One pairing at a time.
     busy: Mutex<()>,
 }
@@ -129,6 +134,7 @@ impl PairingEndpoint {
             init_nonces,
             path,
             sink,
+            step_timeout: STEP_TIMEOUT,
             busy: Mutex::new(()),
         }
     }
@@ -156,6 +162,8 @@ impl PairingEndpoint {
     // The upgrade callback's error type is tungstenite's.
     #[allow(clippy::result_large_err)]
     async fn handle(&self, stream: TcpStream) -> Result<(), PairingError> {
+        // Small messages, two of them back to back: no Nagle delay.
+        let _ = stream.set_nodelay(true);
         let path = self.path.clone();
         let check_path = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
             if req.uri().path() == path {
@@ -167,7 +175,7 @@ impl PairingEndpoint {
             }
         };
         let ws = tokio::time::timeout(
-            STEP_TIMEOUT,
+            self.step_timeout,
             tokio_tungstenite::accept_hdr_async_with_config(stream, check_path, Some(ws_config())),
         )
         .await
@@ -202,7 +210,7 @@ impl PairingEndpoint {
     {
         let mut installed = false;
         loop {
-            let text = next_text(ws).await?;
+            let text = next_text(ws, self.step_timeout).await?;
             match hs.on_message(&text, SystemTime::now())? {
                 Progress::Continue(out) => {
                     if let (Some(i), false) = (hs.installed(), installed) {
@@ -301,6 +309,7 @@ async fn pair_inner(
     let tcp = TcpStream::connect((ep.host.as_str(), ep.port))
         .await
         .map_err(|e| PairingError::Dial(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
     let url = format!("ws://{}:{}{}", ep.host, ep.port, ep.path);
     let (mut ws, _) = tokio_tungstenite::client_async_with_config(url, tcp, Some(ws_config()))
         .await
@@ -308,11 +317,21 @@ async fn pair_inner(
     let (mut hs, init) = GatewayHandshake::start(identity, request, None, SystemTime::now())?;
     send_all(&mut ws, vec![init]).await?;
     loop {
-        let text = next_text(&mut ws).await?;
+        let text = next_text(&mut ws, STEP_TIMEOUT).await?;
         match hs.on_message(&text, SystemTime::now())? {
             Progress::Continue(out) => send_all(&mut ws, out).await?,
             Progress::Done(out, peer) => {
                 send_all(&mut ws, out).await?;
+                // The tool host closes once it has activated the pairing: wait for that, so
+                // the peer is usable when this returns.
+                let _ = tokio::time::timeout(STEP_TIMEOUT, async {
+                    while let Some(Ok(m)) = ws.next().await {
+                        if m.is_close() {
+                            break;
+                        }
+                    }
+                })
+                .await;
                 let _ = ws.close(None).await;
                 return Ok(peer);
             }
@@ -323,6 +342,7 @@ async fn pair_inner(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn plain_websocket_only_to_loopback() {
@@ -340,5 +360,184 @@ mod tests {
         let e = parse_endpoint("wss://10.0.0.1:5225/v1/pair").unwrap();
         assert!(e.secure);
         assert_eq!((e.port, e.path.as_str()), (5225, "/v1/pair"));
+    }
+
+    #[derive(Default)]
+    struct Counting {
+        installed: AtomicUsize,
+        activated: AtomicUsize,
+    }
+
+    impl PairingSink for Counting {
+        fn install(&self, _: &Installed) -> Result<(), String> {
+            self.installed.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn activate(&self, _: &Installed) -> Result<(), String> {
+            assert_eq!(
+                self.installed.load(Ordering::SeqCst),
+                1,
+                "activated before install"
+            );
+            self.activated.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        gateway: Arc<GatewayIdentity>,
+        sink: Arc<Counting>,
+        url: String,
+        _stop: watch::Sender<bool>,
+    }
+
+    async fn setup() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let gateway =
+            Arc::new(GatewayIdentity::load_or_create(&dir.path().join("gw"), "gw_t").unwrap());
+        let host = Arc::new(HostIdentity::load_or_create(&dir.path().join("host")).unwrap());
+        let sink = Arc::new(Counting::default());
+        let nonces = NonceStore::open(
+            carapace_filters::nonce::NonceStoreConfig {
+                capacity: 16,
+                ttl: Duration::from_secs(600),
+                journal: None,
+            },
+            0,
+        )
+        .unwrap();
+        let mut endpoint = PairingEndpoint::new(
+            RemoteConfig {
+                component_type: "tool_host".into(),
+                component_id: "memory-east".into(),
+                gateway_public_key_ed25519: gateway.public_key_ed25519(),
+                endpoint_tls_fingerprint: String::new(),
+            },
+            host,
+            Arc::new(nonces),
+            "/v1/pair".into(),
+            sink.clone(),
+        );
+        endpoint.step_timeout = Duration::from_millis(300);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/v1/pair", listener.local_addr().unwrap());
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(Arc::new(endpoint).serve(listener, stop_rx));
+        Setup {
+            _dir: dir,
+            gateway,
+            sink,
+            url,
+            _stop: stop,
+        }
+    }
+
+    fn request(url: &str) -> PairRequest {
+        PairRequest {
+            component_type: "tool_host".into(),
+            component_id: "memory-east".into(),
+            endpoint: url.into(),
+        }
+    }
+
+    async fn raw(url: &str) -> WebSocketStream<TcpStream> {
+        let addr = url
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        tokio_tungstenite::client_async(url, tcp).await.unwrap().0
+    }
+
+    /// The endpoint ends the connection (close frame, error or EOF) within a bounded time.
+    async fn assert_closed(ws: &mut WebSocketStream<TcpStream>) {
+        let end = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match ws.next().await {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                    Some(Ok(_)) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "the endpoint kept the connection open");
+    }
+
+    #[tokio::test]
+    async fn a_pairing_over_websocket_installs_before_confirming() {
+        let s = setup().await;
+        let peer = pair(s.gateway.clone(), request(&s.url)).await.unwrap();
+        assert_eq!(peer.component_id, "memory-east");
+        assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
+        assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_a_silent_peer_and_a_wrong_path_are_cut_off() {
+        let s = setup().await;
+        let mut ws = raw(&s.url).await;
+        let _ = ws
+            .send(Message::text("x".repeat(MAX_MESSAGE_BYTES + 1)))
+            .await;
+        assert_closed(&mut ws).await;
+        let mut silent = raw(&s.url).await;
+        assert_closed(&mut silent).await;
+        let addr = s
+            .url
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let wrong = s.url.replace("/v1/pair", "/v1/other");
+        assert!(tokio_tungstenite::client_async(wrong, tcp).await.is_err());
+        assert_eq!(s.sink.installed.load(Ordering::SeqCst), 0);
+        // The endpoint still pairs afterwards.
+        pair(s.gateway.clone(), request(&s.url)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_gateway_that_stops_at_any_step_leaves_no_peer_activated() {
+        // Stop after the gateway has sent 1 (init), 2 (+challenge), 3 (+csr_issued) messages.
+        for stop_after in 1..=3 {
+            let s = setup().await;
+            let mut ws = raw(&s.url).await;
+            let (mut hs, init) = GatewayHandshake::start(
+                s.gateway.clone(),
+                request(&s.url),
+                None,
+                SystemTime::now(),
+            )
+            .unwrap();
+            let mut sent = 1;
+            ws.send(Message::text(init)).await.unwrap();
+            while sent < stop_after {
+                let text = next_text(&mut ws, Duration::from_secs(5)).await.unwrap();
+                if let Progress::Continue(out) = hs.on_message(&text, SystemTime::now()).unwrap() {
+                    for m in out {
+                        ws.send(Message::text(m)).await.unwrap();
+                        sent += 1;
+                    }
+                }
+            }
+            drop(ws);
+            // Give the endpoint time to notice, then check nothing was activated.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            assert_eq!(
+                s.sink.activated.load(Ordering::SeqCst),
+                0,
+                "stopped after {stop_after} messages"
+            );
+            let installed = s.sink.installed.load(Ordering::SeqCst);
+            assert_eq!(
+                installed,
+                usize::from(stop_after == 3),
+                "after {stop_after}"
+            );
+        }
     }
 }
