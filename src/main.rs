@@ -48,6 +48,11 @@ enum Command {
         #[arg(short, long, global = true)]
         config: Option<PathBuf>,
     },
+    /// Print the gateway's id and Ed25519 public key (what tool hosts configure).
+    Identity {
+        #[command(flatten)]
+        t: PairTransport,
+    },
     /// Pair a component with this gateway (through the gateway's local admin socket).
     Pair {
         #[command(subcommand)]
@@ -273,6 +278,7 @@ fn main() -> ExitCode {
             admin_call(&sock, method, "/v1/kill-switch", body)
         }
         Command::Pair { what } => pair(what),
+        Command::Identity { t } => admin_call(&pair_socket(&t), http::Method::GET, "/v1/gateway", None),
         Command::Peers {
             action,
             admin_socket: sock,
