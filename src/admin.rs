@@ -189,6 +189,7 @@ fn record_peer(
         f.peers.push(record);
     })?;
     shared.metrics.peers.set(shared.peers.len() as i64);
+    shared.request_outbound_discovery();
     Ok(stored)
 }
 

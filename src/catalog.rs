@@ -88,6 +88,13 @@ impl CatalogHandle {
         self.current.load_full()
     }
 
+    /// Serve `catalog` (the outbound registry builds its own from several peers).
+    pub fn replace(&self, catalog: Catalog) {
+        self.current.store(Arc::new(catalog));
+        self.discovered
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// The configuration changed: the next discovery recompiles even an unchanged answer.
     pub fn invalidate(&self) {
         self.stale.store(true, std::sync::atomic::Ordering::Release);
@@ -245,7 +252,8 @@ fn compile(name: &str, what: &str, schema: &Value) -> Result<CompiledSchema, Str
         .map_err(|e| format!("tool {name}: {what} schema does not compile: {e}"))
 }
 
-fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryError> {
+/// Compile a tools-v1 `GET /v1/tools` answer.
+pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryError> {
     let invalid = |m: String| DiscoveryError::ManifestInvalid(m);
     if doc.get("version").and_then(Value::as_str) != Some("v1") {
         return Err(DiscoveryError::ProtocolVersion {

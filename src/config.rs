@@ -60,6 +60,31 @@ pub struct Config {
     /// Gateway role: pairs tool hosts (`carapace pair ...` through the admin socket).
     #[serde(default)]
     pub gateway: Option<GatewayConfig>,
+    /// Gateway role: the local socket the agent calls paired tool hosts through.
+    #[serde(default)]
+    pub outbound: Option<OutboundConfig>,
+}
+
+/// The outbound role: plain tools-v1 calls from the local agent, routed to paired peers.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// Unix socket the agent sends tools-v1 calls to (mode 0660).
+    pub socket: PathBuf,
+    /// Paired tool hosts by `component_id`, and where their mTLS tool listener is. Calls are
+    /// routed only to these, by the tools they serve, never to a URL from a caller.
+    pub peers: BTreeMap<String, OutboundPeerConfig>,
+    /// Seconds between rediscoveries of the peers' tools.
+    #[serde(default = "default_discovery_interval_s")]
+    pub discovery_interval_s: u64,
+}
+
+/// One outbound peer.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundPeerConfig {
+    /// `https://IP:PORT` of the peer's tools-v1 listener.
+    pub url: String,
 }
 
 /// The tool-host side of pairing.
@@ -616,6 +641,8 @@ pub struct Loaded {
     pub front_skill_id: Option<String>,
     /// The pairing endpoint's address.
     pub pairing_address: Option<SocketAddr>,
+    /// Outbound peers' tool listener addresses, by component id.
+    pub outbound_peers: BTreeMap<String, SocketAddr>,
 }
 
 impl Loaded {
@@ -789,6 +816,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             app_secret: d.app_secret,
             front_skill_id: d.front_skill_id,
             pairing_address: d.pairing_address,
+            outbound_peers: d.outbound_peers,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -819,6 +847,7 @@ fn meaning_of_sound_sections(
         serde_json::from_value(v).ok()
     }
     let mut owned = PartsOwned {
+        outbound: sound(json, structural, "outbound"),
         pairing: sound(json, structural, "pairing"),
         gateway: sound(json, structural, "gateway"),
         front: sound(json, structural, "front"),
@@ -839,6 +868,7 @@ fn meaning_of_sound_sections(
 
 /// Owned sections for [`meaning_of_sound_sections`].
 struct PartsOwned {
+    outbound: Option<OutboundConfig>,
     pairing: Option<PairingConfig>,
     gateway: Option<GatewayConfig>,
     front: Option<FrontConfig>,
@@ -855,6 +885,7 @@ struct PartsOwned {
 impl PartsOwned {
     fn parts(&self) -> Parts<'_> {
         Parts {
+            outbound: self.outbound.as_ref(),
             pairing: self.pairing.as_ref(),
             gateway: self.gateway.as_ref(),
             front: self.front.as_ref(),
@@ -1019,6 +1050,7 @@ fn check_pairing(
 /// error inside it: its meaning is then not checked, but every other section's still is, so
 /// one run names every error.
 struct Parts<'a> {
+    outbound: Option<&'a OutboundConfig>,
     pairing: Option<&'a PairingConfig>,
     gateway: Option<&'a GatewayConfig>,
     front: Option<&'a FrontConfig>,
@@ -1035,6 +1067,7 @@ struct Parts<'a> {
 impl<'a> Parts<'a> {
     fn of(c: &'a Config) -> Self {
         Parts {
+            outbound: c.outbound.as_ref(),
             pairing: c.pairing.as_ref(),
             gateway: c.gateway.as_ref(),
             front: Some(&c.front),
@@ -1061,6 +1094,7 @@ struct Derived {
     app_secret: Option<Secret>,
     front_skill_id: Option<String>,
     pairing_address: Option<SocketAddr>,
+    outbound_peers: BTreeMap<String, SocketAddr>,
 }
 
 fn check_listeners(
@@ -1300,6 +1334,30 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
     if let Some(g) = p.gateway {
         if g.id.is_empty() || http::HeaderValue::from_str(&g.id).is_err() {
             errors.push(err("/gateway/id", "must be a non-empty header-safe name"));
+        }
+    }
+    if let Some(o) = p.outbound {
+        if p.gateway.is_none() {
+            errors.push(err(
+                "/outbound",
+                "the outbound role calls paired peers with the gateway's certificate: set gateway",
+            ));
+        }
+        for (id, peer) in &o.peers {
+            let addr = peer
+                .url
+                .strip_prefix("https://")
+                .map(|r| r.trim_end_matches('/'))
+                .and_then(|r| r.parse::<SocketAddr>().ok());
+            match addr {
+                Some(a) => {
+                    d.outbound_peers.insert(id.clone(), a);
+                }
+                None => errors.push(err(
+                    format!("/outbound/peers/{id}/url"),
+                    format!("`{}` is not https://IP:PORT", peer.url),
+                )),
+            }
         }
     }
     if let Some(rl) = p.rate_limits {

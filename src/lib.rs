@@ -14,6 +14,7 @@ pub mod front;
 pub mod memory_app;
 pub mod metrics;
 pub mod ops;
+pub mod outbound;
 pub mod pairing;
 pub mod peers;
 pub mod pki;

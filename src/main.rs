@@ -278,7 +278,9 @@ fn main() -> ExitCode {
             admin_call(&sock, method, "/v1/kill-switch", body)
         }
         Command::Pair { what } => pair(what),
-        Command::Identity { t } => admin_call(&pair_socket(&t), http::Method::GET, "/v1/gateway", None),
+        Command::Identity { t } => {
+            admin_call(&pair_socket(&t), http::Method::GET, "/v1/gateway", None)
+        }
         Command::Peers {
             action,
             admin_socket: sock,

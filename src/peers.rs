@@ -142,6 +142,16 @@ impl PeerStore {
         v
     }
 
+    /// The active record of `component_id`, if there is one.
+    pub fn active(&self, component_id: &str) -> Option<PeerRecord> {
+        self.snapshot
+            .load()
+            .all
+            .iter()
+            .find(|e| e.0.component_id == component_id && e.0.status == "active")
+            .map(|e| e.0.clone())
+    }
+
     /// Change the file: read its current content, apply `change`, validate the result, write
     /// it atomically, then serve it. Changes are serialized; a change that would make the
     /// file invalid is refused and nothing is written.

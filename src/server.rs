@@ -39,6 +39,7 @@ use crate::catalog::CatalogHandle;
 use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
 use crate::front::{CallStack, Envelope, Resp};
 use crate::metrics::Metrics;
+use crate::outbound::{Outbound, OutboundBack};
 use crate::pairing::handshake::{Installed, RemoteConfig};
 use crate::pairing::identity::{GatewayIdentity, HostIdentity};
 use crate::peers::PeerStore;
@@ -67,6 +68,8 @@ pub enum StartError {
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     Identity(#[from] crate::pairing::identity::IdentityError),
+    #[error(transparent)]
+    Outbound(#[from] crate::outbound::OutboundError),
     #[error("cannot bind {what} {address}: {source}")]
     Bind {
         what: &'static str,
@@ -84,10 +87,13 @@ pub struct Shared {
     pub catalog: Arc<CatalogHandle>,
     pub metrics: Arc<Metrics>,
     pub app: ArcSwap<AppClient>,
-    stack: ArcSwap<HttpStack>,
+    stack: Arc<ArcSwap<HttpStack>>,
+    /// The outbound role's stack (serves only when `outbound` is configured).
+    outbound_stack: Arc<ArcSwap<HttpStack>>,
     tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
     listening: AtomicBool,
     rediscover: tokio::sync::Notify,
+    outbound_rediscover: tokio::sync::Notify,
     /// Wall clock for signature windows and nonce expiry (injected in tests).
     pub clock: UnixClock,
     /// Serializes reloads (SIGHUP and the admin socket).
@@ -115,6 +121,12 @@ impl Shared {
     /// Run discovery again now (after a reload, or when the global kill-switch is released).
     pub fn request_discovery(&self) {
         self.rediscover.notify_one();
+        self.outbound_rediscover.notify_one();
+    }
+
+    /// Rediscover the outbound peers' tools now (after a pairing).
+    pub fn request_outbound_discovery(&self) {
+        self.outbound_rediscover.notify_one();
     }
 
     /// Ready: listeners bound and discovery succeeded.
@@ -246,6 +258,45 @@ pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
             ))
         }
     }
+}
+
+/// The outbound role's stack: the local agent's calls, validated, routed to paired peers.
+fn build_outbound_stack(cfg: &Loaded, shared: &Shared, outbound: Arc<Outbound>) -> HttpStack {
+    let c = &cfg.config;
+    let calls: CallStack = BoxCloneSyncService::new(
+        ServiceBuilder::new()
+            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+            .layer(AuthorizationLayer::new(shared.clock.clone()))
+            .layer(InputSchemaLayer)
+            .layer(CallTimeoutLayer)
+            .layer(OutputSchemaLayer)
+            .service(OutboundBack::new(outbound.clone())),
+    );
+    let body = BodyLimits {
+        max_bytes: c.limits.max_body_bytes,
+        deadline: Duration::from_millis(c.limits.body_timeout_ms),
+    };
+    let http = ServiceBuilder::new()
+        .layer(IdentityLayer::new(shared.peers.clone(), false))
+        .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+        .layer(shared.load_shed_layer(c.limits.max_in_flight))
+        .layer(BodyLimitLayer::new(body));
+    BoxCloneSyncService::new(Envelope::new(
+        http.service(ToolsV1Front::new(
+            outbound.catalog.clone(),
+            calls,
+            shared.clock.clone(),
+        )),
+        Protocol::ToolsV1,
+        shared.metrics.clone(),
+    ))
+}
+
+/// Stands in until the real stack is built, before anything listens.
+fn placeholder_stack() -> HttpStack {
+    BoxCloneSyncService::new(tower::service_fn(|_: Request<Incoming>| async {
+        unreachable!("replaced before listening")
+    }))
 }
 
 fn app_client(cfg: &Loaded) -> AppClient {
@@ -530,18 +581,42 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         peers,
         catalog: Arc::new(CatalogHandle::default()),
         metrics,
-        stack: ArcSwap::from_pointee(BoxCloneSyncService::new(tower::service_fn(
-            |_: Request<Incoming>| async { unreachable!("replaced before listening") },
-        ))),
+        stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
+        outbound_stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
         tls: arc_swap::ArcSwapOption::new(tls.map(Arc::new)),
         listening: AtomicBool::new(false),
         rediscover: tokio::sync::Notify::new(),
+        outbound_rediscover: tokio::sync::Notify::new(),
         clock,
         reload_lock: tokio::sync::Mutex::new(()),
         load_shed: std::sync::Mutex::new(None),
         gateway,
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
+    let outbound = match (&c.outbound, &shared.gateway) {
+        (Some(o), Some(gateway)) => {
+            let ob = Arc::new(Outbound::new(&cfg, gateway, shared.peers.clone())?);
+            shared
+                .outbound_stack
+                .store(Arc::new(build_outbound_stack(&cfg, &shared, ob.clone())));
+            claim_socket_path(&o.socket, "outbound socket")?;
+            if let Some(dir) = o.socket.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let l = UnixListener::bind(&o.socket).map_err(|source| StartError::Bind {
+                what: "outbound socket",
+                address: o.socket.display().to_string(),
+                source,
+            })?;
+            set_mode(&o.socket, 0o660).map_err(|source| StartError::Bind {
+                what: "outbound socket (mode)",
+                address: o.socket.display().to_string(),
+                source,
+            })?;
+            Some((l, ob))
+        }
+        _ => None,
+    };
 
     // Bind everything before serving anything.
     let unix = match &c.listeners.unix {
@@ -647,6 +722,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         tasks.spawn(accept_unix(
             l,
             shared.clone(),
+            shared.stack.clone(),
             shutdown_rx.clone(),
             graceful.clone(),
             max_conns,
@@ -669,6 +745,21 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         }
         tracing::info!("ops listening on {a}");
         tasks.spawn(crate::ops::serve(l, shared.clone(), shutdown_rx.clone()));
+    }
+    if let Some((l, ob)) = outbound {
+        tracing::info!(
+            "outbound socket {}",
+            c.outbound.as_ref().expect("set").socket.display()
+        );
+        tasks.spawn(accept_unix(
+            l,
+            shared.clone(),
+            shared.outbound_stack.clone(),
+            shutdown_rx.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+        tasks.spawn(outbound_discovery(ob, shared.clone(), shutdown_rx.clone()));
     }
     let pairing_address = pairing.as_ref().and_then(|(l, _)| l.local_addr().ok());
     if let Some((l, endpoint)) = pairing {
@@ -747,6 +838,33 @@ async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
     }
 }
 
+/// Rediscover the outbound peers' tools: every second until some are found, then at the
+/// configured interval (and at once after a pairing or reload).
+async fn outbound_discovery(
+    outbound: Arc<Outbound>,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let cfg = shared.config.load_full();
+        let n = tokio::select! {
+            n = outbound.refresh(&cfg) => n,
+            _ = shutdown.changed() => return,
+        };
+        let interval = cfg
+            .config
+            .outbound
+            .as_ref()
+            .map_or(60, |o| o.discovery_interval_s.max(1));
+        let wait = if n == 0 { 1 } else { interval };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(wait)) => {}
+            _ = shared.outbound_rediscover.notified() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
@@ -795,6 +913,7 @@ async fn serve_connection<IO>(
     identity: ConnectionIdentity,
     h2_only: bool,
     shared: Arc<Shared>,
+    stacks: Arc<ArcSwap<HttpStack>>,
     watcher: hyper_util::server::graceful::Watcher,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -803,7 +922,7 @@ async fn serve_connection<IO>(
     let builder = http_builder(&cfg, h2_only);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(identity.clone());
-        let stack = shared.stack.load_full();
+        let stack = stacks.load_full();
         async move { stack.as_ref().clone().oneshot(req).await }
     });
     let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
@@ -815,6 +934,7 @@ async fn serve_connection<IO>(
 async fn accept_unix(
     l: UnixListener,
     shared: Arc<Shared>,
+    stacks: Arc<ArcSwap<HttpStack>>,
     mut shutdown: watch::Receiver<bool>,
     graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
     max_conns: usize,
@@ -835,9 +955,17 @@ async fn accept_unix(
         let Some(watcher) = graceful.lock().await.as_ref().map(|g| g.watcher()) else {
             return;
         };
-        let shared = shared.clone();
+        let (shared, stacks) = (shared.clone(), stacks.clone());
         tokio::spawn(async move {
-            serve_connection(stream, ConnectionIdentity::Local, false, shared, watcher).await;
+            serve_connection(
+                stream,
+                ConnectionIdentity::Local,
+                false,
+                shared,
+                stacks,
+                watcher,
+            )
+            .await;
             drop(permit);
         });
     }
@@ -878,7 +1006,8 @@ async fn accept_tcp(
                             remote_ip: Some(peer.ip()),
                         },
                         false,
-                        shared,
+                        shared.clone(),
+                        shared.stack.clone(),
                         watcher,
                     )
                     .await
@@ -911,7 +1040,8 @@ async fn accept_tcp(
                         },
                     };
                     let h2 = conn.alpn_protocol() == Some(b"h2");
-                    serve_connection(tls, identity, h2, shared, watcher).await
+                    let stacks = shared.stack.clone();
+                    serve_connection(tls, identity, h2, shared, stacks, watcher).await
                 }
             }
             drop(permit);

@@ -330,20 +330,23 @@ impl Service<ToolCall> for ToolsV1Back {
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         let app = self.app.clone();
-        Box::pin(async move {
-            let body = serde_json::to_vec(&encode_request(&call)).expect("serializes");
-            let mut headers = http::HeaderMap::new();
-            carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
-            headers.insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            let resp = app
-                .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
-                .await?;
-            decode_response(resp.status, &resp.body, &call)
-        })
+        Box::pin(async move { call_app(&app, &call).await })
     }
+}
+
+/// Call a tools-v1 app (or peer) with `call` and decode its answer.
+pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+    let body = serde_json::to_vec(&encode_request(call)).expect("serializes");
+    let mut headers = http::HeaderMap::new();
+    carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let resp = app
+        .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
+        .await?;
+    decode_response(resp.status, &resp.body, call)
 }
 
 /// Check a response body against the seed's response schema (used by tests and the demo).

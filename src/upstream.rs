@@ -24,7 +24,27 @@ use crate::config::{AppAddress, PoolConfig};
 /// from configuration.
 #[derive(Debug, Clone)]
 pub struct AppConnector {
-    address: Arc<AppAddress>,
+    target: Arc<Target>,
+}
+
+/// Where a connector connects.
+enum Target {
+    /// The app, by configuration.
+    App(AppAddress),
+    /// A paired peer over mTLS (the outbound role).
+    Tls {
+        address: std::net::SocketAddr,
+        config: Arc<rustls::ClientConfig>,
+    },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::App(a) => write!(f, "{a:?}"),
+            Target::Tls { address, .. } => write!(f, "mtls://{address}"),
+        }
+    }
 }
 
 /// A connection to the app.
@@ -32,6 +52,7 @@ pub struct AppConnector {
 pub enum AppStream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 impl Connection for AppStream {
@@ -49,6 +70,7 @@ impl AsyncRead for AppStream {
         match self.get_mut() {
             AppStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             AppStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            AppStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -62,6 +84,7 @@ impl AsyncWrite for AppStream {
         match self.get_mut() {
             AppStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             AppStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            AppStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -69,6 +92,7 @@ impl AsyncWrite for AppStream {
         match self.get_mut() {
             AppStream::Tcp(s) => Pin::new(s).poll_flush(cx),
             AppStream::Unix(s) => Pin::new(s).poll_flush(cx),
+            AppStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -76,6 +100,7 @@ impl AsyncWrite for AppStream {
         match self.get_mut() {
             AppStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             AppStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            AppStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -90,15 +115,25 @@ impl tower::Service<http::Uri> for AppConnector {
     }
 
     fn call(&mut self, _uri: http::Uri) -> Self::Future {
-        let address = self.address.clone();
+        let target = self.target.clone();
         Box::pin(async move {
-            Ok(TokioIo::new(match &*address {
-                AppAddress::Tcp(a) => {
+            Ok(TokioIo::new(match &*target {
+                Target::App(AppAddress::Tcp(a)) => {
                     let s = TcpStream::connect(a).await?;
                     s.set_nodelay(true)?;
                     AppStream::Tcp(s)
                 }
-                AppAddress::Unix(p) => AppStream::Unix(UnixStream::connect(p).await?),
+                Target::App(AppAddress::Unix(p)) => AppStream::Unix(UnixStream::connect(p).await?),
+                Target::Tls { address, config } => {
+                    let s = TcpStream::connect(address).await?;
+                    s.set_nodelay(true)?;
+                    // The peer is pinned by fingerprint, not by name (see the verifier).
+                    let name = rustls_pki_types::ServerName::from(address.ip());
+                    let tls = tokio_rustls::TlsConnector::from(config.clone())
+                        .connect(name, s)
+                        .await?;
+                    AppStream::Tls(Box::new(tls))
+                }
             }))
         })
     }
@@ -133,17 +168,38 @@ impl AppClient {
             AppAddress::Tcp(a) => a.to_string().into(),
             AppAddress::Unix(_) => "localhost".into(),
         };
+        Self::build(Target::App(address), authority, pool, max_response_bytes)
+    }
+
+    /// A client to a paired peer over mTLS with `config` (client certificate and pinned
+    /// server verifier).
+    pub fn mtls(
+        address: std::net::SocketAddr,
+        config: Arc<rustls::ClientConfig>,
+        pool: &PoolConfig,
+        max_response_bytes: u64,
+    ) -> Self {
+        let authority = address.to_string().into();
+        Self::build(
+            Target::Tls { address, config },
+            authority,
+            pool,
+            max_response_bytes,
+        )
+    }
+
+    fn build(target: Target, authority: Arc<str>, pool: &PoolConfig, max: u64) -> Self {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(pool.idle_timeout_s))
             .pool_max_idle_per_host(pool.max_idle)
             .build(AppConnector {
-                address: Arc::new(address),
+                target: Arc::new(target),
             });
         AppClient {
             client,
             authority,
-            max_response_bytes: max_response_bytes as usize,
+            max_response_bytes: max as usize,
         }
     }
 

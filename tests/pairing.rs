@@ -283,3 +283,191 @@ async fn the_admin_socket_validates_pairing_requests_like_the_crabstack_gateway(
     }
     gw.shutdown().await;
 }
+
+/// The gateway's configuration: gateway role, outbound socket to `memory-east` at `tools`.
+fn gateway_yaml(
+    dir: &std::path::Path,
+    app: std::net::SocketAddr,
+    tools: std::net::SocketAddr,
+) -> String {
+    format!(
+        r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}", pool: {{ max_idle: 0 }} }}
+peers: {{ file: {d}/peers.json }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{ memory-east: {{ url: "https://{tools}" }} }}
+"#,
+        d = dir.display()
+    )
+}
+
+#[tokio::test]
+async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_closed_once_unpaired()
+{
+    let env = Env::new().await;
+    write_peers(&env.path().join("peers.json"), &[]);
+    let gw_dir = env.path().join("gw");
+    std::fs::create_dir_all(gw_dir.join("state")).unwrap();
+    // The gateway's identity exists before either side starts (the tool host needs its key).
+    let gw_key = carapace::pairing::identity::GatewayIdentity::load_or_create(
+        &gw_dir.join("state"),
+        "gw_home",
+    )
+    .unwrap()
+    .public_key_ed25519();
+    let pairing = format!(
+        "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}"
+    );
+    let host = env.start(&env.tools_yaml(&pairing)).await;
+    std::fs::write(
+        gw_dir.join("carapace.yaml"),
+        gateway_yaml(&gw_dir, env.app_addr, host.tcp_address.unwrap()),
+    )
+    .unwrap();
+    let gw =
+        carapace::server::start(carapace::config::load(&gw_dir.join("carapace.yaml")).unwrap())
+            .await
+            .unwrap();
+    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
+
+    // Nothing paired yet: the gateway routes nowhere.
+    let reply = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            code(&reply).as_str(),
+            "TOOL_NOT_FOUND" | "DEPENDENCY_UNAVAILABLE"
+        ),
+        "{:?}",
+        reply.json()
+    );
+    assert!(env.app.received().is_empty());
+
+    let (status, result) = carapace::admin::request(
+        &gw.admin_socket,
+        Method::POST,
+        "/v1/pairings",
+        Some(
+            json!({"component_type": "tool", "component_id": "memory-east",
+                    "endpoint": format!("ws://{}/v1/pair", host.pairing_address.unwrap())}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{result}");
+
+    // Once the gateway has discovered the tool host's tools, the agent's call goes through.
+    let mut listed = false;
+    for _ in 0..100 {
+        let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+        if list.json()["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+        {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        listed,
+        "the gateway did not discover the paired tool host's tools"
+    );
+    let reply = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.append", json!({"text": "via gateway"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    let seen = env.app.received();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
+    assert_eq!(seen[0].body["args"]["text"], "via gateway");
+
+    // Bad arguments are refused by the gateway before anything is sent.
+    let reply = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.append", json!({"text": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "SCHEMA_VALIDATION_FAILED");
+    assert_eq!(env.app.received().len(), 1);
+
+    // The tool host presents another certificate than the one paired: the gateway refuses it.
+    let host_state = env.path().join("state/pairing");
+    let original = std::fs::read(host_state.join("mtls.crt")).unwrap();
+    let original_key = std::fs::read(host_state.join("mtls.key")).unwrap();
+    let other = env.pki.ca.server(&["127.0.0.1"]);
+    std::fs::write(host_state.join("mtls.crt"), &other.cert_pem).unwrap();
+    std::fs::write(host_state.join("mtls.key"), &other.key_pem).unwrap();
+    host.reload().await.unwrap();
+    // (This gateway keeps no idle connections, so every call makes a new TLS handshake.)
+    let reply = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "DEPENDENCY_UNAVAILABLE", "{:?}", reply.json());
+    assert_eq!(
+        env.app.received().len(),
+        1,
+        "a swapped certificate was trusted"
+    );
+    std::fs::write(host_state.join("mtls.crt"), &original).unwrap();
+    std::fs::write(host_state.join("mtls.key"), &original_key).unwrap();
+    host.reload().await.unwrap();
+
+    // Unpaired on the gateway: refused before any I/O, even over a pooled connection.
+    let ok = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.json()["status"], "ok", "{:?}", ok.json());
+    let reached = env.app.received().len();
+    let out = carapace::admin::request(
+        &gw.admin_socket,
+        Method::POST,
+        "/v1/peers/revoke",
+        Some(json!({"component_id": "memory-east"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.0, StatusCode::OK);
+    let reply = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "FORBIDDEN", "{:?}", reply.json());
+    assert_eq!(env.app.received().len(), reached);
+    gw.shutdown().await;
+    host.shutdown().await;
+}

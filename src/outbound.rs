@@ -1,0 +1,293 @@
+//! The outbound (gateway) role: the local agent sends plain tools-v1 calls to a Unix socket;
+//! carapace routes each by its registry (tool name → paired peer, discovered from the peers
+//! configured in `outbound.peers`; never a URL from the caller), validates input before
+//! sending and output after receiving, and calls the peer over mTLS with the gateway's
+//! client certificate and the peer's certificate pinned to its paired record.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::Method;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::DigitallySignedStruct;
+use tower::Service;
+
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::{BoxFuture, Rejection};
+
+use crate::catalog::{tools_v1_catalog, Catalog, CatalogHandle};
+use crate::config::Loaded;
+use crate::pairing::identity::GatewayIdentity;
+use crate::pairing::wire::fingerprints_match;
+use crate::peers::PeerStore;
+use crate::upstream::AppClient;
+
+/// Accepts a peer's certificate only if it has the fingerprint its paired record named when
+/// the client was made (clients are remade when the record changes, see [`Outbound`]).
+#[derive(Debug)]
+pub struct PinnedPeer {
+    component_id: String,
+    fingerprint: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedPeer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let seen = crate::tls::fingerprint(end_entity);
+        if !fingerprints_match(&seen, &self.fingerprint) {
+            return Err(rustls::Error::General(format!(
+                "{} presented {seen}, not its paired certificate",
+                self.component_id
+            )));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Building the outbound role failed.
+#[derive(Debug, thiserror::Error)]
+#[error("outbound: {0}")]
+pub struct OutboundError(String);
+
+/// The peers, their clients and the routes.
+pub struct Outbound {
+    peers: Arc<PeerStore>,
+    addresses: BTreeMap<String, std::net::SocketAddr>,
+    /// The gateway's client certificate and key.
+    cert: CertificateDer<'static>,
+    key_pem: zeroize::Zeroizing<String>,
+    pool: crate::config::PoolConfig,
+    max_response_bytes: u64,
+    /// Per peer: the fingerprint a client was made for, and the client.
+    clients: std::sync::Mutex<HashMap<String, (String, AppClient)>>,
+    /// Tool name → peer component id.
+    routes: ArcSwap<HashMap<String, String>>,
+    pub catalog: Arc<CatalogHandle>,
+}
+
+impl Outbound {
+    /// Clients present a client certificate the gateway's CA issues now.
+    pub fn new(
+        cfg: &Loaded,
+        gateway: &GatewayIdentity,
+        peers: Arc<PeerStore>,
+    ) -> Result<Self, OutboundError> {
+        use rustls_pki_types::pem::PemObject;
+        let (cert_pem, key_pem) = gateway
+            .issue_client_certificate()
+            .map_err(|e| OutboundError(e.to_string()))?;
+        let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+            .map_err(|e| OutboundError(e.to_string()))?;
+        Ok(Outbound {
+            peers,
+            addresses: cfg.outbound_peers.clone(),
+            cert,
+            key_pem: zeroize::Zeroizing::new(key_pem),
+            pool: cfg.config.app.pool.clone(),
+            max_response_bytes: cfg.config.limits.max_response_bytes,
+            clients: std::sync::Mutex::new(HashMap::new()),
+            routes: ArcSwap::from_pointee(HashMap::new()),
+            catalog: Arc::new(CatalogHandle::default()),
+        })
+    }
+
+    /// The client for `peer`, pinned to the certificate of its active paired record: checked
+    /// before every call, so a revoked peer is refused before any I/O, and a re-paired one
+    /// gets a new client (its old pooled connections are dropped).
+    fn client_for(&self, peer: &str) -> Result<AppClient, Rejection> {
+        use rustls_pki_types::pem::PemObject;
+        let record = self
+            .peers
+            .active(peer)
+            .filter(|r| !r.mtls_cert_fingerprint.is_empty())
+            .ok_or_else(|| Rejection::Forbidden(format!("{peer} is not a paired peer")))?;
+        let address = *self
+            .addresses
+            .get(peer)
+            .ok_or_else(|| Rejection::Internal(format!("no address for {peer}")))?;
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((fp, client)) = clients.get(peer) {
+            if fingerprints_match(fp, &record.mtls_cert_fingerprint) {
+                return Ok(client.clone());
+            }
+        }
+        let internal = |e: String| Rejection::Internal(format!("client for {peer}: {e}"));
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|e| internal(e.to_string()))?;
+        let provider = crate::tls::provider();
+        let verifier = Arc::new(PinnedPeer {
+            component_id: peer.to_string(),
+            fingerprint: record.mtls_cert_fingerprint.clone(),
+            provider: provider.clone(),
+        });
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| internal(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_client_auth_cert(vec![self.cert.clone()], key)
+            .map_err(|e| internal(e.to_string()))?;
+        let client = AppClient::mtls(
+            address,
+            Arc::new(config),
+            &self.pool,
+            self.max_response_bytes,
+        );
+        clients.insert(
+            peer.to_string(),
+            (record.mtls_cert_fingerprint, client.clone()),
+        );
+        Ok(client)
+    }
+
+    /// Ask every paired peer for its tools and swap in the merged registry. A peer that is
+    /// not paired or cannot be reached keeps no routes; a tool served by two peers goes to
+    /// the first (by id).
+    pub async fn refresh(&self, cfg: &Loaded) -> usize {
+        let mut merged = Catalog::default();
+        let mut routes = HashMap::new();
+        for id in self.addresses.keys() {
+            let client = match self.client_for(id) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("outbound_discovery_skipped peer={id} reason={e}");
+                    continue;
+                }
+            };
+            let answer = client
+                .send(
+                    Method::GET,
+                    "/v1/tools",
+                    http::HeaderMap::new(),
+                    Bytes::new(),
+                )
+                .await;
+            let doc = match answer {
+                Ok(r) if r.status.is_success() => serde_json::from_slice(&r.body).ok(),
+                Ok(r) => {
+                    tracing::warn!("outbound_discovery_failed peer={id} status={}", r.status);
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!("outbound_discovery_failed peer={id} reason={e}");
+                    None
+                }
+            };
+            let Some(doc) = doc else { continue };
+            match tools_v1_catalog(&doc, cfg) {
+                Ok(c) => {
+                    for (name, spec) in c.tools {
+                        if merged.tools.contains_key(&name) {
+                            tracing::warn!("outbound_tool_duplicate tool={name} peer={id}");
+                            continue;
+                        }
+                        routes.insert(name.clone(), id.clone());
+                        merged.tools.insert(name, spec);
+                    }
+                }
+                Err(e) => tracing::warn!("outbound_discovery_failed peer={id} reason={e}"),
+            }
+        }
+        let n = merged.tools.len();
+        merged.service = "carapace-outbound".into();
+        self.routes.store(Arc::new(routes));
+        self.catalog.replace(merged);
+        n
+    }
+}
+
+/// The back of the outbound stack: call the peer that serves the tool; retry once, only
+/// with an idempotency key, and only after a transport failure or a `retryable_error`.
+#[derive(Clone)]
+pub struct OutboundBack {
+    outbound: Arc<Outbound>,
+}
+
+impl OutboundBack {
+    pub fn new(outbound: Arc<Outbound>) -> Self {
+        OutboundBack { outbound }
+    }
+}
+
+impl Service<ToolCall> for OutboundBack {
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let outbound = self.outbound.clone();
+        Box::pin(async move {
+            let peer = outbound
+                .routes
+                .load()
+                .get(&call.tool.name)
+                .cloned()
+                .ok_or_else(|| Rejection::ToolNotFound(call.tool.name.clone()))?;
+            let client = outbound.client_for(&peer)?;
+            let first = crate::tools_v1::call_app(&client, &call).await;
+            let retry = call.idempotency_key.is_some()
+                && matches!(
+                    &first,
+                    Err(Rejection::AppUnavailable(_))
+                        | Ok(CallOutcome::AppError {
+                            retryable: true,
+                            ..
+                        })
+                );
+            if retry {
+                tracing::info!(call_id = %call.call_id, peer = %peer, "retrying once");
+                return crate::tools_v1::call_app(&client, &call).await;
+            }
+            first
+        })
+    }
+}
