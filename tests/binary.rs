@@ -1010,3 +1010,167 @@ async fn peers_list_and_revoke_from_the_command_line() {
     assert_eq!(list["peers"][0]["status"], "revoked", "{out:?}");
     srv.stop().await;
 }
+
+/// A free loopback port (bound and released; the child binds it right after).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_pair_with_carapace_pair_tool_and_the_gateway_reaches_the_app() {
+    let env = Env::new().await;
+    common::write_peers(&env.path().join("peers.json"), &[]);
+    let (tools_port, pair_port) = (free_port(), free_port());
+    let gw = env.path().join("gw");
+    std::fs::create_dir_all(&gw).unwrap();
+    let gw_admin = gw.join("state/admin.sock");
+    let gw_admin_s = path_str(&gw_admin).to_string();
+    std::fs::write(
+        gw.join("carapace.yaml"),
+        format!(
+            r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+peers: {{ file: {d}/peers.json }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{ memory-east: {{ url: "https://127.0.0.1:{tools_port}" }} }}
+"#,
+            d = gw.display(),
+            app = env.app_addr
+        ),
+    )
+    .unwrap();
+    let mut gateway = Serve::spawn(&gw.join("carapace.yaml"), &gw.join("carapace.log"), &[]);
+    gateway.wait_log("outbound socket").await;
+
+    // The operator reads the gateway's key for the tool host's configuration.
+    let out = run(&["identity", "--admin-socket", &gw_admin_s], &[]).await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let key = serde_json::from_str::<Value>(&out.stdout).unwrap()["public_key_ed25519"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let d = env.path().display();
+    std::fs::write(
+        env.path().join("host.yaml"),
+        format!(
+            r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners:
+  tcp:
+    address: "127.0.0.1:{tools_port}"
+    tls: {{ cert_file: {d}/server.crt, key_file: {d}/server.key, client_ca_file: {d}/ca.pem }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+peers: {{ file: {d}/peers.json }}
+ops: {{ address: "" }}
+pairing: {{ listen: "127.0.0.1:{pair_port}", component_id: memory-east, gateway_public_key_ed25519: "{key}" }}
+"#,
+            app = env.app_addr
+        ),
+    )
+    .unwrap();
+    let mut host = Serve::spawn(
+        &env.path().join("host.yaml"),
+        &env.path().join("host.log"),
+        &[],
+    );
+    host.wait_log("pairing endpoint on").await;
+
+    let endpoint = format!("ws://127.0.0.1:{pair_port}/v1/pair");
+    let out = run(
+        &[
+            "pair",
+            "tool",
+            "--admin-socket",
+            &gw_admin_s,
+            &endpoint,
+            "memory-east",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], "pairing complete", "{out:?}");
+    assert!(lines.contains(&"component_type=tool_host"), "{out:?}");
+    assert!(lines.contains(&"component_id=memory-east"), "{out:?}");
+    assert!(
+        lines.contains(&format!("endpoint={endpoint}").as_str()),
+        "{out:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("mtls_cert_fingerprint=sha256:")),
+        "{out:?}"
+    );
+
+    // The agent calls through the gateway; the call reaches the app over mTLS.
+    let agent = unix(&gw.join("outbound.sock"));
+    let mut reply = None;
+    for _ in 0..100 {
+        let r = agent
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &common::call("memory.append", json!({"text": "over the pairing"})),
+            )
+            .await
+            .unwrap();
+        if r.json()["status"] == "ok" {
+            reply = Some(r);
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(reply.is_some(), "no call got through:\n{}", gateway.log());
+    let seen = env.app.received();
+    assert_eq!(
+        seen.last().unwrap().headers["x-carapace-peer-id"],
+        "gw_home"
+    );
+
+    // Unpaired on the gateway: the same call fails closed.
+    let out = run(
+        &[
+            "peers",
+            "revoke",
+            "memory-east",
+            "--admin-socket",
+            &gw_admin_s,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let reached = env.app.received().len();
+    let r = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&r), "FORBIDDEN", "{:?}", r.json());
+    assert_eq!(env.app.received().len(), reached);
+
+    // `carapace pair test` checks the gateway end to end with a throwaway tool host.
+    let out = run(&["pair", "test", "--admin-socket", &gw_admin_s], &[]).await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    assert!(out.stdout.starts_with("pairing test complete\n"), "{out:?}");
+
+    host.stop().await;
+    gateway.stop().await;
+}
