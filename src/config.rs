@@ -101,6 +101,18 @@ pub struct PairingConfig {
     pub component_id: String,
     /// The gateway's Ed25519 public key (base64): only its `pair.init` is answered.
     pub gateway_public_key_ed25519: String,
+    /// Serve `wss://` with this certificate (required off loopback); `pair.identity` then
+    /// carries its fingerprint, which the gateway checks against the certificate it saw.
+    #[serde(default)]
+    pub tls: Option<PairingTlsConfig>,
+}
+
+/// The pairing endpoint's own certificate.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PairingTlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 fn default_pairing_path() -> String {
@@ -911,6 +923,9 @@ impl PartsOwned {
         if let Some(a) = &mut self.app {
             resolve_app(a, base);
         }
+        if let Some(p) = &mut self.pairing {
+            resolve_pairing(p, base);
+        }
     }
 }
 
@@ -936,6 +951,13 @@ fn resolve_listeners(l: &mut ListenersConfig, base: &Path) {
         if let Some(ca) = &mut tls.client_ca_file {
             fix_path(ca, base);
         }
+    }
+}
+
+fn resolve_pairing(p: &mut PairingConfig, base: &Path) {
+    if let Some(tls) = &mut p.tls {
+        fix_path(&mut tls.cert_file, base);
+        fix_path(&mut tls.key_file, base);
     }
 }
 
@@ -965,6 +987,12 @@ fn resolve_paths(c: &mut Config, base: &Path) {
     resolve_listeners(&mut c.listeners, base);
     resolve_front(&mut c.front, base);
     resolve_app(&mut c.app, base);
+    if let Some(p) = &mut c.pairing {
+        resolve_pairing(p, base);
+    }
+    if let Some(o) = &mut c.outbound {
+        fix_path(&mut o.socket, base);
+    }
     if let Some(f) = &mut c.peers.file {
         fix_path(f, base);
     }
@@ -1011,9 +1039,9 @@ fn check_pairing(
             "/pairing/listen",
             "the pairing endpoint must not share the tool listener's port",
         )),
-        Ok(a) if !a.ip().is_loopback() => errors.push(err(
+        Ok(a) if !a.ip().is_loopback() && p.tls.is_none() => errors.push(err(
             "/pairing/listen",
-            "pairing over plain ws:// is allowed on loopback addresses only",
+            "pairing over plain ws:// is allowed on loopback addresses only; set pairing.tls",
         )),
         Ok(a) => d.pairing_address = Some(a),
         Err(_) => errors.push(err(
@@ -1023,6 +1051,16 @@ fn check_pairing(
     }
     if !p.path.starts_with('/') {
         errors.push(err("/pairing/path", "must start with /"));
+    }
+    if let Some(tls) = &p.tls {
+        for (at, f) in [
+            ("/pairing/tls/cert_file", &tls.cert_file),
+            ("/pairing/tls/key_file", &tls.key_file),
+        ] {
+            if let Err(e) = std::fs::metadata(f) {
+                errors.push(err(at, format!("{}: {e}", f.display())));
+            }
+        }
     }
     if p.component_id.is_empty() || http::HeaderValue::from_str(&p.component_id).is_err() {
         errors.push(err(

@@ -680,7 +680,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
                 },
                 (shared.clock)(),
             )?);
-            let endpoint = crate::pairing::transport::PairingEndpoint::new(
+            let mut endpoint = crate::pairing::transport::PairingEndpoint::new(
                 RemoteConfig {
                     component_type: "tool_host".into(),
                     component_id: p.component_id.clone(),
@@ -694,6 +694,17 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
                     shared: shared.clone(),
                 }),
             );
+            if let Some(tls) = &p.tls {
+                let certs = crate::tls::load_certs(&tls.cert_file)?;
+                let key = crate::tls::load_key(&tls.key_file)?;
+                endpoint = endpoint
+                    .with_tls(certs, key)
+                    .map_err(|e| StartError::Bind {
+                        what: "pairing listener (TLS)",
+                        address: a.to_string(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+            }
             Some((l, Arc::new(endpoint)))
         }
         _ => None,

@@ -116,6 +116,8 @@ pub struct PairingEndpoint {
     pub sink: Arc<dyn PairingSink>,
     /// Longest wait for each of the gateway's messages.
     pub step_timeout: Duration,
+    /// `wss://`: the endpoint's TLS (its certificate's fingerprint goes in `pair.identity`).
+    tls: Option<tokio_rustls::TlsAcceptor>,
     /// One pairing at a time.
     busy: Mutex<()>,
 }
@@ -135,8 +137,28 @@ impl PairingEndpoint {
             path,
             sink,
             step_timeout: STEP_TIMEOUT,
+            tls: None,
             busy: Mutex::new(()),
         }
+    }
+
+    /// Serve `wss://` with this certificate chain and key; `pair.identity` then carries the
+    /// fingerprint of the leaf, which the gateway checks against what it saw.
+    pub fn with_tls(
+        mut self,
+        certs: Vec<rustls_pki_types::CertificateDer<'static>>,
+        key: rustls_pki_types::PrivateKeyDer<'static>,
+    ) -> Result<Self, PairingError> {
+        let leaf = certs.first().ok_or_else(|| {
+            PairingError::Install("no certificate for the pairing endpoint".into())
+        })?;
+        self.config.endpoint_tls_fingerprint = crate::tls::fingerprint(leaf);
+        let config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+            .map_err(|e| PairingError::Install(e.to_string()))?;
+        self.tls = Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)));
+        Ok(self)
     }
 
     /// Serve pairing connections until `shutdown` changes.
@@ -159,11 +181,27 @@ impl PairingEndpoint {
         }
     }
 
-    // The upgrade callback's error type is tungstenite's.
-    #[allow(clippy::result_large_err)]
     async fn handle(&self, stream: TcpStream) -> Result<(), PairingError> {
         // Small messages, two of them back to back: no Nagle delay.
         let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => self.handle_stream(stream).await,
+            Some(tls) => {
+                let stream = tokio::time::timeout(self.step_timeout, tls.accept(stream))
+                    .await
+                    .map_err(|_| PairingError::Timeout)?
+                    .map_err(|e| PairingError::WebSocket(format!("TLS: {e}")))?;
+                self.handle_stream(stream).await
+            }
+        }
+    }
+
+    // The upgrade callback's error type is tungstenite's.
+    #[allow(clippy::result_large_err)]
+    async fn handle_stream<S>(&self, stream: S) -> Result<(), PairingError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         let path = self.path.clone();
         let check_path = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
             if req.uri().path() == path {
@@ -301,20 +339,114 @@ async fn pair_inner(
     request: PairRequest,
 ) -> Result<PairedPeer, PairingError> {
     let ep = parse_endpoint(&request.endpoint)?;
-    if ep.secure {
-        return Err(PairingError::InsecureEndpoint(
-            "wss:// pairing is not available in this version; pair over loopback ws://".into(),
-        ));
-    }
     let tcp = TcpStream::connect((ep.host.as_str(), ep.port))
         .await
         .map_err(|e| PairingError::Dial(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
-    let url = format!("ws://{}:{}{}", ep.host, ep.port, ep.path);
-    let (mut ws, _) = tokio_tungstenite::client_async_with_config(url, tcp, Some(ws_config()))
+    let scheme = if ep.secure { "wss" } else { "ws" };
+    let url = format!("{scheme}://{}:{}{}", ep.host, ep.port, ep.path);
+    if !ep.secure {
+        return run_gateway(tcp, &url, identity, request, None).await;
+    }
+    // wss://: the endpoint's certificate is not chained to anything the gateway knows; what
+    // authenticates it is that the signed `pair.identity` names its fingerprint.
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| PairingError::Dial(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(RecordingVerifier {
+            seen: seen.clone(),
+            provider: crate::tls::provider(),
+        }))
+        .with_no_client_auth();
+    let name = rustls_pki_types::ServerName::try_from(ep.host.clone())
+        .map_err(|e| PairingError::InvalidRequest(format!("endpoint host: {e}")))?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| PairingError::Dial(format!("TLS: {e}")))?;
+    let fingerprint = seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .ok_or_else(|| PairingError::Dial("no certificate from the endpoint".into()))?;
+    run_gateway(tls, &url, identity, request, Some(fingerprint)).await
+}
+
+/// Records the fingerprint of the certificate the pairing endpoint presented; the handshake
+/// then requires `pair.identity` to name it. Handshake signatures are still verified.
+#[derive(Debug)]
+struct RecordingVerifier {
+    seen: Arc<std::sync::Mutex<Option<String>>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for RecordingVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls_pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(crate::tls::fingerprint(end_entity));
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The gateway's side of the conversation over an established stream.
+async fn run_gateway<S>(
+    stream: S,
+    url: &str,
+    identity: Arc<GatewayIdentity>,
+    request: PairRequest,
+    endpoint_fingerprint: Option<String>,
+) -> Result<PairedPeer, PairingError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut ws, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
         .await
         .map_err(|e| PairingError::Dial(e.to_string()))?;
-    let (mut hs, init) = GatewayHandshake::start(identity, request, None, SystemTime::now())?;
+    let (mut hs, init) =
+        GatewayHandshake::start(identity, request, endpoint_fingerprint, SystemTime::now())?;
     send_all(&mut ws, vec![init]).await?;
     loop {
         let text = next_text(&mut ws, STEP_TIMEOUT).await?;
@@ -393,6 +525,12 @@ mod tests {
     }
 
     async fn setup() -> Setup {
+        setup_with(None).await
+    }
+
+    /// `tls`: serve wss:// with this certificate; `Some((_, wrong))` makes the endpoint claim
+    /// another fingerprint in `pair.identity`.
+    async fn setup_with(tls: Option<(crate::pki::Issued, bool)>) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let gateway =
             Arc::new(GatewayIdentity::load_or_create(&dir.path().join("gw"), "gw_t").unwrap());
@@ -420,8 +558,18 @@ mod tests {
             sink.clone(),
         );
         endpoint.step_timeout = Duration::from_millis(300);
+        let scheme = if tls.is_some() { "wss" } else { "ws" };
+        if let Some((cert, wrong)) = tls {
+            use rustls_pki_types::pem::PemObject;
+            let key =
+                rustls_pki_types::PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).unwrap();
+            endpoint = endpoint.with_tls(vec![cert.der.clone()], key).unwrap();
+            if wrong {
+                endpoint.config.endpoint_tls_fingerprint = format!("sha256:{}", "0".repeat(64));
+            }
+        }
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}/v1/pair", listener.local_addr().unwrap());
+        let url = format!("{scheme}://{}/v1/pair", listener.local_addr().unwrap());
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(Arc::new(endpoint).serve(listener, stop_rx));
         Setup {
@@ -473,6 +621,27 @@ mod tests {
         assert_eq!(peer.component_id, "memory-east");
         assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
         assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn over_wss_the_identity_must_name_the_certificate_the_gateway_saw() {
+        let ca = crate::pki::Authority::new("pairing endpoint CA");
+        let s = setup_with(Some((ca.server(&["127.0.0.1"]), false))).await;
+        assert!(s.url.starts_with("wss://"));
+        let peer = pair(s.gateway.clone(), request(&s.url)).await.unwrap();
+        assert_eq!(peer.component_id, "memory-east");
+        assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
+
+        let s = setup_with(Some((ca.server(&["127.0.0.1"]), true))).await;
+        let err = pair(s.gateway.clone(), request(&s.url)).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PairingError::Handshake(HandshakeError::FingerprintMismatch)
+            ),
+            "{err}"
+        );
+        assert_eq!(s.sink.installed.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
