@@ -110,7 +110,10 @@ fn handshake(c: &mut Criterion) {
         url
     });
     g.bench_function("handshake over loopback WebSocket", |b| {
-        b.iter(|| rt.block_on(pair(gw.clone(), request(&url))).unwrap())
+        b.iter(|| {
+            rt.block_on(pair(gw.clone(), request(&url), Box::new(|_| Ok(()))))
+                .unwrap()
+        })
     });
     g.finish();
 }

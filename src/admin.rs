@@ -109,6 +109,14 @@ async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<
     if component_id.is_empty() {
         return text(StatusCode::BAD_REQUEST, "component_id is required");
     }
+    if component_id == gateway.gateway_id
+        || crate::peers::RESERVED_IDS.contains(&component_id.as_str())
+    {
+        return text(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid pairing request: component_id {component_id} is reserved"),
+        );
+    }
     let endpoint = r.endpoint.trim().to_string();
     if endpoint.is_empty() {
         return text(
@@ -121,37 +129,46 @@ async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<
         component_id,
         endpoint,
     };
-    match crate::pairing::transport::pair(gateway, request).await {
-        Ok(peer) => match record_peer(&shared, &peer) {
-            Ok(record) => {
-                tracing::info!(
-                    "paired component_type={} component_id={} mtls_cert_fingerprint={}",
-                    peer.component_type,
-                    peer.component_id,
-                    peer.mtls_cert_fingerprint
-                );
-                let body = json!({
-                    "pairing_id": peer.pairing_id,
-                    "endpoint": peer.endpoint,
-                    "peer": {
-                        "component_type": record.component_type,
-                        "component_id": record.component_id,
-                        "endpoint": record.endpoint,
-                        "public_key_ed25519": record.public_key_ed25519,
-                        "public_key_x25519": record.public_key_x25519,
-                        "mtls_cert_fingerprint": record.mtls_cert_fingerprint,
-                        "paired_at": record.paired_at,
-                        "last_seen_at": record.last_seen_at,
-                        "status": record.status,
-                    }
-                });
-                // As the crabstack gateway writes it: JSON and a newline.
-                let mut r = reply(StatusCode::OK, body.clone());
-                *r.body_mut() = Full::new(Bytes::from(format!("{body}\n")));
-                r
-            }
-            Err(e) => text(StatusCode::BAD_GATEWAY, &format!("recording the peer: {e}")),
-        },
+    let recorder = shared.clone();
+    let stored = std::sync::Mutex::new(None);
+    let record = Box::new(|peer: &crate::pairing::handshake::PairedPeer| {
+        let r = record_peer(&recorder, peer).map_err(|e| format!("recording the peer: {e}"))?;
+        *stored.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        Ok(())
+    });
+    match crate::pairing::transport::pair(gateway, request, record).await {
+        Ok(peer) => {
+            let record = stored
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .expect("recorded before completion");
+            tracing::info!(
+                "paired component_type={} component_id={} mtls_cert_fingerprint={}",
+                peer.component_type,
+                peer.component_id,
+                peer.mtls_cert_fingerprint
+            );
+            let body = json!({
+                "pairing_id": peer.pairing_id,
+                "endpoint": peer.endpoint,
+                "peer": {
+                    "component_type": record.component_type,
+                    "component_id": record.component_id,
+                    "endpoint": record.endpoint,
+                    "public_key_ed25519": record.public_key_ed25519,
+                    "public_key_x25519": record.public_key_x25519,
+                    "mtls_cert_fingerprint": record.mtls_cert_fingerprint,
+                    "paired_at": record.paired_at,
+                    "last_seen_at": record.last_seen_at,
+                    "status": record.status,
+                }
+            });
+            // As the crabstack gateway writes it: JSON and a newline.
+            let mut r = reply(StatusCode::OK, body.clone());
+            *r.body_mut() = Full::new(Bytes::from(format!("{body}\n")));
+            r
+        }
         Err(crate::pairing::transport::PairingError::InvalidRequest(m)) => text(
             StatusCode::BAD_REQUEST,
             &format!("invalid pairing request: {m}"),

@@ -42,8 +42,8 @@ pub struct PeerRecord {
     /// when the record pins a CA instead.
     #[serde(default)]
     pub mtls_cert_fingerprint: String,
-    /// `sha256:<hex>` of the CA whose certificates with the common name `component_id` are
-    /// this peer (how a tool host knows the gateway it paired with, whose own client
+    /// `sha256:<hex>` of the CA whose certificates naming `urn:carapace:gateway:<component_id>`
+    /// are this peer (how a tool host knows the gateway it paired with, whose own client
     /// certificate is not part of the handshake).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtls_ca_fingerprint: Option<String>,
@@ -85,7 +85,7 @@ type Entry = Arc<(PeerRecord, Arc<Principal>)>;
 #[derive(Debug, Default)]
 struct Snapshot {
     by_fingerprint: HashMap<String, Entry>,
-    /// Records that pin a CA, by (CA fingerprint, common name).
+    /// Records that pin a CA, by (CA fingerprint, gateway id).
     by_ca: HashMap<(String, String), Entry>,
     all: Vec<Entry>,
     /// SHA-256 of the file's bytes (`None`: no file), to notice every change.
@@ -330,7 +330,7 @@ impl PeerDirectory for PeerStore {
             .get(&cert.fingerprint.to_ascii_lowercase());
         let by_ca = || {
             let ca = cert.ca_fingerprint.as_ref()?.to_ascii_lowercase();
-            snap.by_ca.get(&(ca, cert.common_name.clone()?))
+            snap.by_ca.get(&(ca, cert.gateway_id.clone()?))
         };
         let (entry, pinned_ca) = match exact {
             Some(e) => (e, false),
@@ -368,7 +368,7 @@ mod tests {
     fn leaf(fp: &str) -> PeerCertificate {
         PeerCertificate {
             fingerprint: fp.to_string(),
-            common_name: None,
+            gateway_id: None,
             ca_fingerprint: None,
         }
     }
@@ -450,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_can_pin_a_ca_and_a_common_name() {
+    fn a_record_can_pin_a_ca_and_a_gateway_name() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("peers.json");
         let ca = FP.replace("cb7f", "ca00");
@@ -461,7 +461,7 @@ mod tests {
         let store = PeerStore::open(&p).unwrap();
         let cert = |cn: Option<&str>, ca: Option<&str>| PeerCertificate {
             fingerprint: FP.to_string(),
-            common_name: cn.map(str::to_owned),
+            gateway_id: cn.map(str::to_owned),
             ca_fingerprint: ca.map(str::to_owned),
         };
         let who = store.resolve(&cert(Some("gw_home"), Some(&ca))).unwrap();

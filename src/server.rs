@@ -316,8 +316,8 @@ fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTls>, StartEr
         .and_then(|t| t.tls.as_ref());
     match tls {
         Some(tls) => {
-            let paired = crate::tls::PairedFiles::in_state_dir(&cfg.config.state_dir);
-            Ok(Some(crate::tls::listener_tls(tls, &paired)?))
+            let paired = crate::tls::PairedFiles::current(&cfg.config.state_dir);
+            Ok(Some(crate::tls::listener_tls(tls, paired.as_ref())?))
         }
         None => Ok(None),
     }
@@ -444,6 +444,21 @@ fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
             "runtime",
             format!("{:?}", o.runtime),
             format!("{:?}", n.runtime),
+        ),
+        (
+            "pairing",
+            format!("{:?}", o.pairing),
+            format!("{:?}", n.pairing),
+        ),
+        (
+            "gateway",
+            format!("{:?}", o.gateway),
+            format!("{:?}", n.gateway),
+        ),
+        (
+            "outbound",
+            format!("{:?}", o.outbound),
+            format!("{:?}", n.outbound),
         ),
     ];
     pairs
@@ -1043,7 +1058,7 @@ async fn accept_tcp(
                     let identity = match conn.peer_certificates().and_then(|c| c.first()) {
                         Some(cert) => ConnectionIdentity::Certificate(PeerCertificate {
                             fingerprint: crate::tls::fingerprint(cert),
-                            common_name: crate::tls::common_name(cert),
+                            gateway_id: crate::tls::gateway_id(cert),
                             ca_fingerprint: listener_tls.client_ca_fingerprint.clone(),
                         }),
                         None => ConnectionIdentity::Anonymous {
@@ -1070,13 +1085,12 @@ struct ToolHostInstaller {
 impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn install(&self, i: &Installed) -> Result<(), String> {
         let cfg = self.shared.config.load();
-        let files = crate::tls::PairedFiles::in_state_dir(&cfg.config.state_dir);
+        let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id);
         let write = |path: &Path, bytes: &[u8]| {
             carapace_filters::state_file::write_atomically(path, bytes)
                 .map_err(|e| format!("{}: {e}", path.display()))
         };
-        // Key first, CA last: `installed()` needs all three, so a crash in between leaves
-        // the configured certificate in use.
+        // A directory of its own: nothing in use changes until `activate` points at it.
         write(&files.key, i.key_pem.as_bytes())?;
         write(&files.cert, i.certificate_pem.as_bytes())?;
         write(&files.ca, i.chain_pem.concat().as_bytes())?;
@@ -1085,12 +1099,22 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
 
     fn activate(&self, i: &Installed) -> Result<(), String> {
         let cfg = self.shared.config.load();
-        let tls = tls_acceptor(&cfg).map_err(|e| e.to_string())?;
-        let ca_fingerprint = tls
+        let state_dir = &cfg.config.state_dir;
+        let files = crate::tls::PairedFiles::of(state_dir, &i.pairing_id);
+        // Check that the new TLS builds before anything changes.
+        let tls_config = cfg
+            .config
+            .listeners
+            .tcp
             .as_ref()
-            .and_then(|t| t.client_ca_fingerprint.clone())
+            .and_then(|t| t.tls.as_ref())
+            .ok_or("no TLS listener to install the pairing on")?;
+        let tls = crate::tls::listener_tls(tls_config, Some(&files)).map_err(|e| e.to_string())?;
+        let ca_fingerprint = tls
+            .client_ca_fingerprint
+            .clone()
             .ok_or("the installed gateway CA is not a single certificate")?;
-        self.shared.tls.store(tls.map(Arc::new));
+        // 1. The gateway's record: unusable until the listener trusts the gateway CA.
         let paired_at =
             crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
                 .and_then(|t| t.to_rfc3339_nano());
@@ -1104,7 +1128,7 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             mtls_cert_fingerprint: String::new(),
             mtls_ca_fingerprint: Some(ca_fingerprint),
             status: "active".into(),
-            paired_at: paired_at.clone(),
+            paired_at,
             last_seen_at: None,
             policy: None,
         };
@@ -1116,6 +1140,13 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
                 f.peers.push(record);
             })
             .map_err(|e| e.to_string())?;
+        // 2. Make this pairing the current one (one atomic write); 3. serve it.
+        carapace_filters::state_file::write_atomically(
+            &crate::tls::PairedFiles::current_pointer(state_dir),
+            i.pairing_id.as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        self.shared.tls.store(Some(Arc::new(tls)));
         self.shared
             .metrics
             .peers

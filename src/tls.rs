@@ -63,36 +63,52 @@ pub struct ListenerTls {
     pub client_ca_fingerprint: Option<String>,
 }
 
-/// Where the pairing installs the tool host's certificate, key and the gateway's CA.
+/// Where a pairing installs the tool host's certificate, key and the gateway's CA: one
+/// directory per pairing (`pairing/<pairing_id>/`), made current by atomically writing its id
+/// to `pairing/current` once the gateway completed the pairing. A pairing cut off before
+/// that is never used.
 pub struct PairedFiles {
+    pub dir: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
     pub ca: PathBuf,
 }
 
 impl PairedFiles {
-    pub fn in_state_dir(state_dir: &Path) -> Self {
-        let dir = state_dir.join("pairing");
+    /// The files of pairing `pairing_id`.
+    pub fn of(state_dir: &Path, pairing_id: &str) -> Self {
+        let dir = state_dir.join("pairing").join(pairing_id);
         PairedFiles {
             cert: dir.join("mtls.crt"),
             key: dir.join("mtls.key"),
             ca: dir.join("gateway-ca.pem"),
+            dir,
         }
     }
 
-    /// Whether a pairing installed them (all three present).
-    pub fn installed(&self) -> bool {
-        self.cert.exists() && self.key.exists() && self.ca.exists()
+    /// The pointer to the current pairing.
+    pub fn current_pointer(state_dir: &Path) -> PathBuf {
+        state_dir.join("pairing").join("current")
+    }
+
+    /// The files of the current pairing, if a pairing completed.
+    pub fn current(state_dir: &Path) -> Option<Self> {
+        let id = std::fs::read_to_string(Self::current_pointer(state_dir)).ok()?;
+        let id = id.trim();
+        let valid = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        valid.then(|| Self::of(state_dir, id))
     }
 }
 
-/// The listener's TLS: the certificate and gateway CA a pairing installed, else the
+/// The listener's TLS: the certificate and gateway CA of the current pairing, else the
 /// configured files.
-pub fn listener_tls(tls: &TlsConfig, paired: &PairedFiles) -> Result<ListenerTls, TlsError> {
-    let (cert, key, ca) = if paired.installed() {
-        (&paired.cert, &paired.key, Some(&paired.ca))
-    } else {
-        (&tls.cert_file, &tls.key_file, tls.client_ca_file.as_ref())
+pub fn listener_tls(
+    tls: &TlsConfig,
+    paired: Option<&PairedFiles>,
+) -> Result<ListenerTls, TlsError> {
+    let (cert, key, ca) = match paired {
+        Some(p) => (&p.cert, &p.key, Some(&p.ca)),
+        None => (&tls.cert_file, &tls.key_file, tls.client_ca_file.as_ref()),
     };
     let cas = match ca {
         Some(ca) => Some(load_certs(ca)?),
@@ -140,12 +156,19 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// The common name of a certificate's subject, if it has one.
-pub fn common_name(der: &[u8]) -> Option<String> {
+/// URI-name prefix that marks a gateway's own client certificate.
+pub const GATEWAY_URI_PREFIX: &str = "urn:carapace:gateway:";
+
+/// The gateway id of a certificate's `urn:carapace:gateway:<id>` URI name, if it has one.
+pub fn gateway_id(der: &[u8]) -> Option<String> {
+    use x509_parser::extensions::GeneralName;
     use x509_parser::prelude::FromDer;
     let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_owned)
+    let san = cert.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        GeneralName::URI(uri) => uri.strip_prefix(GATEWAY_URI_PREFIX).map(str::to_owned),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

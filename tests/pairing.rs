@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use carapace::client::{tls_config, Client, Transport};
 use carapace::pki::Issued;
 use common::{call, code, write_peers, Env};
@@ -102,8 +100,8 @@ gateway: {{ id: gw_home }}
         gw_peers["peers"][0]["mtls_cert_fingerprint"],
         fingerprint.as_str()
     );
-    let installed_cert =
-        std::fs::read_to_string(env.path().join("state/pairing/mtls.crt")).unwrap();
+    let paired = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
+    let installed_cert = std::fs::read_to_string(&paired.cert).unwrap();
     let installed = issued(installed_cert, String::new());
     assert_eq!(installed.fingerprint, fingerprint);
 
@@ -132,7 +130,7 @@ gateway: {{ id: gw_home }}
 
     // The certificate the tool host itself was issued (same CA, another name) is not the
     // gateway.
-    let key_pem = std::fs::read_to_string(env.path().join("state/pairing/mtls.key")).unwrap();
+    let key_pem = std::fs::read_to_string(&paired.key).unwrap();
     let host_cert = issued(installed.cert_pem.clone(), key_pem);
     let impostor = Client::new(Transport::Tls {
         address: host.tcp_address.unwrap(),
@@ -147,6 +145,44 @@ gateway: {{ id: gw_home }}
         .await
         .unwrap();
     assert_eq!(code(&reply), "FORBIDDEN");
+    // Nor is a certificate from the gateway's CA that merely has the gateway's name as its
+    // common name: only the gateway's own certificate carries the gateway mark.
+    let lookalike = {
+        let mut params = rcgen::CertificateParams::new(vec!["gw_home".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "gw_home");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&gw_identity.ca_cert_pem, gw_identity.ca_key())
+                .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        issued(cert.pem(), key.serialize_pem())
+    };
+    let reply = Client::new(Transport::Tls {
+        address: host.tcp_address.unwrap(),
+        config: tls_config(&gw_identity.ca_cert_pem, Some(&lookalike), false),
+    })
+    .post_json(
+        "/v1/tools/call",
+        &[],
+        &call("memory.query", json!({"query": "x"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&reply), "FORBIDDEN");
+    // And the gateway refuses to pair anything under its own name.
+    let (status, _) = carapace::admin::request(
+        &gw.admin_socket,
+        Method::POST,
+        "/v1/pairings",
+        Some(json!({"component_type": "cli", "component_id": "gw_home",
+                    "endpoint": format!("ws://{pair_addr}/v1/pair")})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     // A certificate from the CA the tool host trusted before pairing no longer connects.
     assert!(env
         .gateway(&host)
@@ -206,7 +242,6 @@ gateway: {{ id: gw_home }}
     );
     again.shutdown().await;
     gw.shutdown().await;
-    drop(Arc::clone(&gw_identity));
 }
 
 #[tokio::test]
@@ -412,12 +447,12 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
     assert_eq!(env.app.received().len(), 1);
 
     // The tool host presents another certificate than the one paired: the gateway refuses it.
-    let host_state = env.path().join("state/pairing");
-    let original = std::fs::read(host_state.join("mtls.crt")).unwrap();
-    let original_key = std::fs::read(host_state.join("mtls.key")).unwrap();
+    let paired = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
+    let original = std::fs::read(&paired.cert).unwrap();
+    let original_key = std::fs::read(&paired.key).unwrap();
     let other = env.pki.ca.server(&["127.0.0.1"]);
-    std::fs::write(host_state.join("mtls.crt"), &other.cert_pem).unwrap();
-    std::fs::write(host_state.join("mtls.key"), &other.key_pem).unwrap();
+    std::fs::write(&paired.cert, &other.cert_pem).unwrap();
+    std::fs::write(&paired.key, &other.key_pem).unwrap();
     host.reload().await.unwrap();
     // (This gateway keeps no idle connections, so every call makes a new TLS handshake.)
     let reply = agent
@@ -434,8 +469,8 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
         1,
         "a swapped certificate was trusted"
     );
-    std::fs::write(host_state.join("mtls.crt"), &original).unwrap();
-    std::fs::write(host_state.join("mtls.key"), &original_key).unwrap();
+    std::fs::write(&paired.cert, &original).unwrap();
+    std::fs::write(&paired.key, &original_key).unwrap();
     host.reload().await.unwrap();
 
     // Unpaired on the gateway: refused before any I/O, even over a pooled connection.

@@ -39,8 +39,10 @@ pub enum ConnectionIdentity {
 pub struct PeerCertificate {
     /// `sha256:<hex>` of the certificate's DER.
     pub fingerprint: String,
-    /// The subject's common name, if it has one.
-    pub common_name: Option<String>,
+    /// The gateway id of a `urn:carapace:gateway:<id>` URI name in the certificate: how a
+    /// gateway's pairing CA marks the gateway's own client certificate (it never copies such
+    /// a name from a peer's CSR).
+    pub gateway_id: Option<String>,
     /// `sha256:<hex>` of the CA the listener verified it against, when the listener trusts
     /// exactly one CA.
     pub ca_fingerprint: Option<String>,
@@ -189,7 +191,7 @@ mod tests {
     fn cert(fingerprint: &str) -> ConnectionIdentity {
         ConnectionIdentity::Certificate(PeerCertificate {
             fingerprint: fingerprint.into(),
-            common_name: None,
+            gateway_id: None,
             ca_fingerprint: None,
         })
     }

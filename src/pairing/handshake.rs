@@ -460,6 +460,16 @@ impl GatewayHandshake {
         endpoint_tls_fingerprint: Option<String>,
         now: SystemTime,
     ) -> Result<(Self, String), HandshakeError> {
+        // A peer may not pass for the gateway itself, nor for carapace's own principals.
+        if request.component_id == identity.gateway_id
+            || crate::peers::RESERVED_IDS.contains(&request.component_id.as_str())
+            || http::HeaderValue::from_str(&request.component_id).is_err()
+        {
+            return Err(violation(format!(
+                "component_id `{}` is reserved or not a valid name",
+                request.component_id
+            )));
+        }
         let pairing_id = new_pairing_id();
         let mut init = PairInit::new(
             &pairing_id,
@@ -660,6 +670,11 @@ fn issue(
     serial[0] |= 0x01;
     let mut csr = csr;
     let params = &mut csr.params;
+    // Only DNS names and addresses from the CSR: never a URI name (that marks the gateway's
+    // own certificate, see `tls::GATEWAY_URI_PREFIX`), nor anything else.
+    params
+        .subject_alt_names
+        .retain(|n| matches!(n, rcgen::SanType::DnsName(_) | rcgen::SanType::IpAddress(_)));
     params.is_ca = rcgen::IsCa::ExplicitNoCa;
     params.not_before = not_before.into();
     params.not_after = not_after.into();

@@ -242,6 +242,11 @@ impl GatewayIdentity {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, self.gateway_id.clone());
+        // The mark tool hosts require: the CA never copies a URI name from a peer's CSR.
+        let uri = format!("{}{}", crate::tls::GATEWAY_URI_PREFIX, self.gateway_id);
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            rcgen::string::Ia5String::try_from(uri).map_err(invalid)?,
+        )];
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
         let now = std::time::SystemTime::now();

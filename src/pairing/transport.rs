@@ -324,29 +324,41 @@ pub fn parse_endpoint(endpoint: &str) -> Result<Endpoint, PairingError> {
     })
 }
 
-/// Run a pairing from the gateway: dial, handshake, return the peer to record.
+/// How the gateway records a paired peer; called before `pair.complete` is sent, so a peer
+/// the gateway could not record is never told it is paired.
+pub type RecordPeer<'a> = Box<dyn FnOnce(&PairedPeer) -> Result<(), String> + Send + 'a>;
+
+/// Run a pairing from the gateway: dial, handshake, record the peer, complete.
 pub async fn pair(
     identity: Arc<GatewayIdentity>,
     request: PairRequest,
+    record: RecordPeer<'_>,
 ) -> Result<PairedPeer, PairingError> {
-    tokio::time::timeout(PAIR_TIMEOUT, pair_inner(identity, request))
-        .await
-        .map_err(|_| PairingError::Timeout)?
+    let deadline = tokio::time::Instant::now() + PAIR_TIMEOUT;
+    pair_inner(identity, request, record, deadline).await
 }
 
 async fn pair_inner(
     identity: Arc<GatewayIdentity>,
     request: PairRequest,
+    record: RecordPeer<'_>,
+    deadline: tokio::time::Instant,
 ) -> Result<PairedPeer, PairingError> {
     let ep = parse_endpoint(&request.endpoint)?;
-    let tcp = TcpStream::connect((ep.host.as_str(), ep.port))
+    let tcp = tokio::time::timeout_at(deadline, TcpStream::connect((ep.host.as_str(), ep.port)))
         .await
+        .map_err(|_| PairingError::Timeout)?
         .map_err(|e| PairingError::Dial(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
     let scheme = if ep.secure { "wss" } else { "ws" };
-    let url = format!("{scheme}://{}:{}{}", ep.host, ep.port, ep.path);
+    let host = if ep.host.contains(':') {
+        format!("[{}]", ep.host)
+    } else {
+        ep.host.clone()
+    };
+    let url = format!("{scheme}://{host}:{}{}", ep.port, ep.path);
     if !ep.secure {
-        return run_gateway(tcp, &url, identity, request, None).await;
+        return run_gateway(tcp, &url, identity, request, None, record, deadline).await;
     }
     // wss://: the endpoint's certificate is not chained to anything the gateway knows; what
     // authenticates it is that the signed `pair.identity` names its fingerprint.
@@ -362,16 +374,26 @@ async fn pair_inner(
         .with_no_client_auth();
     let name = rustls_pki_types::ServerName::try_from(ep.host.clone())
         .map_err(|e| PairingError::InvalidRequest(format!("endpoint host: {e}")))?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
+    let connect = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp);
+    let tls = tokio::time::timeout_at(deadline, connect)
         .await
+        .map_err(|_| PairingError::Timeout)?
         .map_err(|e| PairingError::Dial(format!("TLS: {e}")))?;
     let fingerprint = seen
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone()
         .ok_or_else(|| PairingError::Dial("no certificate from the endpoint".into()))?;
-    run_gateway(tls, &url, identity, request, Some(fingerprint)).await
+    run_gateway(
+        tls,
+        &url,
+        identity,
+        request,
+        Some(fingerprint),
+        record,
+        deadline,
+    )
+    .await
 }
 
 /// Records the fingerprint of the certificate the pairing endpoint presented; the handshake
@@ -431,31 +453,41 @@ impl rustls::client::danger::ServerCertVerifier for RecordingVerifier {
     }
 }
 
-/// The gateway's side of the conversation over an established stream.
+/// The gateway's side of the conversation over an established stream, until `deadline`;
+/// the peer is recorded before `pair.complete` is sent.
 async fn run_gateway<S>(
     stream: S,
     url: &str,
     identity: Arc<GatewayIdentity>,
     request: PairRequest,
     endpoint_fingerprint: Option<String>,
+    record: RecordPeer<'_>,
+    deadline: tokio::time::Instant,
 ) -> Result<PairedPeer, PairingError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut ws, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
+    let upgrade = tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()));
+    let (mut ws, _) = tokio::time::timeout_at(deadline, upgrade)
         .await
+        .map_err(|_| PairingError::Timeout)?
         .map_err(|e| PairingError::Dial(e.to_string()))?;
     let (mut hs, init) =
         GatewayHandshake::start(identity, request, endpoint_fingerprint, SystemTime::now())?;
     send_all(&mut ws, vec![init]).await?;
+    let mut record = Some(record);
     loop {
-        let text = next_text(&mut ws, STEP_TIMEOUT).await?;
+        let text = tokio::time::timeout_at(deadline, next_text(&mut ws, STEP_TIMEOUT))
+            .await
+            .map_err(|_| PairingError::Timeout)??;
         match hs.on_message(&text, SystemTime::now())? {
             Progress::Continue(out) => send_all(&mut ws, out).await?,
             Progress::Done(out, peer) => {
+                let record = record.take().expect("done once");
+                record(&peer).map_err(PairingError::Install)?;
                 send_all(&mut ws, out).await?;
-                // The tool host closes once it has activated the pairing: wait for that, so
-                // the peer is usable when this returns.
+                // The tool host closes once it has activated the pairing: wait for that (the
+                // peer is recorded already, so this wait is not under the deadline).
                 let _ = tokio::time::timeout(STEP_TIMEOUT, async {
                     while let Some(Ok(m)) = ws.next().await {
                         if m.is_close() {
@@ -617,7 +649,9 @@ mod tests {
     #[tokio::test]
     async fn a_pairing_over_websocket_installs_before_confirming() {
         let s = setup().await;
-        let peer = pair(s.gateway.clone(), request(&s.url)).await.unwrap();
+        let peer = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+            .await
+            .unwrap();
         assert_eq!(peer.component_id, "memory-east");
         assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
         assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
@@ -628,12 +662,16 @@ mod tests {
         let ca = crate::pki::Authority::new("pairing endpoint CA");
         let s = setup_with(Some((ca.server(&["127.0.0.1"]), false))).await;
         assert!(s.url.starts_with("wss://"));
-        let peer = pair(s.gateway.clone(), request(&s.url)).await.unwrap();
+        let peer = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+            .await
+            .unwrap();
         assert_eq!(peer.component_id, "memory-east");
         assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
 
         let s = setup_with(Some((ca.server(&["127.0.0.1"]), true))).await;
-        let err = pair(s.gateway.clone(), request(&s.url)).await.unwrap_err();
+        let err = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -666,7 +704,9 @@ mod tests {
         assert!(tokio_tungstenite::client_async(wrong, tcp).await.is_err());
         assert_eq!(s.sink.installed.load(Ordering::SeqCst), 0);
         // The endpoint still pairs afterwards.
-        pair(s.gateway.clone(), request(&s.url)).await.unwrap();
+        pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
