@@ -346,6 +346,8 @@ pub async fn request(
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    let value = serde_json::from_slice(&body).unwrap_or(json!({}));
+    // Some answers are plain text (the pairing API's errors): keep it for the operator.
+    let value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| json!({"error": String::from_utf8_lossy(&body).trim().to_string()}));
     Ok((status, value))
 }

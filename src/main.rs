@@ -400,7 +400,8 @@ async fn request_pairing(
     if status.is_success() {
         Ok(value)
     } else {
-        Err(format!("gateway pairing failed: HTTP {status}"))
+        let why = value["error"].as_str().unwrap_or("");
+        Err(format!("gateway pairing failed: HTTP {status}: {why}"))
     }
 }
 

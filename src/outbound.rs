@@ -144,7 +144,7 @@ impl Outbound {
         let record = self
             .peers
             .active(peer)
-            .filter(|r| !r.mtls_cert_fingerprint.is_empty())
+            .filter(|r| r.component_type == "tool_host" && !r.mtls_cert_fingerprint.is_empty())
             .ok_or_else(|| Rejection::Forbidden(format!("{peer} is not a paired peer")))?;
         let address = *self
             .addresses

@@ -311,8 +311,8 @@ pub fn decode_response(
                     .unwrap_or("")
                     .to_string(),
                 details: get("details").cloned(),
-                retryable: s == "retryable_error"
-                    || get("retryable").and_then(Value::as_bool).unwrap_or(false),
+                // Only this status allows a retry; `error.retryable` is advice.
+                retryable: s == "retryable_error",
             })
         }
         None => Err(Rejection::AppInvalid("answer has no status".into())),

@@ -7,23 +7,32 @@ use std::path::Path;
 /// Write `bytes` to `path` so that a crash leaves either the old or the new content: write a
 /// temporary file beside it, fsync, rename over, fsync the directory. Mode 0600.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     let dir = dir.unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    tmp_name.push(format!(
+        ".tmp.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     let tmp = dir.join(tmp_name);
+    // A fresh file of our own: never an existing file or a link planted at that name.
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_all());
     drop(f);
-    std::fs::rename(&tmp, path)?;
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::File::open(dir)?.sync_all()
 }
 

@@ -59,6 +59,14 @@ pub enum HandshakeError {
     Store(String),
 }
 
+/// Peer-supplied text for logs and errors: bounded, one line, no control characters.
+fn sanitized(text: &str) -> String {
+    text.chars()
+        .take(200)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 fn violation(m: impl Into<String>) -> HandshakeError {
     HandshakeError::Protocol(m.into())
 }
@@ -220,8 +228,8 @@ impl RemoteHandshake {
         let msg = decode_message(text)?;
         if let PairMessage::Error(e) = &msg {
             return Err(HandshakeError::Remote {
-                code: e.code.clone(),
-                message: e.message.clone(),
+                code: sanitized(&e.code),
+                message: sanitized(&e.message),
             });
         }
         match (std::mem::replace(&mut self.state, RemoteState::Done), msg) {
@@ -507,8 +515,8 @@ impl GatewayHandshake {
         let msg = decode_message(text)?;
         if let PairMessage::Error(e) = &msg {
             return Err(HandshakeError::Remote {
-                code: e.code.clone(),
-                message: e.message.clone(),
+                code: sanitized(&e.code),
+                message: sanitized(&e.message),
             });
         }
         match (std::mem::replace(&mut self.state, GatewayState::Done), msg) {

@@ -62,10 +62,30 @@ fn load_or_create<F: Serialize + for<'de> Deserialize<'de>>(
     create: impl FnOnce() -> F,
 ) -> Result<F, IdentityError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| IdentityError::Invalid {
-            path: path.into(),
-            message: e.to_string(),
-        }),
+        Ok(bytes) => {
+            use std::os::unix::fs::PermissionsExt;
+            let bytes = zeroize::Zeroizing::new(bytes);
+            let mode = std::fs::metadata(path)
+                .map_err(|source| IdentityError::Io {
+                    path: path.into(),
+                    source,
+                })?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(IdentityError::Invalid {
+                    path: path.into(),
+                    message: format!(
+                        "mode {:o} lets others read the keys; chmod 600",
+                        mode & 0o777
+                    ),
+                });
+            }
+            serde_json::from_slice(&bytes).map_err(|e| IdentityError::Invalid {
+                path: path.into(),
+                message: e.to_string(),
+            })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let file = create();
             let bytes = serde_json::to_vec_pretty(&file).expect("serializable");
@@ -297,6 +317,17 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(!format!("{a:?}").contains(&B64.encode(*a.ed25519_seed.0)));
+    }
+
+    #[test]
+    fn an_identity_readable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        HostIdentity::load_or_create(dir.path()).unwrap();
+        let path = dir.path().join("host_identity.json");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = HostIdentity::load_or_create(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("chmod 600"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest whole handshake, gateway side.
 pub const PAIR_TIMEOUT: Duration = Duration::from_secs(15);
+/// Pairing connections served at once by a tool host (the rest are closed at accept).
+pub const MAX_PAIRING_CONNECTIONS: usize = 4;
 
 /// A pairing that did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -161,22 +163,38 @@ impl PairingEndpoint {
         Ok(self)
     }
 
-    /// Serve pairing connections until `shutdown` changes.
+    /// Serve pairing connections until `shutdown` changes: a few connections at a time, each
+    /// bounded as a whole (pings do not extend it).
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PAIRING_CONNECTIONS));
         loop {
             let stream = tokio::select! {
-                r = listener.accept() => match r { Ok((s, _)) => s, Err(_) => continue },
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!("pairing accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
                 _ = shutdown.changed() => return,
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                continue;
             };
             let this = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = this.handle(stream).await {
-                    tracing::warn!("pairing failed: {e}");
+                let whole = this.step_timeout * 4;
+                match tokio::time::timeout(whole, this.handle(stream)).await {
+                    Ok(Err(e)) => tracing::warn!("pairing failed: {e}"),
+                    Err(_) => tracing::warn!("pairing failed: not finished within {whole:?}"),
+                    Ok(Ok(())) => {}
                 }
+                drop(slot);
             });
         }
     }
@@ -299,13 +317,29 @@ pub fn parse_endpoint(endpoint: &str) -> Result<Endpoint, PairingError> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-            h.trim_start_matches('[').trim_end_matches(']'),
-            p.parse::<u16>()
+    let default_port = if secure { 443 } else { 80 };
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        // [v6] or [v6]:port
+        let (h, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| invalid("endpoint has an unclosed ["))?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => p
+                .parse::<u16>()
                 .map_err(|_| invalid("endpoint port is not a number"))?,
-        ),
-        _ => (authority, if secure { 443 } else { 80 }),
+            None if tail.is_empty() => default_port,
+            None => return Err(invalid("endpoint authority is malformed")),
+        };
+        (h, port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| invalid("endpoint port is not a number"))?,
+            ),
+            None => (authority, default_port),
+        }
     };
     if host.is_empty() {
         return Err(invalid("endpoint has no host"));
@@ -513,6 +547,8 @@ mod tests {
         assert!(parse_endpoint("ws://127.0.0.1:7444/v1/pair").is_ok());
         assert!(parse_endpoint("ws://localhost:7444").is_ok());
         assert!(parse_endpoint("ws://[::1]:7444/v1/pair").is_ok());
+        let v6 = parse_endpoint("ws://[::1]/v1/pair").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 80));
         assert!(matches!(
             parse_endpoint("ws://10.0.0.1:5225"),
             Err(PairingError::InsecureEndpoint(_))
