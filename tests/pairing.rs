@@ -506,3 +506,88 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
     gw.shutdown().await;
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_pairing_cut_off_after_the_certificate_was_issued_changes_nothing_on_restart() {
+    use carapace::pairing::handshake::{GatewayHandshake, PairRequest, Progress};
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let env = Env::new().await;
+    write_peers(&env.path().join("peers.json"), &[]);
+    let gw_dir = env.path().join("gw");
+    let gw = std::sync::Arc::new(
+        carapace::pairing::identity::GatewayIdentity::load_or_create(&gw_dir, "gw_home").unwrap(),
+    );
+    let yaml = env.tools_yaml(&format!(
+        "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{}\" }}",
+        gw.public_key_ed25519()
+    ));
+    let host = env.start(&yaml).await;
+    let addr = host.pairing_address.unwrap();
+    let url = format!("ws://{addr}/v1/pair");
+
+    // A gateway that sends pair.init, the challenge and pair.csr_issued, then vanishes.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(url.as_str(), tcp)
+        .await
+        .unwrap();
+    let request = PairRequest {
+        component_type: "tool_host".into(),
+        component_id: "memory-east".into(),
+        endpoint: url.clone(),
+    };
+    let now = std::time::SystemTime::now();
+    let (mut hs, init) = GatewayHandshake::start(gw.clone(), request, None, now).unwrap();
+    ws.send(Message::text(init)).await.unwrap();
+    let mut issued_sent = false;
+    while !issued_sent {
+        let Some(Ok(Message::Text(t))) = ws.next().await else {
+            panic!("the tool host closed early")
+        };
+        if let Progress::Continue(out) = hs.on_message(t.as_str(), now).unwrap() {
+            for m in out {
+                issued_sent |= m.contains("pair.csr_issued");
+                ws.send(Message::text(m)).await.unwrap();
+            }
+        }
+    }
+    // Wait for the tool host's install confirmation, then disappear without pair.complete.
+    let Some(Ok(Message::Text(t))) = ws.next().await else {
+        panic!("no install confirmation")
+    };
+    assert!(t.as_str().contains("pair.csr_installed"));
+    drop(ws);
+
+    // Restarted (as after a crash at this point), the tool host is as before the pairing: the
+    // configured listener TLS, no gateway record, so nothing paired is accepted.
+    host.shutdown().await;
+    let again = env.start(&yaml).await;
+    assert!(carapace::tls::PairedFiles::current(&env.path().join("state")).is_none());
+    assert!(again.shared.peers.records().is_empty());
+    let reply = env
+        .gateway(&again)
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "PAIRING_REQUIRED");
+    // The same pairing can then be run to completion.
+    let peer = carapace::pairing::transport::pair(
+        gw.clone(),
+        PairRequest {
+            component_type: "tool_host".into(),
+            component_id: "memory-east".into(),
+            endpoint: format!("ws://{}/v1/pair", again.pairing_address.unwrap()),
+        },
+        Box::new(|_| Ok(())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(peer.component_id, "memory-east");
+    assert!(carapace::tls::PairedFiles::current(&env.path().join("state")).is_some());
+    again.shutdown().await;
+}

@@ -171,7 +171,11 @@ impl PairingEndpoint {
         mut shutdown: watch::Receiver<bool>,
     ) {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PAIRING_CONNECTIONS));
+        // Pairings in flight end with the endpoint: abandoning one is safe (nothing is used
+        // before `pair.complete`), and nothing of the endpoint outlives a shutdown.
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            while connections.try_join_next().is_some() {}
             let stream = tokio::select! {
                 r = listener.accept() => match r {
                     Ok((s, _)) => s,
@@ -181,13 +185,17 @@ impl PairingEndpoint {
                         continue;
                     }
                 },
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {
+                    connections.abort_all();
+                    while connections.join_next().await.is_some() {}
+                    return;
+                }
             };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 continue;
             };
             let this = self.clone();
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let whole = this.step_timeout * 4;
                 match tokio::time::timeout(whole, this.handle(stream)).await {
                     Ok(Err(e)) => tracing::warn!("pairing failed: {e}"),
