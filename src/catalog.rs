@@ -331,7 +331,8 @@ pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryE
     })
 }
 
-fn skill_catalog(
+/// Compile a skill-v1 `GET /manifest` answer (either shape).
+pub fn skill_catalog(
     doc: &Value,
     skill: &SkillAppConfig,
     cfg: &Loaded,

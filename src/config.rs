@@ -77,6 +77,39 @@ pub struct OutboundConfig {
     /// Seconds between rediscoveries of the peers' tools.
     #[serde(default = "default_discovery_interval_s")]
     pub discovery_interval_s: u64,
+    /// Skill Gateway v1 skills by `skill_id`: their capabilities are routed here
+    /// (`capability -> skill_id -> url`), validated, and signed with the skill's secret.
+    #[serde(default)]
+    pub skills: BTreeMap<String, OutboundSkillConfig>,
+}
+
+/// One skill-v1 skill the outbound role calls.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundSkillConfig {
+    /// `http://127.0.0.1:PORT` (loopback) or `https://IP:PORT` (with `ca_file`).
+    pub url: String,
+    /// PEM CA the skill's certificate must chain to (https).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// How each `/run` is authenticated.
+    #[serde(default)]
+    pub auth: Option<AppAuthConfig>,
+    #[serde(default = "default_gateway_protocol_version")]
+    pub protocol_version: String,
+    #[serde(default = "default_skill_timeout_ms")]
+    pub timeout_ms_default: u64,
+    #[serde(default = "default_skill_timeout_ms_max")]
+    pub timeout_ms_max: u64,
+}
+
+/// Where an outbound skill is.
+#[derive(Debug, Clone)]
+pub struct OutboundSkill {
+    pub address: SocketAddr,
+    /// CA for https; `None` for loopback http.
+    pub ca_file: Option<PathBuf>,
+    pub secret: Option<Secret>,
 }
 
 /// One outbound peer.
@@ -655,6 +688,8 @@ pub struct Loaded {
     pub pairing_address: Option<SocketAddr>,
     /// Outbound peers' tool listener addresses, by component id.
     pub outbound_peers: BTreeMap<String, SocketAddr>,
+    /// Outbound skills, by skill id.
+    pub outbound_skills: BTreeMap<String, OutboundSkill>,
 }
 
 impl Loaded {
@@ -829,6 +864,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             front_skill_id: d.front_skill_id,
             pairing_address: d.pairing_address,
             outbound_peers: d.outbound_peers,
+            outbound_skills: d.outbound_skills,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -992,6 +1028,14 @@ fn resolve_paths(c: &mut Config, base: &Path) {
     }
     if let Some(o) = &mut c.outbound {
         fix_path(&mut o.socket, base);
+        for skill in o.skills.values_mut() {
+            if let Some(ca) = &mut skill.ca_file {
+                fix_path(ca, base);
+            }
+            if let Some(auth) = &mut skill.auth {
+                fix_secret(&mut auth.secret, base);
+            }
+        }
     }
     if let Some(f) = &mut c.peers.file {
         fix_path(f, base);
@@ -1133,6 +1177,7 @@ struct Derived {
     front_skill_id: Option<String>,
     pairing_address: Option<SocketAddr>,
     outbound_peers: BTreeMap<String, SocketAddr>,
+    outbound_skills: BTreeMap<String, OutboundSkill>,
 }
 
 fn check_listeners(
@@ -1396,6 +1441,54 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
                     format!("`{}` is not https://IP:PORT", peer.url),
                 )),
             }
+        }
+        for (id, skill) in &o.skills {
+            let at = |k: &str| format!("/outbound/skills/{id}/{k}");
+            let (secure, rest) = match (
+                skill.url.strip_prefix("http://"),
+                skill.url.strip_prefix("https://"),
+            ) {
+                (Some(r), _) => (false, r),
+                (_, Some(r)) => (true, r),
+                _ => {
+                    errors.push(err(
+                        at("url"),
+                        "must be http://127.0.0.1:PORT or https://IP:PORT",
+                    ));
+                    continue;
+                }
+            };
+            let Ok(address) = rest.trim_end_matches('/').parse::<SocketAddr>() else {
+                errors.push(err(at("url"), format!("`{}` is not IP:PORT", skill.url)));
+                continue;
+            };
+            if !secure && !address.ip().is_loopback() {
+                errors.push(err(at("url"), "plain http only to a loopback address"));
+            }
+            if secure && skill.ca_file.is_none() {
+                errors.push(err(at("ca_file"), "required for https"));
+            }
+            if let Some(ca) = &skill.ca_file {
+                if let Err(e) = std::fs::metadata(ca) {
+                    errors.push(err(at("ca_file"), format!("{}: {e}", ca.display())));
+                }
+            }
+            let secret = match skill.auth.as_ref().map(|a| load_secret(&a.secret)) {
+                Some(Ok(s)) => Some(s),
+                Some(Err(m)) => {
+                    errors.push(err(at("auth/secret"), m));
+                    None
+                }
+                None => None,
+            };
+            d.outbound_skills.insert(
+                id.clone(),
+                OutboundSkill {
+                    address,
+                    ca_file: skill.ca_file.clone(),
+                    secret,
+                },
+            );
         }
     }
     if let Some(rl) = p.rate_limits {

@@ -102,6 +102,8 @@ pub enum Fault {
     Status(u16),
     /// Answer 200 with a body that is not JSON.
     Garbage,
+    /// Answer `status: retryable_error` (a dependency of the tool is down).
+    Retryable,
 }
 
 /// One `POST /v1/tools/call` the app received.
@@ -233,6 +235,15 @@ impl MemoryApp {
             }
             Some(Fault::Garbage) => {
                 return Response::new(Full::new(Bytes::from_static(b"<html>oops</html>")))
+            }
+            Some(Fault::Retryable) => {
+                return reply(
+                    StatusCode::OK,
+                    &json!({"version": "v1", "call_id": call_id, "tool_name": tool,
+                            "status": "retryable_error",
+                            "error": {"code": "DEPENDENCY_UNAVAILABLE", "message": "store busy", "retryable": true},
+                            "duration_ms": 1}),
+                )
             }
             _ => {}
         }

@@ -1,8 +1,9 @@
 //! The outbound (gateway) role: the local agent sends plain tools-v1 calls to a Unix socket;
-//! carapace routes each by its registry (tool name → paired peer, discovered from the peers
-//! configured in `outbound.peers`; never a URL from the caller), validates input before
-//! sending and output after receiving, and calls the peer over mTLS with the gateway's
-//! client certificate and the peer's certificate pinned to its paired record.
+//! carapace routes each by its registry, never by a URL from the caller: tool name → paired
+//! peer (discovered from the peers in `outbound.peers`), called over mTLS with the gateway's
+//! client certificate and the peer's certificate pinned to its paired record; or capability →
+//! skill id → URL (`outbound.skills`), called with a signed Skill Gateway v1 `/run`. Input is
+//! validated before sending and output after receiving.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -105,9 +106,27 @@ pub struct Outbound {
     max_response_bytes: u64,
     /// Per peer: the fingerprint a client was made for, and the client.
     clients: std::sync::Mutex<HashMap<String, (String, AppClient)>>,
-    /// Tool name → peer component id.
-    routes: ArcSwap<HashMap<String, String>>,
+    /// Skill Gateway v1 skills, by skill id.
+    skills: BTreeMap<String, SkillRoute>,
+    /// Tool name → where it is served.
+    routes: ArcSwap<HashMap<String, Route>>,
     pub catalog: Arc<CatalogHandle>,
+}
+
+/// Where a tool is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    /// A paired tool host, by component id.
+    Peer(String),
+    /// A configured skill, by skill id.
+    Skill(String),
+}
+
+/// A skill the outbound role calls.
+struct SkillRoute {
+    client: AppClient,
+    config: crate::config::SkillAppConfig,
+    signing: Option<crate::skill_v1::AppSigning>,
 }
 
 impl Outbound {
@@ -123,7 +142,71 @@ impl Outbound {
             .map_err(|e| OutboundError(e.to_string()))?;
         let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| OutboundError(e.to_string()))?;
+        let mut skills = BTreeMap::new();
+        let outbound = cfg.config.outbound.as_ref();
+        for (id, skill) in outbound.map(|o| &o.skills).into_iter().flatten() {
+            let at = &cfg.outbound_skills[id];
+            let client = match &at.ca_file {
+                None => AppClient::new(
+                    crate::config::AppAddress::Tcp(at.address),
+                    &cfg.config.app.pool,
+                    cfg.config.limits.max_response_bytes,
+                ),
+                Some(ca) => {
+                    let mut roots = rustls::RootCertStore::empty();
+                    for c in crate::tls::load_certs(ca).map_err(|e| OutboundError(e.to_string()))? {
+                        roots.add(c).map_err(|e| OutboundError(e.to_string()))?;
+                    }
+                    let config =
+                        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                            .with_protocol_versions(&[&rustls::version::TLS13])
+                            .map_err(|e| OutboundError(e.to_string()))?
+                            .with_root_certificates(roots)
+                            .with_no_client_auth();
+                    AppClient::mtls(
+                        at.address,
+                        Arc::new(config),
+                        &cfg.config.app.pool,
+                        cfg.config.limits.max_response_bytes,
+                    )
+                }
+            };
+            let signing = match (&skill.auth, &at.secret) {
+                (Some(auth), Some(secret)) => Some(crate::skill_v1::AppSigning {
+                    mode: match auth.mode {
+                        crate::config::AuthModeConfig::Hmac => {
+                            carapace_filters::signature::AuthMode::Hmac
+                        }
+                        crate::config::AuthModeConfig::ApiKey => {
+                            carapace_filters::signature::AuthMode::ApiKey
+                        }
+                    },
+                    header: auth
+                        .header_name
+                        .as_deref()
+                        .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
+                    secret: secret.clone(),
+                }),
+                _ => None,
+            };
+            let config = crate::config::SkillAppConfig {
+                skill_id: id.clone(),
+                auth: skill.auth.clone(),
+                protocol_version: skill.protocol_version.clone(),
+                timeout_ms_default: skill.timeout_ms_default,
+                timeout_ms_max: skill.timeout_ms_max,
+            };
+            skills.insert(
+                id.clone(),
+                SkillRoute {
+                    client,
+                    config,
+                    signing,
+                },
+            );
+        }
         Ok(Outbound {
+            skills,
             peers,
             addresses: cfg.outbound_peers.clone(),
             cert,
@@ -226,11 +309,59 @@ impl Outbound {
                             tracing::warn!("outbound_tool_duplicate tool={name} peer={id}");
                             continue;
                         }
-                        routes.insert(name.clone(), id.clone());
+                        routes.insert(name.clone(), Route::Peer(id.clone()));
                         merged.tools.insert(name, spec);
                     }
                 }
                 Err(e) => tracing::warn!("outbound_discovery_failed peer={id} reason={e}"),
+            }
+        }
+        // Skills: capability -> skill_id -> url.
+        for (id, skill) in &self.skills {
+            tracing::info!(
+                "manifest_discovery_start skill_id={id} base_url={}",
+                skill.client.base_url()
+            );
+            let answer = skill
+                .client
+                .send(
+                    Method::GET,
+                    "/manifest",
+                    http::HeaderMap::new(),
+                    Bytes::new(),
+                )
+                .await;
+            let doc: Option<serde_json::Value> = match answer {
+                Ok(r) if r.status.is_success() => serde_json::from_slice(&r.body).ok(),
+                Ok(r) => {
+                    tracing::warn!("skill_skipped skill_id={id} reason=MANIFEST_INVALID");
+                    tracing::warn!("MANIFEST_INVALID: GET /manifest returned {}", r.status);
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!("skill_skipped skill_id={id} reason=DEPENDENCY_UNAVAILABLE");
+                    tracing::warn!("DEPENDENCY_UNAVAILABLE: {e}");
+                    None
+                }
+            };
+            let Some(doc) = doc else { continue };
+            match crate::catalog::skill_catalog(&doc, &skill.config, cfg) {
+                Ok(c) => {
+                    for (name, spec) in c.tools {
+                        if merged.tools.contains_key(&name) {
+                            tracing::warn!("outbound_tool_duplicate tool={name} skill={id}");
+                            continue;
+                        }
+                        routes.insert(name.clone(), Route::Skill(id.clone()));
+                        merged.tools.insert(name, spec);
+                    }
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    let reason = reason.split(':').next().unwrap_or_default().to_string();
+                    tracing::warn!("skill_skipped skill_id={id} reason={reason}");
+                    tracing::warn!("{e}");
+                }
             }
         }
         let n = merged.tools.len();
@@ -266,12 +397,29 @@ impl Service<ToolCall> for OutboundBack {
     fn call(&mut self, call: ToolCall) -> Self::Future {
         let outbound = self.outbound.clone();
         Box::pin(async move {
-            let peer = outbound
+            let route = outbound
                 .routes
                 .load()
                 .get(&call.tool.name)
                 .cloned()
                 .ok_or_else(|| Rejection::ToolNotFound(call.tool.name.clone()))?;
+            let peer = match route {
+                Route::Peer(peer) => peer,
+                Route::Skill(id) => {
+                    let skill = outbound
+                        .skills
+                        .get(&id)
+                        .ok_or_else(|| Rejection::Internal(format!("no skill {id}")))?;
+                    return crate::skill_v1::call_skill(
+                        &skill.client,
+                        &skill.config.skill_id,
+                        &skill.config.protocol_version,
+                        skill.signing.as_ref(),
+                        &call,
+                    )
+                    .await;
+                }
+            };
             let client = outbound.client_for(&peer)?;
             let first = crate::tools_v1::call_app(&client, &call).await;
             let retry = call.idempotency_key.is_some()

@@ -417,21 +417,38 @@ impl Service<ToolCall> for SkillV1Back {
     fn call(&mut self, call: ToolCall) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let nonce = hex::encode(rand::random::<[u8; 16]>());
-            let (body, headers) = encode_run(
-                &call,
+            call_skill(
+                &this.app,
                 &this.skill_id,
                 &this.protocol_version,
                 this.signing.as_ref(),
-                carapace_filters::unix_now_ms(),
-                &nonce,
-            )?;
-            let bytes = serde_json::to_vec(&body).expect("serializes");
-            let resp = this
-                .app
-                .send(Method::POST, "/run", headers, Bytes::from(bytes))
-                .await?;
-            decode_run_response(resp.status, &resp.body)
+                &call,
+            )
+            .await
         })
     }
+}
+
+/// Call a skill's `/run` with a fresh timestamp and nonce, signed when `signing` is set.
+pub async fn call_skill(
+    app: &AppClient,
+    skill_id: &str,
+    protocol_version: &str,
+    signing: Option<&AppSigning>,
+    call: &ToolCall,
+) -> Result<CallOutcome, Rejection> {
+    let nonce = hex::encode(rand::random::<[u8; 16]>());
+    let (body, headers) = encode_run(
+        call,
+        skill_id,
+        protocol_version,
+        signing,
+        carapace_filters::unix_now_ms(),
+        &nonce,
+    )?;
+    let bytes = serde_json::to_vec(&body).expect("serializes");
+    let resp = app
+        .send(Method::POST, "/run", headers, Bytes::from(bytes))
+        .await?;
+    decode_run_response(resp.status, &resp.body)
 }

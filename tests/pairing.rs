@@ -434,6 +434,38 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
     assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
     assert_eq!(seen[0].body["args"]["text"], "via gateway");
 
+    // A retryable_error is retried once, and only for a call with an idempotency key.
+    env.app
+        .set_fault(Some(carapace::memory_app::Fault::Retryable));
+    let before = env.app.received().len();
+    let r = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.json()["status"], "retryable_error", "{:?}", r.json());
+    assert_eq!(
+        env.app.received().len(),
+        before + 1,
+        "retried without a key"
+    );
+    let mut keyed = call("memory.query", json!({"query": "x"}));
+    keyed["idempotency_key"] = json!("query-x-1");
+    let r = agent
+        .post_json("/v1/tools/call", &[], &keyed)
+        .await
+        .unwrap();
+    assert_eq!(r.json()["status"], "retryable_error");
+    assert_eq!(
+        env.app.received().len(),
+        before + 3,
+        "not retried exactly once"
+    );
+    env.app.set_fault(None);
+
     // Bad arguments are refused by the gateway before anything is sent.
     let reply = agent
         .post_json(
@@ -444,7 +476,7 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
         .await
         .unwrap();
     assert_eq!(code(&reply), "SCHEMA_VALIDATION_FAILED");
-    assert_eq!(env.app.received().len(), 1);
+    assert_eq!(env.app.received().len(), 4);
 
     // The tool host presents another certificate than the one paired: the gateway refuses it.
     let paired = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
@@ -466,7 +498,7 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
     assert_eq!(code(&reply), "DEPENDENCY_UNAVAILABLE", "{:?}", reply.json());
     assert_eq!(
         env.app.received().len(),
-        1,
+        4,
         "a swapped certificate was trusted"
     );
     std::fs::write(&paired.cert, &original).unwrap();
@@ -590,4 +622,91 @@ async fn a_pairing_cut_off_after_the_certificate_was_issued_changes_nothing_on_r
     assert_eq!(peer.component_id, "memory-east");
     assert!(carapace::tls::PairedFiles::current(&env.path().join("state")).is_some());
     again.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_gateway_routes_a_capability_to_its_skill_and_signs_the_run() {
+    let env = Env::new().await;
+    let secret = b"skill-secret-for-outbound";
+    let (skill, skill_addr) =
+        common::SkillApp::start(secret, common::SkillApp::vagus_manifest()).await;
+    std::fs::write(env.path().join("skill.key"), secret).unwrap();
+    let d = env.path().join("gw");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("carapace.yaml"),
+        format!(
+            r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{}}
+  skills:
+    demo.echo:
+      url: "http://{skill_addr}"
+      auth: {{ mode: hmac, header_name: X-Skill-Signature, secret: {{ file: {key} }} }}
+"#,
+            d = d.display(),
+            app = env.app_addr,
+            key = env.path().join("skill.key").display(),
+        ),
+    )
+    .unwrap();
+    let gw = carapace::server::start(carapace::config::load(&d.join("carapace.yaml")).unwrap())
+        .await
+        .unwrap();
+    let agent = Client::new(Transport::Unix(d.join("outbound.sock")));
+    let mut reply = None;
+    for _ in 0..100 {
+        let r = agent
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("demo.echo", json!({"message": "hi"})),
+            )
+            .await
+            .unwrap();
+        if r.json()["status"] == "ok" {
+            reply = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let reply = reply.expect("the capability was never routed");
+    assert_eq!(reply.json()["result"]["result"], "echo:hi");
+    // The skill verified the HMAC itself (it answers 401 otherwise) and saw a fresh run.
+    let received = skill.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].1["capability"], "demo.echo");
+    assert_eq!(received[0].1["nonce"].as_str().unwrap().len(), 32);
+
+    // Bad arguments never reach the skill; an output breaking the schema never reaches the
+    // agent.
+    let r = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("demo.echo", json!({"message": 5})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&r), "SCHEMA_VALIDATION_FAILED");
+    *skill.answer.lock().unwrap() = Some((200, json!({"ok": true, "output": {"secret": "x"}})));
+    let r = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("demo.echo", json!({"message": "hi"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&r), "SCHEMA_VALIDATION_FAILED");
+    assert!(!String::from_utf8_lossy(&r.body).contains("\"x\""));
+    assert_eq!(skill.received.lock().unwrap().len(), 2);
+    gw.shutdown().await;
 }
