@@ -210,7 +210,8 @@ fn record_peer(
     Ok(stored)
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Serve one admin request (the admin socket, and the control plane after authorization).
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.uri().path() == "/v1/pairings" {
         return pairings(shared, req).await;
     }

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod catalog;
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod demo;
 pub mod errors;
 pub mod front;

@@ -215,8 +215,10 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
 
 /// The whole stack: identity, global kill-switch, per-peer rate limit, load shedding, body
 /// limits, the front (decode, call stage, encode), wrapped in the front's error envelope.
-pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
+pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
     let c = &cfg.config;
+    let control = Arc::downgrade(shared);
+
     let calls = call_stack(cfg, shared, shared.app.load().as_ref().clone());
     let peer_limits = Arc::new(KeyedLimits::new(c.rate_limits.per_peer.map(rate), []));
     let body = BodyLimits {
@@ -228,6 +230,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Shared) -> HttpStack {
             shared.peers.clone(),
             c.front.protocol == Protocol::SkillV1,
         ))
+        .layer(crate::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         .layer(PeerRateLimitLayer::new(peer_limits))
         .layer(shared.load_shed_layer(c.limits.max_in_flight))

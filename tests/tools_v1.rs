@@ -950,3 +950,96 @@ async fn authorization_applies_roles_overrides_and_leases_to_calls_and_discovery
     );
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_paired_operator_uses_the_control_plane_but_never_starts_a_pairing() {
+    let env = Env::new().await;
+    let peers = json!({"version": 1, "peers": [
+        {"component_type": "gateway", "component_id": "gw_test",
+         "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active"},
+        {"component_type": "operator", "component_id": "laptop",
+         "mtls_cert_fingerprint": env.pki.stranger.fingerprint, "status": "active"}
+    ]});
+    std::fs::write(env.path().join("peers.json"), peers.to_string()).unwrap();
+    let r = env.start(&env.tools_yaml("")).await;
+    let operator = env.tls_client(&r, Some(&env.pki.stranger), false);
+    let gateway = env.gateway(&r);
+
+    // The operator engages the global kill-switch remotely...
+    let reply = operator
+        .send(
+            Method::PUT,
+            "/v1/control/kill-switch",
+            &[],
+            json!({"engaged": true}).to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json());
+    assert_eq!(reply.json()["global_engaged"], true);
+    let call_reply = gateway
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_error(
+        &call_reply,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "GATEWAY_DISABLED",
+    );
+    // ...and releases it, although every other call is refused while it is engaged.
+    let reply = operator
+        .send(
+            Method::PUT,
+            "/v1/control/kill-switch",
+            &[],
+            json!({"engaged": false}).to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["global_engaged"], false);
+    let listing = operator
+        .send(Method::GET, "/v1/control/peers", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(listing.json()["peers"].as_array().unwrap().len(), 2);
+
+    // Starting a pairing is never allowed remotely, not even to an operator.
+    let reply = operator
+        .post_json(
+            "/v1/control/pairings",
+            &[],
+            &json!({"component_type": "tool", "component_id": "x", "endpoint": "ws://127.0.0.1:1/v1/pair"}),
+        )
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+    // An operator calls no tools; the gateway has no control-plane rights.
+    let reply = operator
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+    let reply = gateway
+        .send(Method::GET, "/v1/control/peers", &[], "")
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::FORBIDDEN, "FORBIDDEN");
+    let ok = gateway
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.json()["status"], "ok");
+    r.shutdown().await;
+}
