@@ -65,10 +65,35 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairingRequestBody {
+    #[serde(default)]
     pub component_type: String,
+    #[serde(default)]
     pub component_id: String,
     #[serde(default)]
     pub endpoint: String,
+}
+
+/// Parse a pairing request, saying what is wrong as the crabstack gateway does.
+fn parse_pairing_request(body: &[u8]) -> Result<PairingRequestBody, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err("EOF".into());
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let r = PairingRequestBody::deserialize(&mut de).map_err(|e| {
+        let m = e.to_string();
+        if e.is_eof() {
+            "unexpected EOF".to_string()
+        } else if let Some(field) = m
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            format!("json: unknown field \"{field}\"")
+        } else {
+            m
+        }
+    })?;
+    de.end().map_err(|_| "trailing content".to_string())?;
+    Ok(r)
 }
 
 /// The protocol's component type for a requested one (`tool`, `tool-host`, `cli`, ...).
@@ -94,10 +119,9 @@ async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<
         Ok(b) => b.to_bytes(),
         Err(e) => return text(StatusCode::BAD_REQUEST, &format!("invalid json: {e}")),
     };
-    let r: PairingRequestBody = match serde_json::from_slice(&body) {
+    let r = match parse_pairing_request(&body) {
         Ok(r) => r,
-        Err(e) if e.is_eof() => return text(StatusCode::BAD_REQUEST, "invalid json: EOF"),
-        Err(e) => return text(StatusCode::BAD_REQUEST, &format!("invalid json: {e}")),
+        Err(why) => return text(StatusCode::BAD_REQUEST, &format!("invalid json: {why}")),
     };
     let Some(kind) = component_type(&r.component_type) else {
         return text(
