@@ -209,6 +209,18 @@ fn record_peer(
     shared: &Shared,
     peer: &crate::pairing::handshake::PairedPeer,
 ) -> Result<crate::peers::PeerRecord, crate::peers::PeerStoreError> {
+    // Re-pairing an active peer must not change who it is: same key, or revoke it first.
+    if let Some(existing) = shared.peers.active(&peer.component_id) {
+        if existing.public_key_ed25519.as_deref() != Some(peer.public_key_ed25519.as_str()) {
+            return Err(crate::peers::PeerStoreError::Invalid {
+                path: shared.peers.path().to_path_buf(),
+                message: format!(
+                    "{} is paired with another key; revoke it before pairing it again",
+                    peer.component_id
+                ),
+            });
+        }
+    }
     let record = crate::peers::PeerRecord {
         component_type: peer.component_type.clone(),
         component_id: peer.component_id.clone(),

@@ -172,6 +172,64 @@ gateway: {{ id: gw_home }}
     .await
     .unwrap();
     assert_eq!(code(&reply), "FORBIDDEN");
+    // Another tool host claiming an id that is paired (another key) is not paired in its
+    // place; the record and the tool host's trust stay as they were.
+    let other_dir = env.path().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let other_host = std::sync::Arc::new(
+        carapace::pairing::identity::HostIdentity::load_or_create(&other_dir).unwrap(),
+    );
+    struct Nothing;
+    impl carapace::pairing::transport::PairingSink for Nothing {
+        fn install(&self, _: &carapace::pairing::handshake::Installed) -> Result<(), String> {
+            Ok(())
+        }
+        fn activate(&self, _: &carapace::pairing::handshake::Installed) -> Result<(), String> {
+            Ok(())
+        }
+    }
+    let nonces = carapace_filters::nonce::NonceStore::open(
+        carapace_filters::nonce::NonceStoreConfig {
+            capacity: 8,
+            ttl: std::time::Duration::from_secs(600),
+            journal: None,
+        },
+        0,
+    )
+    .unwrap();
+    let impostor_endpoint =
+        std::sync::Arc::new(carapace::pairing::transport::PairingEndpoint::new(
+            carapace::pairing::handshake::RemoteConfig {
+                component_type: "tool_host".into(),
+                component_id: "memory-east".into(),
+                gateway_public_key_ed25519: gw_identity.public_key_ed25519(),
+                endpoint_tls_fingerprint: String::new(),
+            },
+            other_host,
+            std::sync::Arc::new(nonces),
+            "/v1/pair".into(),
+            std::sync::Arc::new(Nothing),
+        ));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let impostor_url = format!("ws://{}/v1/pair", l.local_addr().unwrap());
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(impostor_endpoint.serve(l, stop_rx));
+    let (status, body) = carapace::admin::request(
+        &gw.admin_socket,
+        Method::POST,
+        "/v1/pairings",
+        Some(json!({"component_type": "tool", "component_id": "memory-east", "endpoint": impostor_url})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let gw_peers: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(gw_dir.join("peers.json")).unwrap()).unwrap();
+    assert_eq!(
+        gw_peers["peers"][0]["mtls_cert_fingerprint"],
+        fingerprint.as_str()
+    );
+
     // And the gateway refuses to pair anything under its own name.
     let (status, _) = carapace::admin::request(
         &gw.admin_socket,
