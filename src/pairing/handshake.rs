@@ -560,6 +560,43 @@ impl GatewayHandshake {
         }
     }
 
+    /// A handshake resumed at the step a recorded transcript reached (tests against the
+    /// crabstack vectors, whose messages are bound to that transcript's state).
+    #[cfg(test)]
+    fn resumed(
+        identity: Arc<GatewayIdentity>,
+        request: PairRequest,
+        transcript: &serde_json::Value,
+        step: &str,
+    ) -> Self {
+        let msg = |i: usize| transcript["messages"][i]["wire_text"].as_str().unwrap();
+        let PairMessage::Identity(id) = decode_message(msg(1)).unwrap() else {
+            unreachable!()
+        };
+        let PairMessage::ChallengeResponse(resp) = decode_message(msg(3)).unwrap() else {
+            unreachable!()
+        };
+        let PairMessage::CsrIssued(issued) = decode_message(msg(5)).unwrap() else {
+            unreachable!()
+        };
+        GatewayHandshake {
+            identity,
+            request,
+            endpoint_tls_fingerprint: None,
+            pairing_id: id.pairing_id.clone(),
+            remote: Some(id.remote),
+            challenge_id: resp.challenge_id,
+            challenge_plaintext: resp.challenge_plaintext,
+            issued_fingerprint: issued.mtls_cert_fingerprint,
+            state: match step {
+                "response" => GatewayState::AwaitResponse,
+                "csr" => GatewayState::AwaitCsr,
+                "installed" => GatewayState::AwaitInstalled,
+                other => panic!("no step {other}"),
+            },
+        }
+    }
+
     fn remote_key(&self) -> String {
         self.remote
             .as_ref()
@@ -924,6 +961,55 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_gateway_refuses_the_crabstack_handshake_level_negative_vectors() {
+        let t = vectors("pairing_transcript.json");
+        let neg = vectors("pairing_negative.json");
+        let now = transcript_clock(&t);
+        let dir = tempfile::tempdir().unwrap();
+        let gw = Arc::new(GatewayIdentity::load_or_create(dir.path(), "gw-vectors").unwrap());
+        let request = PairRequest {
+            component_type: "tool_host".into(),
+            component_id: "sidecar-vectors".into(),
+            endpoint: "ws://127.0.0.1:47001/v1/pair".into(),
+        };
+        let negative = |id: &str| {
+            neg["vectors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["id"] == id)
+                .unwrap()["wire_text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        let original = |i: usize| t["messages"][i]["wire_text"].as_str().unwrap().to_string();
+        let at = |step: &str| GatewayHandshake::resumed(gw.clone(), request.clone(), &t, step);
+
+        // The recorded message passes at that step; the tampered one is refused, and why.
+        assert!(at("response").on_message(&original(3), now).is_ok());
+        let err = at("response")
+            .on_message(&negative("response.wrong_plaintext_resigned"), now)
+            .unwrap_err();
+        assert!(matches!(err, HandshakeError::ChallengeMismatch), "{err}");
+
+        assert!(at("csr").on_message(&original(4), now).is_ok());
+        let err = at("csr")
+            .on_message(&negative("csr.self_signature_broken_resigned"), now)
+            .unwrap_err();
+        assert!(matches!(err, HandshakeError::Certificate(_)), "{err}");
+
+        assert!(matches!(
+            at("installed").on_message(&original(6), now),
+            Ok(Progress::Done(..))
+        ));
+        let err = at("installed")
+            .on_message(&negative("installed.other_fingerprint_resigned"), now)
+            .unwrap_err();
+        assert!(matches!(err, HandshakeError::FingerprintMismatch), "{err}");
     }
 
     /// Run a whole pairing in memory; `tamper` may rewrite each remote-to-gateway message.
