@@ -507,6 +507,35 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
     assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
     assert_eq!(seen[0].body["args"]["text"], "via gateway");
 
+    // The gateway's kill-switch holds for the outbound role too.
+    let (status, _) = carapace::admin::request(
+        &gw.admin_socket,
+        Method::PUT,
+        "/v1/kill-switch",
+        Some(json!({"engaged": true, "tool": "memory.append"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let r = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.append", json!({"text": "no"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&r), "GATEWAY_DISABLED");
+    assert_eq!(env.app.received().len(), 1);
+    carapace::admin::request(
+        &gw.admin_socket,
+        Method::PUT,
+        "/v1/kill-switch",
+        Some(json!({"engaged": false, "tool": "memory.append"})),
+    )
+    .await
+    .unwrap();
+
     // A retryable_error is retried once, and only for a call with an idempotency key.
     env.app
         .set_fault(Some(carapace::memory_app::Fault::Retryable));
