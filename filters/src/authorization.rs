@@ -119,10 +119,6 @@ impl Permissions {
         )
     }
 
-    pub fn role(&self) -> &str {
-        &self.role
-    }
-
     /// Whether `action` is allowed at `now_ms`.
     pub fn allows(&self, action: &str, now_ms: u64) -> bool {
         if action == PAIR_START {

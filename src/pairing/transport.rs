@@ -24,7 +24,7 @@ use super::handshake::{
 use super::identity::{GatewayIdentity, HostIdentity};
 
 /// Largest pairing message accepted (as crabstack: 64 KiB).
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+pub use super::wire::MAX_MESSAGE_BYTES;
 /// Longest wait for the peer's next message.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest whole handshake, gateway side.

@@ -1508,8 +1508,9 @@ pub fn open_challenge(
     Ok(plaintext.to_vec())
 }
 
-/// A fresh random X25519 secret for `remote.public_key_x25519` (persist its bytes).
-pub fn new_x25519_secret() -> StaticSecret {
+/// A fresh random X25519 secret (tests; identities persist theirs).
+#[cfg(test)]
+fn new_x25519_secret() -> StaticSecret {
     let mut bytes = [0u8; 32];
     OsRng.fill_bytes(&mut bytes);
     StaticSecret::from(bytes)
