@@ -349,7 +349,7 @@ pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, R
     decode_response(resp.status, &resp.body, call)
 }
 
-/// Check a response body against the seed's response schema (used by tests and the demo).
+/// Check a response body against the seed's response schema (the tests use it).
 pub fn follows_response_schema(doc: &Value) -> bool {
     RESPONSE.validate(doc).is_ok()
 }
