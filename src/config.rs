@@ -63,6 +63,61 @@ pub struct Config {
     /// Gateway role: the local socket the agent calls paired tool hosts through.
     #[serde(default)]
     pub outbound: Option<OutboundConfig>,
+    /// Where nonces and rate limits live: this process, or a store every replica shares.
+    #[serde(default)]
+    pub shared_state: SharedStateConfig,
+}
+
+/// Where nonces and rate limits live.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SharedStateConfig {
+    /// `memory`: this process only (the default; nonces survive restarts in the journal).
+    /// `redis`: one Redis shared by every replica; when it does not answer, calls are refused
+    /// with `DEPENDENCY_UNAVAILABLE`.
+    #[serde(default)]
+    pub backend: SharedStateBackend,
+    /// The Redis server, for `backend: redis`.
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
+}
+
+/// The store behind nonces and rate limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SharedStateBackend {
+    #[default]
+    Memory,
+    Redis,
+}
+
+/// A Redis server.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://HOST:PORT/DB` or `unix:///path/redis.sock`, without a password (use `password`).
+    pub url: String,
+    /// ACL user name.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// The password, from a file or an environment variable.
+    #[serde(default)]
+    pub password: Option<SecretRef>,
+    /// Prefix of every key carapace writes; replicas of one tool host share it, other tool
+    /// hosts on the same Redis use their own.
+    #[serde(default = "default_redis_key_prefix")]
+    pub key_prefix: String,
+    /// Longest wait for a connection or an answer, in milliseconds.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_redis_key_prefix() -> String {
+    "carapace:".into()
+}
+
+fn default_redis_timeout_ms() -> u64 {
+    250
 }
 
 /// The outbound role: plain tools-v1 calls from the local agent, routed to paired peers.
@@ -690,6 +745,8 @@ pub struct Loaded {
     pub outbound_peers: BTreeMap<String, SocketAddr>,
     /// Outbound skills, by skill id.
     pub outbound_skills: BTreeMap<String, OutboundSkill>,
+    /// The Redis password, when one is configured.
+    pub redis_password: Option<Secret>,
 }
 
 impl Loaded {
@@ -865,6 +922,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             pairing_address: d.pairing_address,
             outbound_peers: d.outbound_peers,
             outbound_skills: d.outbound_skills,
+            redis_password: d.redis_password,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -907,6 +965,7 @@ fn meaning_of_sound_sections(
         runtime: sound(json, structural, "runtime"),
         log: sound(json, structural, "log"),
         ops: sound(json, structural, "ops"),
+        shared_state: sound(json, structural, "shared_state"),
     };
     owned.resolve(base);
     let mut errors = Vec::new();
@@ -928,6 +987,7 @@ struct PartsOwned {
     runtime: Option<RuntimeConfig>,
     log: Option<LogConfig>,
     ops: Option<OpsConfig>,
+    shared_state: Option<SharedStateConfig>,
 }
 
 impl PartsOwned {
@@ -945,6 +1005,7 @@ impl PartsOwned {
             runtime: self.runtime.as_ref(),
             log: self.log.as_ref(),
             ops: self.ops.as_ref(),
+            shared_state: self.shared_state.as_ref(),
         }
     }
 
@@ -961,6 +1022,9 @@ impl PartsOwned {
         }
         if let Some(p) = &mut self.pairing {
             resolve_pairing(p, base);
+        }
+        if let Some(s) = &mut self.shared_state {
+            resolve_shared_state(s, base);
         }
     }
 }
@@ -1017,9 +1081,16 @@ fn resolve_app(a: &mut AppConfig, base: &Path) {
     }
 }
 
+fn resolve_shared_state(s: &mut SharedStateConfig, base: &Path) {
+    if let Some(p) = s.redis.as_mut().and_then(|r| r.password.as_mut()) {
+        fix_secret(p, base);
+    }
+}
+
 /// Resolve relative paths against the configuration file's directory.
 fn resolve_paths(c: &mut Config, base: &Path) {
     fix_path(&mut c.state_dir, base);
+    resolve_shared_state(&mut c.shared_state, base);
     resolve_listeners(&mut c.listeners, base);
     resolve_front(&mut c.front, base);
     resolve_app(&mut c.app, base);
@@ -1144,6 +1215,7 @@ struct Parts<'a> {
     runtime: Option<&'a RuntimeConfig>,
     log: Option<&'a LogConfig>,
     ops: Option<&'a OpsConfig>,
+    shared_state: Option<&'a SharedStateConfig>,
 }
 
 impl<'a> Parts<'a> {
@@ -1161,6 +1233,7 @@ impl<'a> Parts<'a> {
             runtime: Some(&c.runtime),
             log: Some(&c.log),
             ops: Some(&c.ops),
+            shared_state: Some(&c.shared_state),
         }
     }
 }
@@ -1178,6 +1251,52 @@ struct Derived {
     pairing_address: Option<SocketAddr>,
     outbound_peers: BTreeMap<String, SocketAddr>,
     outbound_skills: BTreeMap<String, OutboundSkill>,
+    redis_password: Option<Secret>,
+}
+
+fn check_shared_state(s: &SharedStateConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    let Some(r) = &s.redis else {
+        if s.backend == SharedStateBackend::Redis {
+            errors.push(err("/shared_state/redis", "required for backend: redis"));
+        }
+        return;
+    };
+    if s.backend != SharedStateBackend::Redis {
+        errors.push(err(
+            "/shared_state/redis",
+            "set only with backend: redis (the memory backend would ignore it)",
+        ));
+    }
+    use redis::IntoConnectionInfo;
+    let scheme = r.url.split("://").next().unwrap_or_default();
+    if !matches!(scheme, "redis" | "unix" | "redis+unix") {
+        errors.push(err(
+            "/shared_state/redis/url",
+            format!("`{scheme}://` is not supported: use redis:// or unix://"),
+        ));
+    } else {
+        match r.url.as_str().into_connection_info() {
+            // Never echo the URL: it may hold a password.
+            Err(_) => errors.push(err("/shared_state/redis/url", "not a Redis URL")),
+            Ok(info) if info.redis_settings().password().is_some() => errors.push(err(
+                "/shared_state/redis/url",
+                "holds a password: move it to password (a file or an environment variable)",
+            )),
+            Ok(_) => {}
+        }
+    }
+    if !(1..=10_000).contains(&r.timeout_ms) {
+        errors.push(err("/shared_state/redis/timeout_ms", "must be 1 to 10000"));
+    }
+    if let Some(p) = &r.password {
+        match load_secret(p) {
+            Ok(s) if std::str::from_utf8(s.bytes()).is_err() => {
+                errors.push(err("/shared_state/redis/password", "is not UTF-8"))
+            }
+            Ok(s) => d.redis_password = Some(s),
+            Err(m) => errors.push(err("/shared_state/redis/password", m)),
+        }
+    }
 }
 
 fn check_listeners(
@@ -1542,6 +1661,9 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
             errors.push(err("/log/level", e.to_string()));
         }
     }
+    if let Some(s) = p.shared_state {
+        check_shared_state(s, &mut d, errors);
+    }
     if let Some(ops) = p.ops.filter(|o| !o.address.is_empty()) {
         match ops.address.parse::<SocketAddr>() {
             Ok(a) => d.ops_address = Some(a),
@@ -1721,5 +1843,39 @@ app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }
             }
         }
         assert!(n >= 2);
+    }
+
+    #[test]
+    fn the_shared_state_store_is_checked_without_echoing_secrets() {
+        assert!(errors(&format!("{MINIMAL}shared_state: {{ backend: memory }}")).is_empty());
+        let ok = format!(
+            "{MINIMAL}shared_state: {{ backend: redis, redis: {{ url: 'redis://10.0.0.5:6379/2' }} }}"
+        );
+        assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
+        let e = errors(&format!("{MINIMAL}shared_state: {{ backend: redis }}"));
+        assert_eq!(e, ["/shared_state/redis: required for backend: redis"]);
+        let e = errors(&format!(
+            "{MINIMAL}shared_state: {{ redis: {{ url: 'redis://h:6379' }} }}"
+        ));
+        assert!(e[0].starts_with("/shared_state/redis: set only with backend: redis"));
+        let e = errors(&format!(
+            "{MINIMAL}shared_state: {{ backend: redis, redis: {{ url: 'redis://u:hunter2@h:6379', \
+             timeout_ms: 0, password: {{ env: CARAPACE_TEST_UNSET_PASSWORD }} }} }}"
+        ));
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e.iter().all(|m| !m.contains("hunter2")), "{e:?}");
+        assert!(e.iter().any(|m| m.contains("holds a password")), "{e:?}");
+        assert!(e
+            .iter()
+            .any(|m| m.contains("timeout_ms: must be 1 to 10000")));
+        assert!(e
+            .iter()
+            .any(|m| m.contains("CARAPACE_TEST_UNSET_PASSWORD is not set")));
+        let e = errors(&format!(
+            "{MINIMAL}shared_state: {{ backend: redis, redis: {{ url: 'rediss://h:6379' }} }}"
+        ));
+        assert!(e[0].contains("`rediss://` is not supported"), "{e:?}");
+        let e = errors(&format!("{MINIMAL}shared_state: {{ backend: etcd }}"));
+        assert!(e[0].starts_with("/shared_state/backend"), "{e:?}");
     }
 }

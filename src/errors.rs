@@ -45,6 +45,9 @@ pub fn code_and_status(r: &Rejection, front: Protocol) -> (&'static str, StatusC
         Rejection::AppHttp(_) | Rejection::AppInvalid(_) => {
             ("DEPENDENCY_UNAVAILABLE", StatusCode::BAD_GATEWAY)
         }
+        Rejection::SharedStateUnavailable(_) => {
+            ("DEPENDENCY_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE)
+        }
         Rejection::Internal(_) => ("INTERNAL", StatusCode::INTERNAL_SERVER_ERROR),
     }
 }
@@ -76,6 +79,9 @@ pub fn details(r: &Rejection) -> Option<serde_json::Value> {
 pub fn message(r: &Rejection) -> String {
     match r {
         Rejection::Internal(_) => "internal error".into(),
+        Rejection::SharedStateUnavailable(_) => {
+            "the state store shared by the replicas is unavailable".into()
+        }
         Rejection::AppUnavailable(_) => "the app is unavailable".into(),
         Rejection::AppInvalid(_) => "the app's answer does not follow its protocol".into(),
         other => other.to_string(),
@@ -86,7 +92,10 @@ pub fn message(r: &Rejection) -> String {
 pub fn log_detail(r: &Rejection) -> bool {
     matches!(
         r,
-        Rejection::Internal(_) | Rejection::AppUnavailable(_) | Rejection::AppInvalid(_)
+        Rejection::Internal(_)
+            | Rejection::AppUnavailable(_)
+            | Rejection::AppInvalid(_)
+            | Rejection::SharedStateUnavailable(_)
     )
 }
 
@@ -219,6 +228,12 @@ mod tests {
                 "SKILL_HTTP_ERROR",
                 502,
             ),
+            (
+                Rejection::SharedStateUnavailable("x".into()),
+                "DEPENDENCY_UNAVAILABLE",
+                "DEPENDENCY_UNAVAILABLE",
+                503,
+            ),
             (Rejection::Internal("x".into()), "INTERNAL", "INTERNAL", 500),
         ];
         for (r, tools, skill, status) in &rows {
@@ -229,7 +244,7 @@ mod tests {
         }
         assert_eq!(
             rows.len(),
-            22,
+            23,
             "a Rejection variant is missing from this table"
         );
     }
@@ -240,10 +255,14 @@ mod tests {
             Rejection::Internal("journal /var/lib/x: EIO".into()),
             Rejection::AppUnavailable("connect 127.0.0.1:8080 refused".into()),
             Rejection::AppInvalid("answer breaks schema at /result".into()),
+            Rejection::SharedStateUnavailable("redis 10.0.0.7:6379: refused".into()),
         ] {
             let m = message(&r);
             assert!(
-                !m.contains("/var") && !m.contains("8080") && !m.contains("/result"),
+                !m.contains("/var")
+                    && !m.contains("8080")
+                    && !m.contains("/result")
+                    && !m.contains("6379"),
                 "{m}"
             );
             assert!(log_detail(&r));

@@ -20,6 +20,7 @@ pub mod pairing;
 pub mod peers;
 pub mod pki;
 pub mod server;
+pub mod shared_state;
 pub mod skill_v1;
 pub mod tls;
 pub mod tools_v1;

@@ -1,6 +1,7 @@
 //! The running sidecar: shared state, the filter stack in the order the design gives,
 //! listeners, discovery, reload and drain.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -30,19 +31,20 @@ use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::rate_limit::{KeyedLimits, PeerRateLimitLayer, Rate, ToolRateLimitLayer};
 use carapace_filters::schema::{InputSchemaLayer, OutputSchemaLayer};
 use carapace_filters::signature::{
-    AuthMode, SignatureLayer, SignatureVerifier, SigningKey, UnixClock,
+    AuthMode, ReplayGuard, SignatureLayer, SignatureVerifier, SigningKey, UnixClock,
 };
 use carapace_filters::timeout::CallTimeoutLayer;
 use carapace_filters::Rejection;
 
 use crate::catalog::CatalogHandle;
-use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
+use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig, SharedStateBackend};
 use crate::front::{CallStack, Envelope, Resp};
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, OutboundBack};
 use crate::pairing::handshake::{Installed, RemoteConfig};
 use crate::pairing::identity::{GatewayIdentity, HostIdentity};
 use crate::peers::PeerStore;
+use crate::shared_state::RedisState;
 use crate::skill_v1::{AppSigning, SkillV1Back, SkillV1Front};
 use crate::tools_v1::{ToolsV1Back, ToolsV1Front};
 use crate::upstream::AppClient;
@@ -65,6 +67,8 @@ pub enum StartError {
     #[error(transparent)]
     Peers(#[from] crate::peers::PeerStoreError),
     #[error(transparent)]
+    Redis(#[from] crate::shared_state::RedisSetupError),
+    #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     Identity(#[from] crate::pairing::identity::IdentityError),
@@ -83,6 +87,8 @@ pub struct Shared {
     pub config: ArcSwap<Loaded>,
     pub kill_switch: KillSwitch,
     pub nonces: Option<Arc<NonceStore>>,
+    /// The store shared by the replicas, with `shared_state.backend: redis`.
+    pub redis: Option<RedisState>,
     pub peers: Arc<PeerStore>,
     pub catalog: Arc<CatalogHandle>,
     pub metrics: Arc<Metrics>,
@@ -142,6 +148,21 @@ fn rate(r: RateConfig) -> Rate {
     }
 }
 
+/// Limits in this process, or in the shared store when there is one.
+fn keyed_limits(
+    shared: &Shared,
+    scope: &'static str,
+    default: Option<RateConfig>,
+    overrides: &BTreeMap<String, RateConfig>,
+) -> KeyedLimits {
+    let default = default.map(rate);
+    let overrides = overrides.iter().map(|(k, r)| (k.clone(), rate(*r)));
+    match &shared.redis {
+        Some(redis) => KeyedLimits::shared(scope, default, overrides, Arc::new(redis.clone())),
+        None => KeyedLimits::new(default, overrides),
+    }
+}
+
 fn auth_mode(m: AuthModeConfig) -> AuthMode {
     match m {
         AuthModeConfig::Hmac => AuthMode::Hmac,
@@ -173,12 +194,11 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
             ))
         }
     };
-    let tool_limits = Arc::new(KeyedLimits::new(
-        c.rate_limits.per_tool.map(rate),
-        c.rate_limits
-            .tools
-            .iter()
-            .map(|(k, r)| (k.clone(), rate(*r))),
+    let tool_limits = Arc::new(keyed_limits(
+        shared,
+        "tool",
+        c.rate_limits.per_tool,
+        &c.rate_limits.tools,
     ));
     let signature = c.front.auth.as_ref().map(|auth| {
         let keys = cfg
@@ -193,10 +213,18 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
             auth_mode(auth.mode),
             keys,
             Duration::from_secs(auth.timestamp_skew_s),
-            shared
-                .nonces
-                .clone()
-                .expect("a signed front has a nonce store"),
+            match &shared.redis {
+                Some(redis) => ReplayGuard::Shared {
+                    store: Arc::new(redis.clone()),
+                    ttl: Duration::from_secs(auth.nonce_ttl_s),
+                },
+                None => ReplayGuard::Local(
+                    shared
+                        .nonces
+                        .clone()
+                        .expect("a signed front has a nonce store"),
+                ),
+            },
             shared.clock.clone(),
         )))
     });
@@ -220,7 +248,12 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
     let control = Arc::downgrade(shared);
 
     let calls = call_stack(cfg, shared, shared.app.load().as_ref().clone());
-    let peer_limits = Arc::new(KeyedLimits::new(c.rate_limits.per_peer.map(rate), []));
+    let peer_limits = Arc::new(keyed_limits(
+        shared,
+        "peer",
+        c.rate_limits.per_peer,
+        &BTreeMap::new(),
+    ));
     let body = BodyLimits {
         max_bytes: c.limits.max_body_bytes,
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
@@ -423,6 +456,11 @@ fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
         ),
         ("front.auth nonce settings", nonce(o), nonce(n)),
         (
+            "shared_state",
+            format!("{:?}", o.shared_state),
+            format!("{:?}", n.shared_state),
+        ),
+        (
             "ops.address",
             format!("{:?}", old.ops_address),
             format!("{:?}", new.ops_address),
@@ -553,7 +591,24 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     let c = &cfg.config;
     create_private_dir(&c.state_dir)?;
     let kill_switch = KillSwitch::open(switches(&cfg), c.state_dir.join("killswitch.json"))?;
+    let redis = match (&c.shared_state.backend, &c.shared_state.redis) {
+        (SharedStateBackend::Redis, Some(r)) => {
+            Some(RedisState::new(r, cfg.redis_password.as_ref())?)
+        }
+        _ => None,
+    };
+    if let Some(redis) = &redis {
+        // Not fatal: calls that need the store are refused until it answers.
+        match redis.ping().await {
+            Ok(()) => tracing::info!("shared_state backend=redis reachable=true"),
+            Err(e) => tracing::warn!(
+                "shared_state backend=redis reachable=false: {e}; signed and rate-limited calls \
+                 are refused with DEPENDENCY_UNAVAILABLE until it answers"
+            ),
+        }
+    }
     let nonces = match &c.front.auth {
+        Some(_) if redis.is_some() => None,
         Some(auth) => Some(Arc::new(NonceStore::open(
             NonceStoreConfig {
                 capacity: auth.nonce_capacity,
@@ -596,6 +651,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         config: ArcSwap::from_pointee(cfg.clone()),
         kill_switch,
         nonces,
+        redis,
         peers,
         catalog: Arc::new(CatalogHandle::default()),
         metrics,

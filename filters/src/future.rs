@@ -1,12 +1,14 @@
-//! The response future shared by layers that either refuse at once or delegate.
+//! The response futures shared by layers that either refuse at once or delegate, possibly
+//! after an asynchronous check.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
+use tower::Service;
 
-use crate::Rejection;
+use crate::{BoxFuture, Rejection};
 
 pin_project! {
     /// Resolves to a [`Rejection`] immediately, or to the inner service's future.
@@ -45,6 +47,78 @@ where
                 .take()
                 .expect("ReadyOr polled after completion"))),
             ReadyOrProj::Inner { future } => future.poll(cx),
+        }
+    }
+}
+
+pin_project! {
+    /// Like [`ReadyOr`], with a third way: an asynchronous check (a shared store's answer)
+    /// that must pass before the inner service is called with the request it holds.
+    #[project = GatedProj]
+    pub enum Gated<S, R, F> {
+        /// Decided without waiting: refused, or already delegated.
+        Decided { #[pin] future: ReadyOr<F> },
+        /// Waiting for the check; `service` is ready and is called once the check passes.
+        Checking {
+            check: BoxFuture<Result<(), Rejection>>,
+            service: Option<S>,
+            request: Option<R>,
+        },
+        /// The check passed: the inner service's future.
+        Calling { #[pin] future: F },
+    }
+}
+
+impl<S, R, F> Gated<S, R, F> {
+    /// Refuse with `rejection`.
+    pub fn reject(rejection: Rejection) -> Self {
+        Gated::Decided {
+            future: ReadyOr::reject(rejection),
+        }
+    }
+
+    /// Wait for the inner service.
+    pub fn inner(future: F) -> Self {
+        Gated::Decided {
+            future: ReadyOr::inner(future),
+        }
+    }
+
+    /// Call the ready `service` with `request` once `check` passes.
+    pub fn checking(check: BoxFuture<Result<(), Rejection>>, service: S, request: R) -> Self {
+        Gated::Checking {
+            check,
+            service: Some(service),
+            request: Some(request),
+        }
+    }
+}
+
+impl<S, R, T> Future for Gated<S, R, S::Future>
+where
+    S: Service<R, Response = T, Error = Rejection>,
+{
+    type Output = Result<T, Rejection>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                GatedProj::Decided { future } => return future.poll(cx),
+                GatedProj::Calling { future } => return future.poll(cx),
+                GatedProj::Checking {
+                    check,
+                    service,
+                    request,
+                } => {
+                    if let Err(r) = ready!(check.as_mut().poll(cx)) {
+                        return Poll::Ready(Err(r));
+                    }
+                    let mut service = service.take().expect("Gated polled after completion");
+                    let request = request.take().expect("Gated polled after completion");
+                    let future = service.call(request);
+                    self.set(Gated::Calling { future });
+                }
+            }
         }
     }
 }

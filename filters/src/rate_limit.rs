@@ -1,6 +1,8 @@
 //! Rate limits per peer (before the body is read) and per tool (after decoding), backed by
-//! governor's GCRA limiters. A refused call carries the time until it would be allowed, which
-//! fronts send as `Retry-After`.
+//! governor's GCRA limiters in this process, or by a [`SharedLimits`] store that every replica
+//! uses so that a limit holds for the whole set. A refused call carries the time until it would
+//! be allowed, which fronts send as `Retry-After`. A shared store that cannot answer refuses the
+//! call ([`Rejection::SharedStateUnavailable`]).
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -14,8 +16,9 @@ use governor::{Quota, RateLimiter};
 use tower::{Layer, Service};
 
 use crate::call::{Principal, ToolCall};
-use crate::future::ReadyOr;
-use crate::Rejection;
+use crate::future::Gated;
+use crate::shared::SharedLimits;
+use crate::{BoxFuture, Rejection};
 
 /// A sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +28,11 @@ pub struct Rate {
 }
 
 impl Rate {
+    /// Time between two cells at the sustained rate.
+    pub fn emission_interval(self) -> Duration {
+        Duration::from_secs(1) / self.per_second.get()
+    }
+
     fn quota(self) -> Quota {
         Quota::per_second(self.per_second).allow_burst(self.burst)
     }
@@ -34,10 +42,32 @@ type Keyed = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock>;
 
 /// Limits keyed by a string (peer id or tool name), with optional per-key overrides.
 pub struct KeyedLimits {
-    default: Option<Keyed>,
-    overrides: HashMap<String, Keyed>,
-    clock: DefaultClock,
-    checks: std::sync::atomic::AtomicU64,
+    backend: Backend,
+}
+
+enum Backend {
+    Local {
+        default: Option<Keyed>,
+        overrides: HashMap<String, Keyed>,
+        clock: DefaultClock,
+        checks: std::sync::atomic::AtomicU64,
+    },
+    Shared {
+        scope: &'static str,
+        default: Option<Rate>,
+        overrides: HashMap<String, Rate>,
+        store: Arc<dyn SharedLimits>,
+    },
+}
+
+/// The answer of [`KeyedLimits::check`].
+pub enum LimitCheck {
+    /// A cell was taken.
+    Allowed,
+    /// Refused: a cell frees up after this long.
+    Wait(Duration),
+    /// The shared store decides; resolves to `Ok` when a cell was taken.
+    Pending(BoxFuture<Result<(), Rejection>>),
 }
 
 /// Every this many checks, keys whose bucket is full again are forgotten, which bounds the
@@ -46,10 +76,26 @@ const RETAIN_EVERY: u64 = 4096;
 
 impl std::fmt::Debug for KeyedLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyedLimits")
-            .field("default", &self.default.is_some())
-            .field("overrides", &self.overrides.keys().collect::<Vec<_>>())
-            .finish()
+        match &self.backend {
+            Backend::Local {
+                default, overrides, ..
+            } => f
+                .debug_struct("KeyedLimits")
+                .field("default", &default.is_some())
+                .field("overrides", &overrides.keys().collect::<Vec<_>>())
+                .finish(),
+            Backend::Shared {
+                scope,
+                default,
+                overrides,
+                ..
+            } => f
+                .debug_struct("KeyedLimits")
+                .field("shared", scope)
+                .field("default", default)
+                .field("overrides", overrides)
+                .finish(),
+        }
     }
 }
 
@@ -57,44 +103,84 @@ impl KeyedLimits {
     /// `default` applies to every key without an override; `None` means unlimited.
     pub fn new(default: Option<Rate>, overrides: impl IntoIterator<Item = (String, Rate)>) -> Self {
         KeyedLimits {
-            default: default.map(|r| RateLimiter::keyed(r.quota())),
-            overrides: overrides
-                .into_iter()
-                .map(|(k, r)| (k, RateLimiter::keyed(r.quota())))
-                .collect(),
-            clock: DefaultClock::default(),
-            checks: std::sync::atomic::AtomicU64::new(0),
+            backend: Backend::Local {
+                default: default.map(|r| RateLimiter::keyed(r.quota())),
+                overrides: overrides
+                    .into_iter()
+                    .map(|(k, r)| (k, RateLimiter::keyed(r.quota())))
+                    .collect(),
+                clock: DefaultClock::default(),
+                checks: std::sync::atomic::AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// The same limits kept in `store`, shared by every replica. `scope` (`peer`, `tool`)
+    /// keeps the key spaces of different limits apart in the store.
+    pub fn shared(
+        scope: &'static str,
+        default: Option<Rate>,
+        overrides: impl IntoIterator<Item = (String, Rate)>,
+        store: Arc<dyn SharedLimits>,
+    ) -> Self {
+        KeyedLimits {
+            backend: Backend::Shared {
+                scope,
+                default,
+                overrides: overrides.into_iter().collect(),
+                store,
+            },
         }
     }
 
     /// Take one cell for `key`, or say how long until one is available.
-    pub fn check(&self, key: &str) -> Result<(), Duration> {
-        let n = self
-            .checks
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if n % RETAIN_EVERY == RETAIN_EVERY - 1 {
-            self.retain_recent();
-        }
-        let limiter = match self.overrides.get(key) {
-            Some(l) => l,
-            None => match &self.default {
-                Some(l) => l,
-                None => return Ok(()),
-            },
-        };
-        // Keyed limiters take an owned key; allocation only happens on this path.
-        limiter
-            .check_key(&key.to_owned())
-            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
-    }
-
-    /// Forget keys whose state is back to full.
-    fn retain_recent(&self) {
-        if let Some(l) = &self.default {
-            l.retain_recent();
-        }
-        for l in self.overrides.values() {
-            l.retain_recent();
+    pub fn check(&self, key: &str) -> LimitCheck {
+        match &self.backend {
+            Backend::Local {
+                default,
+                overrides,
+                clock,
+                checks,
+            } => {
+                let n = checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n % RETAIN_EVERY == RETAIN_EVERY - 1 {
+                    // Forget keys whose state is back to full.
+                    if let Some(l) = default {
+                        l.retain_recent();
+                    }
+                    for l in overrides.values() {
+                        l.retain_recent();
+                    }
+                }
+                let limiter = match overrides.get(key).or(default.as_ref()) {
+                    Some(l) => l,
+                    None => return LimitCheck::Allowed,
+                };
+                // Keyed limiters take an owned key; allocation only happens on this path.
+                match limiter.check_key(&key.to_owned()) {
+                    Ok(()) => LimitCheck::Allowed,
+                    Err(not_until) => LimitCheck::Wait(not_until.wait_time_from(clock.now())),
+                }
+            }
+            Backend::Shared {
+                scope,
+                default,
+                overrides,
+                store,
+            } => {
+                let Some(rate) = overrides.get(key).or(default.as_ref()) else {
+                    return LimitCheck::Allowed;
+                };
+                let take = store.take(&format!("{scope}:{key}"), *rate);
+                let scope = *scope;
+                LimitCheck::Pending(Box::pin(async move {
+                    match take.await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(wait)) => Err(rate_limited(scope, wait)),
+                        Err(e) => Err(Rejection::SharedStateUnavailable(e.0)),
+                    }
+                }))
+            }
         }
     }
 }
@@ -140,11 +226,11 @@ pub struct PeerRateLimit<S> {
 
 impl<S, B> Service<http::Request<B>> for PeerRateLimit<S>
 where
-    S: Service<http::Request<B>, Error = Rejection>,
+    S: Service<http::Request<B>, Error = Rejection> + Clone,
 {
     type Response = S::Response;
     type Error = Rejection;
-    type Future = ReadyOr<S::Future>;
+    type Future = Gated<S, http::Request<B>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -153,11 +239,16 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let Some(principal) = req.extensions().get::<Arc<Principal>>() else {
             // The identity layer runs first; a request without a principal is a wiring bug.
-            return ReadyOr::reject(Rejection::Internal("request without principal".into()));
+            return Gated::reject(Rejection::Internal("request without principal".into()));
         };
         match self.limits.check(&principal.limit_key()) {
-            Ok(()) => ReadyOr::inner(self.inner.call(req)),
-            Err(wait) => ReadyOr::reject(rate_limited("peer", wait)),
+            LimitCheck::Allowed => Gated::inner(self.inner.call(req)),
+            LimitCheck::Wait(wait) => Gated::reject(rate_limited("peer", wait)),
+            LimitCheck::Pending(check) => {
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                Gated::checking(check, ready, req)
+            }
         }
     }
 }
@@ -193,11 +284,11 @@ pub struct ToolRateLimit<S> {
 
 impl<S> Service<ToolCall> for ToolRateLimit<S>
 where
-    S: Service<ToolCall, Error = Rejection>,
+    S: Service<ToolCall, Error = Rejection> + Clone,
 {
     type Response = S::Response;
     type Error = Rejection;
-    type Future = ReadyOr<S::Future>;
+    type Future = Gated<S, ToolCall, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -205,8 +296,13 @@ where
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         match self.limits.check(&call.tool.name) {
-            Ok(()) => ReadyOr::inner(self.inner.call(call)),
-            Err(wait) => ReadyOr::reject(rate_limited("tool", wait)),
+            LimitCheck::Allowed => Gated::inner(self.inner.call(call)),
+            LimitCheck::Wait(wait) => Gated::reject(rate_limited("tool", wait)),
+            LimitCheck::Pending(check) => {
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                Gated::checking(check, ready, call)
+            }
         }
     }
 }
@@ -214,6 +310,21 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The local answer as a `Result`.
+    trait CheckNow {
+        fn now(&self, key: &str) -> Result<(), Duration>;
+    }
+
+    impl CheckNow for KeyedLimits {
+        fn now(&self, key: &str) -> Result<(), Duration> {
+            match self.check(key) {
+                LimitCheck::Allowed => Ok(()),
+                LimitCheck::Wait(w) => Err(w),
+                LimitCheck::Pending(_) => panic!("local limits answer at once"),
+            }
+        }
+    }
 
     fn rate(per_second: u32, burst: u32) -> Rate {
         Rate {
@@ -225,22 +336,22 @@ mod tests {
     #[test]
     fn burst_then_refused_with_a_wait() {
         let l = KeyedLimits::new(Some(rate(1, 2)), []);
-        assert!(l.check("a").is_ok());
-        assert!(l.check("a").is_ok());
-        let wait = l.check("a").unwrap_err();
+        assert!(l.now("a").is_ok());
+        assert!(l.now("a").is_ok());
+        let wait = l.now("a").unwrap_err();
         assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1));
         // Keys are independent.
-        assert!(l.check("b").is_ok());
+        assert!(l.now("b").is_ok());
     }
 
     #[test]
     fn overrides_win_and_no_default_is_unlimited() {
         let l = KeyedLimits::new(None, [("slow".to_string(), rate(1, 1))]);
         for _ in 0..1000 {
-            assert!(l.check("fast").is_ok());
+            assert!(l.now("fast").is_ok());
         }
-        assert!(l.check("slow").is_ok());
-        assert!(l.check("slow").is_err());
+        assert!(l.now("slow").is_ok());
+        assert!(l.now("slow").is_err());
     }
 
     #[test]
@@ -249,5 +360,83 @@ mod tests {
         assert_eq!(r.retry_after(), Some(Duration::from_secs(1)));
         let r = rate_limited("peer", Duration::from_millis(1500));
         assert_eq!(r.retry_after(), Some(Duration::from_secs(2)));
+    }
+
+    /// A shared store that allows `allow` takes per key, then asks to wait 1.5 s; or is down.
+    struct FakeStore {
+        asked: std::sync::Mutex<Vec<(String, Rate)>>,
+        allow: usize,
+        down: bool,
+    }
+
+    impl SharedLimits for FakeStore {
+        fn take(
+            &self,
+            key: &str,
+            rate: Rate,
+        ) -> BoxFuture<Result<Result<(), Duration>, crate::shared::SharedStateError>> {
+            let mut asked = self.asked.lock().unwrap();
+            asked.push((key.to_owned(), rate));
+            let n = asked.iter().filter(|(k, _)| k == key).count();
+            let r = if self.down {
+                Err(crate::shared::SharedStateError("timed out".into()))
+            } else if n <= self.allow {
+                Ok(Ok(()))
+            } else {
+                Ok(Err(Duration::from_millis(1500)))
+            };
+            Box::pin(async move { r })
+        }
+    }
+
+    async fn shared_answer(l: &KeyedLimits, key: &str) -> Option<Result<(), Rejection>> {
+        match l.check(key) {
+            LimitCheck::Pending(f) => Some(f.await),
+            LimitCheck::Allowed => None,
+            LimitCheck::Wait(_) => panic!("shared limits never decide locally"),
+        }
+    }
+
+    #[tokio::test]
+    async fn shared_limits_ask_the_store_with_the_key_scope_and_rate() {
+        let store = Arc::new(FakeStore {
+            asked: Default::default(),
+            allow: 1,
+            down: false,
+        });
+        let l = KeyedLimits::shared(
+            "tool",
+            None,
+            [("slow".to_string(), rate(2, 1))],
+            store.clone(),
+        );
+        // No limit for this key: the store is not asked.
+        assert!(shared_answer(&l, "free").await.is_none());
+        assert!(matches!(shared_answer(&l, "slow").await, Some(Ok(()))));
+        match shared_answer(&l, "slow").await {
+            Some(Err(r @ Rejection::RateLimited { scope: "tool", .. })) => {
+                assert_eq!(r.retry_after(), Some(Duration::from_secs(2)));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            *store.asked.lock().unwrap(),
+            vec![("tool:slow".to_string(), rate(2, 1)); 2]
+        );
+        assert_eq!(rate(2, 1).emission_interval(), Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_store_refuses_the_call() {
+        let store = Arc::new(FakeStore {
+            asked: Default::default(),
+            allow: 100,
+            down: true,
+        });
+        let l = KeyedLimits::shared("peer", Some(rate(100, 100)), [], store);
+        assert!(matches!(
+            shared_answer(&l, "gw").await,
+            Some(Err(Rejection::SharedStateUnavailable(_)))
+        ));
     }
 }

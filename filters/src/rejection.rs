@@ -85,6 +85,10 @@ pub enum Rejection {
     /// The app's answer does not follow its protocol.
     #[error("app answer invalid: {0}")]
     AppInvalid(String),
+    /// The store shared by the replicas (nonces, rate limits) did not answer; the call is
+    /// refused rather than let through unchecked.
+    #[error("shared state store unavailable: {0}")]
+    SharedStateUnavailable(String),
     /// A bug or an I/O failure inside carapace (e.g. the nonce journal could not be written).
     #[error("internal error: {0}")]
     Internal(String),
@@ -123,6 +127,7 @@ impl Rejection {
             Rejection::AppUnavailable(_) => "app_unavailable",
             Rejection::AppHttp(_) => "app_http_error",
             Rejection::AppInvalid(_) => "app_invalid",
+            Rejection::SharedStateUnavailable(_) => "shared_state_unavailable",
             Rejection::Internal(_) => "internal",
         }
     }
@@ -135,6 +140,7 @@ impl Rejection {
                 | Rejection::Overloaded
                 | Rejection::NonceStoreFull { .. }
                 | Rejection::AppUnavailable(_)
+                | Rejection::SharedStateUnavailable(_)
         )
     }
 
@@ -143,7 +149,9 @@ impl Rejection {
         match self {
             Rejection::RateLimited { retry_after, .. }
             | Rejection::NonceStoreFull { retry_after } => Some(*retry_after),
-            Rejection::Overloaded => Some(Duration::from_secs(1)),
+            Rejection::Overloaded | Rejection::SharedStateUnavailable(_) => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

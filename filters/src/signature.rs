@@ -3,6 +3,11 @@
 //!
 //! Order of checks: credential first, then the timestamp window, and only then is the nonce
 //! recorded, so an attacker without a key can neither fill the store nor burn a nonce.
+//!
+//! Nonces go to a [`ReplayGuard`]: the embedded [`NonceStore`] (one process), or a
+//! [`SharedNonces`] that every replica uses, so a request accepted at one replica is refused
+//! at all the others. A shared store that cannot answer refuses the call
+//! ([`Rejection::SharedStateUnavailable`]).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,9 +18,10 @@ use tower::{Layer, Service};
 
 use crate::call::{Credential, ToolCall};
 use crate::canonical::verify_hmac_sha256_hex;
-use crate::future::ReadyOr;
+use crate::future::Gated;
 use crate::nonce::{NonceError, NonceStore};
-use crate::Rejection;
+use crate::shared::SharedNonces;
+use crate::{BoxFuture, Rejection};
 
 /// Longest nonce accepted (Vagus sends 32 hex characters).
 pub const MAX_NONCE_LEN: usize = 128;
@@ -45,12 +51,32 @@ pub enum AuthMode {
 /// Function returning the current Unix time in milliseconds (injected for tests).
 pub type UnixClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
+/// Where verified nonces are recorded.
+#[derive(Clone)]
+pub enum ReplayGuard {
+    /// The embedded store of this process.
+    Local(Arc<NonceStore>),
+    /// A store shared by every replica; nonces live there for `ttl`.
+    Shared {
+        store: Arc<dyn SharedNonces>,
+        ttl: Duration,
+    },
+}
+
+/// The outcome of [`SignatureVerifier::verify`]: decided now, or once the shared store answers.
+pub enum Verified {
+    /// The credential is good and its nonce recorded: the id of the key that matched.
+    Now(String),
+    /// The credential is good; the call may go on once this resolves to `Ok`.
+    Pending(BoxFuture<Result<(), Rejection>>),
+}
+
 /// Verifies the credential of signed calls.
 pub struct SignatureVerifier {
     mode: AuthMode,
     keys: Vec<SigningKey>,
     skew: Duration,
-    nonces: Arc<NonceStore>,
+    replay: ReplayGuard,
     clock: UnixClock,
 }
 
@@ -70,26 +96,55 @@ impl SignatureVerifier {
         mode: AuthMode,
         keys: Vec<SigningKey>,
         skew: Duration,
-        nonces: Arc<NonceStore>,
+        replay: ReplayGuard,
         clock: UnixClock,
     ) -> Self {
         SignatureVerifier {
             mode,
             keys,
             skew,
-            nonces,
+            replay,
             clock,
         }
     }
 
-    /// The nonce store (for metrics).
-    pub fn nonces(&self) -> &Arc<NonceStore> {
-        &self.nonces
+    /// Check one call's credential and record its nonce. With a shared store the nonce is
+    /// recorded by the returned future.
+    pub fn verify(&self, credential: &Credential) -> Result<Verified, Rejection> {
+        let (key_id, scope, nonce, now) = self.check_credential(credential)?;
+        match &self.replay {
+            ReplayGuard::Local(store) => match store.check_and_insert(scope, nonce, now) {
+                Ok(()) => Ok(Verified::Now(key_id)),
+                Err(NonceError::Replay) => Err(Rejection::NonceReplay),
+                Err(NonceError::Full { retry_after }) => {
+                    Err(Rejection::NonceStoreFull { retry_after })
+                }
+                Err(NonceError::Journal(e)) => {
+                    Err(Rejection::Internal(format!("nonce journal: {e}")))
+                }
+            },
+            ReplayGuard::Shared { store, ttl } => {
+                let insert = store.insert_if_absent(scope, nonce, *ttl);
+                Ok(Verified::Pending(Box::pin(async move {
+                    match insert.await {
+                        Ok(true) => {
+                            tracing::debug!(key_id = %key_id, "signature verified");
+                            Ok(())
+                        }
+                        Ok(false) => Err(Rejection::NonceReplay),
+                        Err(e) => Err(Rejection::SharedStateUnavailable(e.0)),
+                    }
+                })))
+            }
+        }
     }
 
-    /// Check one call's credential; on success its nonce has been recorded. Returns the id of
-    /// the key that matched.
-    pub fn verify(&self, credential: &Credential) -> Result<String, Rejection> {
+    /// Everything but the nonce record: key, timestamp window, nonce shape. Returns the key
+    /// id, the scope, the nonce and the time of the check.
+    fn check_credential<'c>(
+        &self,
+        credential: &'c Credential,
+    ) -> Result<(String, &'c str, &'c str, u64), Rejection> {
         let Credential::Skill(cred) = credential else {
             return Err(Rejection::AuthFailed("missing credential"));
         };
@@ -125,12 +180,7 @@ impl SignatureVerifier {
                 "nonce must be 1 to {MAX_NONCE_LEN} characters"
             )));
         }
-        match self.nonces.check_and_insert(&cred.scope, &cred.nonce, now) {
-            Ok(()) => Ok(key_id),
-            Err(NonceError::Replay) => Err(Rejection::NonceReplay),
-            Err(NonceError::Full { retry_after }) => Err(Rejection::NonceStoreFull { retry_after }),
-            Err(NonceError::Journal(e)) => Err(Rejection::Internal(format!("nonce journal: {e}"))),
-        }
+        Ok((key_id, &cred.scope, &cred.nonce, now))
     }
 
     /// Compare against every key without stopping early, in constant time per key. Digests
@@ -190,11 +240,11 @@ pub struct Signature<S> {
 
 impl<S> Service<ToolCall> for Signature<S>
 where
-    S: Service<ToolCall, Error = Rejection>,
+    S: Service<ToolCall, Error = Rejection> + Clone,
 {
     type Response = S::Response;
     type Error = Rejection;
-    type Future = ReadyOr<S::Future>;
+    type Future = Gated<S, ToolCall, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -202,11 +252,17 @@ where
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         match self.verifier.verify(&call.credential) {
-            Ok(key_id) => {
+            Ok(Verified::Now(key_id)) => {
                 tracing::debug!(call_id = %call.call_id, key_id = %key_id, "signature verified");
-                ReadyOr::inner(self.inner.call(call))
+                Gated::inner(self.inner.call(call))
             }
-            Err(r) => ReadyOr::reject(r),
+            Ok(Verified::Pending(check)) => {
+                // The ready service goes with the call; a clone takes its place here.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                Gated::checking(check, ready, call)
+            }
+            Err(r) => Gated::reject(r),
         }
     }
 }
@@ -221,7 +277,12 @@ mod tests {
 
     const NOW: u64 = 1_735_689_600_000;
 
-    fn verifier(mode: AuthMode, clock: Arc<AtomicU64>) -> SignatureVerifier {
+    /// A verifier over the local store `store`, or over `shared` when given.
+    fn verifier_with(
+        mode: AuthMode,
+        clock: Arc<AtomicU64>,
+        shared: Option<Arc<dyn SharedNonces>>,
+    ) -> (SignatureVerifier, Arc<NonceStore>) {
         let store = NonceStore::open(
             NonceStoreConfig {
                 capacity: 16,
@@ -231,7 +292,15 @@ mod tests {
             NOW,
         )
         .unwrap();
-        SignatureVerifier::new(
+        let store = Arc::new(store);
+        let replay = match shared {
+            Some(store) => ReplayGuard::Shared {
+                store,
+                ttl: Duration::from_secs(300),
+            },
+            None => ReplayGuard::Local(store.clone()),
+        };
+        let v = SignatureVerifier::new(
             mode,
             vec![
                 SigningKey {
@@ -244,9 +313,30 @@ mod tests {
                 },
             ],
             Duration::from_secs(120),
-            Arc::new(store),
+            replay,
             Arc::new(move || clock.load(Ordering::SeqCst)),
-        )
+        );
+        (v, store)
+    }
+
+    /// A verifier over a local store, which `verify_now` and `nonces` reach.
+    struct Local(SignatureVerifier, Arc<NonceStore>);
+
+    impl Local {
+        fn verify(&self, c: &Credential) -> Result<String, Rejection> {
+            match self.0.verify(c)? {
+                Verified::Now(key) => Ok(key),
+                Verified::Pending(_) => panic!("a local store decides at once"),
+            }
+        }
+        fn nonces(&self) -> &NonceStore {
+            &self.1
+        }
+    }
+
+    fn verifier(mode: AuthMode, clock: Arc<AtomicU64>) -> Local {
+        let (v, store) = verifier_with(mode, clock, None);
+        Local(v, store)
     }
 
     fn signed(secret: &[u8], nonce: &str, ts: i64) -> Credential {
@@ -350,6 +440,119 @@ mod tests {
         assert!(matches!(
             v.verify(&Credential::None),
             Err(Rejection::AuthFailed(_))
+        ));
+    }
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::*;
+    use crate::call::SkillCredential;
+    use crate::canonical::hmac_sha256_hex;
+    use crate::shared::SharedStateError;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    const NOW: u64 = 1_735_689_600_000;
+
+    /// A shared ledger in memory that records what it was asked, or fails every call.
+    #[derive(Default)]
+    struct FakeLedger {
+        seen: Mutex<HashSet<(String, String)>>,
+        asked: Mutex<Vec<Duration>>,
+        down: bool,
+    }
+
+    impl SharedNonces for FakeLedger {
+        fn insert_if_absent(
+            &self,
+            scope: &str,
+            nonce: &str,
+            ttl: Duration,
+        ) -> BoxFuture<Result<bool, SharedStateError>> {
+            self.asked.lock().unwrap().push(ttl);
+            let r = if self.down {
+                Err(SharedStateError("connection refused".into()))
+            } else {
+                Ok(self
+                    .seen
+                    .lock()
+                    .unwrap()
+                    .insert((scope.to_owned(), nonce.to_owned())))
+            };
+            Box::pin(async move { r })
+        }
+    }
+
+    fn verifier(ledger: Arc<FakeLedger>) -> SignatureVerifier {
+        SignatureVerifier::new(
+            AuthMode::Hmac,
+            vec![SigningKey {
+                id: "k".into(),
+                secret: Arc::from(&b"secret"[..]),
+            }],
+            Duration::from_secs(120),
+            ReplayGuard::Shared {
+                store: ledger,
+                ttl: Duration::from_secs(300),
+            },
+            Arc::new(|| NOW),
+        )
+    }
+
+    fn signed(secret: &[u8], nonce: &str) -> Credential {
+        let canonical = format!(r#"{{"nonce":"{nonce}","timestamp":{NOW}}}"#);
+        Credential::Skill(SkillCredential {
+            api_key: None,
+            header_signature: None,
+            signature_hex: hmac_sha256_hex(secret, canonical.as_bytes()),
+            canonical,
+            timestamp_ms: NOW as i64,
+            nonce: nonce.into(),
+            scope: "demo.echo".into(),
+        })
+    }
+
+    async fn outcome(v: &SignatureVerifier, c: &Credential) -> Result<(), Rejection> {
+        match v.verify(c)? {
+            Verified::Now(_) => panic!("a shared store answers later"),
+            Verified::Pending(f) => f.await,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_shared_ledger_decides_replays_with_the_configured_ttl() {
+        let ledger = Arc::new(FakeLedger::default());
+        let v = verifier(ledger.clone());
+        outcome(&v, &signed(b"secret", "n1")).await.unwrap();
+        assert!(matches!(
+            outcome(&v, &signed(b"secret", "n1")).await,
+            Err(Rejection::NonceReplay)
+        ));
+        assert_eq!(*ledger.asked.lock().unwrap(), [Duration::from_secs(300); 2]);
+    }
+
+    #[tokio::test]
+    async fn a_forged_call_never_reaches_the_shared_ledger() {
+        let ledger = Arc::new(FakeLedger::default());
+        let v = verifier(ledger.clone());
+        assert!(matches!(
+            v.verify(&signed(b"wrong", "n1")),
+            Err(Rejection::AuthFailed(_))
+        ));
+        assert!(ledger.asked.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_ledger_refuses_the_call() {
+        let ledger = Arc::new(FakeLedger {
+            down: true,
+            ..Default::default()
+        });
+        let v = verifier(ledger);
+        assert!(matches!(
+            outcome(&v, &signed(b"secret", "n1")).await,
+            Err(Rejection::SharedStateUnavailable(_))
         ));
     }
 }
