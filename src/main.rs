@@ -37,6 +37,13 @@ enum Command {
     ConfigSchema,
     /// Run a self-contained demonstration on loopback.
     Demo,
+    /// Serve the sample memory tool host (tools-v1) the demo uses, for trying carapace out
+    /// (the compose example runs it next to carapace).
+    SampleApp {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+    },
     /// Show or switch the kill-switch of a running carapace through its admin socket.
     KillSwitch {
         #[command(subcommand)]
@@ -68,6 +75,17 @@ enum Command {
         /// Or: its configuration file (the admin socket is read from it).
         #[arg(short, long, global = true)]
         config: Option<PathBuf>,
+    },
+    /// Print this tool host's paired identity (certificate, key, gateway CA, peer store) as a
+    /// Kubernetes Secret, so that every replica can mount the identity one pairing installed.
+    /// The output holds the private key: pipe it to `kubectl apply -f -`, do not keep it.
+    IdentitySecret {
+        /// The tool host's configuration file (its `state_dir` holds the pairing).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Name of the Secret.
+        #[arg(long)]
+        name: String,
     },
     /// Ask a running carapace to reload its configuration (same as SIGHUP).
     Reload {
@@ -252,6 +270,31 @@ fn main() -> ExitCode {
             init_logging(LogFormat::Text, "error");
             runtime(None).block_on(carapace::demo::run())
         }
+        Command::SampleApp { listen } => {
+            init_logging(LogFormat::Text, "info");
+            runtime(Some(1)).block_on(async move {
+                let listener = match tokio::net::TcpListener::bind(listen).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("cannot listen on {listen}: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                eprintln!("sample memory tool host on http://{listen}");
+                let app = std::sync::Arc::new(carapace::memory_app::MemoryApp::default());
+                let task = app.serve(listener);
+                // Until SIGINT or SIGTERM (what a container runtime sends).
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                task.abort();
+                ExitCode::SUCCESS
+            })
+        }
         Command::KillSwitch {
             action,
             admin_socket: sock,
@@ -278,6 +321,16 @@ fn main() -> ExitCode {
             admin_call(&sock, method, "/v1/kill-switch", body)
         }
         Command::Pair { what } => pair(what),
+        Command::IdentitySecret { config, name } => match identity_secret(&config, &name) {
+            Ok(secret) => {
+                println!("{secret}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Identity { t } => {
             admin_call(&pair_socket(&t), http::Method::GET, "/v1/gateway", None)
         }
@@ -314,6 +367,49 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// The current pairing's files and the peer store, as a Kubernetes Secret (JSON, which
+/// `kubectl apply` reads as it reads YAML).
+fn identity_secret(config_path: &Path, name: &str) -> Result<String, String> {
+    use base64::Engine;
+    let loaded = config::load(config_path).map_err(|e| {
+        format!(
+            "{}: {}",
+            config_path.display(),
+            e.0.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    })?;
+    let state_dir = &loaded.config.state_dir;
+    let paired = carapace::tls::PairedFiles::current(state_dir)
+        .ok_or_else(|| format!("no completed pairing in {}", state_dir.display()))?;
+    let b64 = |path: &Path| {
+        std::fs::read(path)
+            .map(|b| base64::engine::general_purpose::STANDARD.encode(b))
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let secret = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/name": "carapace",
+                "app.kubernetes.io/component": "identity",
+            },
+        },
+        "type": "Opaque",
+        "data": {
+            "tls.crt": b64(&paired.cert)?,
+            "tls.key": b64(&paired.key)?,
+            "ca.crt": b64(&paired.ca)?,
+            "peers.json": b64(&loaded.peers_file())?,
+        },
+    });
+    Ok(serde_json::to_string_pretty(&secret).expect("JSON"))
 }
 
 fn admin_call(

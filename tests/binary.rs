@@ -1141,6 +1141,45 @@ pairing: {{ listen: "127.0.0.1:{pair_port}", component_id: memory-east, gateway_
         "gw_home"
     );
 
+    // The identity the pairing installed, exported for replicas to mount: the files in use.
+    let out = run(
+        &[
+            "identity-secret",
+            "-c",
+            env.path().join("host.yaml").to_str().unwrap(),
+            "--name",
+            "memory-east-identity",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let secret: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(secret["kind"], "Secret");
+    assert_eq!(secret["metadata"]["name"], "memory-east-identity");
+    let state = env.path().join("state");
+    let current = std::fs::read_to_string(state.join("pairing/current")).unwrap();
+    let paired = state.join("pairing").join(current.trim());
+    let data = |key: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(secret["data"][key].as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(
+        data("tls.crt"),
+        std::fs::read(paired.join("mtls.crt")).unwrap()
+    );
+    assert_eq!(
+        data("tls.key"),
+        std::fs::read(paired.join("mtls.key")).unwrap()
+    );
+    assert_eq!(
+        data("ca.crt"),
+        std::fs::read(paired.join("gateway-ca.pem")).unwrap()
+    );
+    let peers: Value = serde_json::from_slice(&data("peers.json")).unwrap();
+    assert!(peers.to_string().contains("gw_home"), "{peers}");
+
     // Unpaired on the gateway: the same call fails closed.
     let out = run(
         &[
@@ -1173,4 +1212,54 @@ pairing: {{ listen: "127.0.0.1:{pair_port}", component_id: memory-east, gateway_
 
     host.stop().await;
     gateway.stop().await;
+}
+
+#[tokio::test]
+async fn sample_app_serves_the_memory_tools_and_stops_on_sigterm() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let child = Command::new(common::binary())
+        .args(["sample-app", "--listen", &address])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut guard = Guard(child);
+    let client = Client::new(Transport::Tcp(address.parse().unwrap()));
+    let deadline = Instant::now() + WAIT;
+    let tools = loop {
+        if let Ok(r) = client.send(Method::GET, "/v1/tools", &[], "").await {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "sample-app did not answer");
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(tools.status, StatusCode::OK);
+    let names: Vec<String> = tools.json()["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"memory.append".to_string()), "{names:?}");
+    let s = Command::new("kill")
+        .arg("-TERM")
+        .arg(guard.0.id().to_string())
+        .status()
+        .unwrap();
+    assert!(s.success());
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = guard.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "sample-app ignored SIGTERM");
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(status.code(), Some(0));
 }
