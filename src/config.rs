@@ -104,16 +104,11 @@ pub struct RedisConfig {
     #[serde(default)]
     pub password: Option<SecretRef>,
     /// Prefix of every key carapace writes; replicas of one tool host share it, other tool
-    /// hosts on the same Redis use their own.
-    #[serde(default = "default_redis_key_prefix")]
+    /// hosts on the same Redis must each have their own (their limits would mix).
     pub key_prefix: String,
     /// Longest wait for a connection or an answer, in milliseconds.
     #[serde(default = "default_redis_timeout_ms")]
     pub timeout_ms: u64,
-}
-
-fn default_redis_key_prefix() -> String {
-    "carapace:".into()
 }
 
 fn default_redis_timeout_ms() -> u64 {
@@ -1268,11 +1263,26 @@ fn check_shared_state(s: &SharedStateConfig, d: &mut Derived, errors: &mut Vec<C
         ));
     }
     use redis::IntoConnectionInfo;
-    let scheme = r.url.split("://").next().unwrap_or_default();
-    if !matches!(scheme, "redis" | "unix" | "redis+unix") {
+    // Never echo any part of the URL: it may hold a password.
+    let scheme = r.url.split_once("://").map(|(s, _)| s);
+    let query = r.url.split_once('?').map(|(_, q)| q);
+    let unix = matches!(scheme, Some("unix" | "redis+unix"));
+    if !matches!(scheme, Some("redis" | "unix" | "redis+unix")) {
         errors.push(err(
             "/shared_state/redis/url",
-            format!("`{scheme}://` is not supported: use redis:// or unix://"),
+            "must start with redis:// or unix:// (rediss:// is not supported)",
+        ));
+    } else if query.is_some_and(|q| {
+        !(unix
+            && q.split('&').all(|kv| {
+                kv.strip_prefix("db=")
+                    .is_some_and(|d| d.parse::<u32>().is_ok())
+            }))
+    }) {
+        errors.push(err(
+            "/shared_state/redis/url",
+            "takes no query (only unix:// takes ?db=N): the database goes in the path, the \
+             password in password",
         ));
     } else {
         match r.url.as_str().into_connection_info() {
@@ -1284,6 +1294,21 @@ fn check_shared_state(s: &SharedStateConfig, d: &mut Derived, errors: &mut Vec<C
             )),
             Ok(_) => {}
         }
+    }
+    if r.key_prefix.is_empty()
+        || r.key_prefix.len() > 128
+        || r.key_prefix.contains(char::is_whitespace)
+    {
+        errors.push(err(
+            "/shared_state/redis/key_prefix",
+            "must be 1 to 128 characters without spaces",
+        ));
+    }
+    if r.username.is_some() && r.password.is_none() {
+        errors.push(err(
+            "/shared_state/redis/username",
+            "is used only with a password: set password",
+        ));
     }
     if !(1..=10_000).contains(&r.timeout_ms) {
         errors.push(err("/shared_state/redis/timeout_ms", "must be 1 to 10000"));
@@ -1443,6 +1468,11 @@ fn check_front(
                 errors.push(err(
                     "/front/auth/nonce_ttl_s",
                     "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
+                ));
+            } else if auth.nonce_ttl_s > 86_400 {
+                errors.push(err(
+                    "/front/auth/nonce_ttl_s",
+                    "must be at most 86400 (a day)",
                 ));
             }
             if !(1..=MAX_NONCE_CAPACITY).contains(&auth.nonce_capacity) {
@@ -1624,6 +1654,15 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
         for (path, r) in rates {
             if r.per_second == 0 || r.burst == 0 {
                 errors.push(err(path, "per_second and burst must be at least 1"));
+            } else if r.per_second > 1_000_000
+                && p.shared_state
+                    .is_some_and(|s| s.backend == SharedStateBackend::Redis)
+            {
+                // The shared limiter counts in whole microseconds.
+                errors.push(err(
+                    path,
+                    "per_second is at most 1000000 with the redis backend",
+                ));
             }
         }
     }
@@ -1847,23 +1886,29 @@ app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }
 
     #[test]
     fn the_shared_state_store_is_checked_without_echoing_secrets() {
+        let redis = |r: &str| format!("{MINIMAL}shared_state: {{ backend: redis, redis: {r} }}");
         assert!(errors(&format!("{MINIMAL}shared_state: {{ backend: memory }}")).is_empty());
-        let ok = format!(
-            "{MINIMAL}shared_state: {{ backend: redis, redis: {{ url: 'redis://10.0.0.5:6379/2' }} }}"
-        );
-        assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
+        for ok in [
+            "{ url: 'redis://10.0.0.5:6379/2', key_prefix: 'a:' }",
+            "{ url: 'unix:///run/redis.sock?db=2', key_prefix: 'a:' }",
+        ] {
+            assert!(
+                errors(&redis(ok)).is_empty(),
+                "{ok}: {:?}",
+                errors(&redis(ok))
+            );
+        }
         let e = errors(&format!("{MINIMAL}shared_state: {{ backend: redis }}"));
         assert_eq!(e, ["/shared_state/redis: required for backend: redis"]);
         let e = errors(&format!(
-            "{MINIMAL}shared_state: {{ redis: {{ url: 'redis://h:6379' }} }}"
+            "{MINIMAL}shared_state: {{ redis: {{ url: 'redis://h:6379', key_prefix: p }} }}"
         ));
         assert!(e[0].starts_with("/shared_state/redis: set only with backend: redis"));
-        let e = errors(&format!(
-            "{MINIMAL}shared_state: {{ backend: redis, redis: {{ url: 'redis://u:hunter2@h:6379', \
-             timeout_ms: 0, password: {{ env: CARAPACE_TEST_UNSET_PASSWORD }} }} }}"
+        let e = errors(&redis(
+            "{ url: 'redis://u:hunter2@h:6379', key_prefix: p, timeout_ms: 0, \
+             password: { env: CARAPACE_TEST_UNSET_PASSWORD } }",
         ));
         assert_eq!(e.len(), 3, "{e:?}");
-        assert!(e.iter().all(|m| !m.contains("hunter2")), "{e:?}");
         assert!(e.iter().any(|m| m.contains("holds a password")), "{e:?}");
         assert!(e
             .iter()
@@ -1871,10 +1916,45 @@ app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }
         assert!(e
             .iter()
             .any(|m| m.contains("CARAPACE_TEST_UNSET_PASSWORD is not set")));
+        for (bad, says) in [
+            (
+                "{ url: 'rediss://h:6379', key_prefix: p }",
+                "must start with redis://",
+            ),
+            (
+                "{ url: 'redis:/:hunter2@h:6379', key_prefix: p }",
+                "must start with redis://",
+            ),
+            (
+                "{ url: 'redis://h:6379/0?password=hunter2', key_prefix: p }",
+                "takes no query",
+            ),
+            (
+                "{ url: 'redis://h:6379', key_prefix: '' }",
+                "key_prefix: must be 1 to 128",
+            ),
+            (
+                "{ url: 'redis://h:6379', key_prefix: p, username: u }",
+                "username: is used only",
+            ),
+        ] {
+            let e = errors(&redis(bad));
+            assert_eq!(e.len(), 1, "{bad}: {e:?}");
+            assert!(e[0].contains(says), "{bad}: {e:?}");
+            assert!(!e[0].contains("hunter2"), "{bad}: {e:?}");
+        }
+        // The shared limiter counts in microseconds; the local one has no such bound.
+        let fast = "rate_limits: { per_tool: { per_second: 2000000, burst: 1 } }";
         let e = errors(&format!(
-            "{MINIMAL}shared_state: {{ backend: redis, redis: {{ url: 'rediss://h:6379' }} }}"
+            "{}\n{fast}\n",
+            redis("{ url: 'redis://h:6379', key_prefix: p }")
         ));
-        assert!(e[0].contains("`rediss://` is not supported"), "{e:?}");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("at most 1000000 with the redis backend"),
+            "{e:?}"
+        );
+        assert!(errors(&format!("{MINIMAL}{fast}")).is_empty());
         let e = errors(&format!("{MINIMAL}shared_state: {{ backend: etcd }}"));
         assert!(e[0].starts_with("/shared_state/backend"), "{e:?}");
     }

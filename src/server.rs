@@ -599,11 +599,11 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     };
     if let Some(redis) = &redis {
         // Not fatal: calls that need the store are refused until it answers.
-        match redis.ping().await {
-            Ok(()) => tracing::info!("shared_state backend=redis reachable=true"),
+        match redis.verify().await {
+            Ok(()) => tracing::info!("shared_state backend=redis usable=true"),
             Err(e) => tracing::warn!(
-                "shared_state backend=redis reachable=false: {e}; signed and rate-limited calls \
-                 are refused with DEPENDENCY_UNAVAILABLE until it answers"
+                "shared_state backend=redis usable=false: {e}; signed and rate-limited calls \
+                 are refused with DEPENDENCY_UNAVAILABLE until it is"
             ),
         }
     }

@@ -11,12 +11,24 @@
 //! Every command runs under `timeout_ms`. An error or a late answer fails the call with
 //! `DEPENDENCY_UNAVAILABLE` (fail closed): accepting a call without its nonce recorded would
 //! open a replay window at every other replica, and letting calls through unlimited is what an
-//! attacker who can knock the store over would want. The connection is opened lazily and
-//! reopened after a failure, so carapace starts while Redis is still coming up and recovers on
-//! its own once Redis is back.
+//! attacker who can knock the store over would want.
+//!
+//! A Redis that may evict keys would silently forget live nonces, so before its first answer
+//! is trusted (and again after any failure, since a restarted Redis may be configured anew)
+//! carapace reads `maxmemory_policy` from `INFO memory` and refuses every call unless it is
+//! `noeviction`.
+//!
+//! The connection is opened lazily, so carapace starts while Redis is still coming up. After
+//! [`REBUILD_AFTER`] failures in a row the connection is thrown away and made anew (at most
+//! once a second): that recovers from failures the client library does not reconnect after by
+//! itself (a refused `AUTH` until the password is in place, a half-open connection whose
+//! answers time out).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, RedisError};
 
@@ -30,6 +42,7 @@ use crate::config::{RedisConfig, Secret};
 /// emission interval in µs, `ARGV[2]` the burst. Returns 0 when a cell was taken, otherwise
 /// the µs until one is free.
 const GCRA: &str = r"
+if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
@@ -39,7 +52,7 @@ if tat < now then tat = now end
 local allow_at = tat - (burst - 1) * interval
 if now < allow_at then return allow_at - now end
 local new_tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
+redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', math.max(1, math.ceil((new_tat - now) / 1000)))
 return 0
 ";
 
@@ -48,10 +61,24 @@ return 0
 #[error("redis: {0}")]
 pub struct RedisSetupError(String);
 
+/// Failures in a row after which the connection is made anew.
+pub const REBUILD_AFTER: u32 = 3;
+
 /// The Redis-backed shared store (cheap to clone: one multiplexed connection).
 #[derive(Clone)]
 pub struct RedisState {
-    conn: ConnectionManager,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    conn: ArcSwap<ConnectionManager>,
+    /// Failed commands in a row.
+    failures: AtomicU32,
+    last_rebuild: Mutex<Instant>,
+    /// `maxmemory_policy` was read as `noeviction` since the last failure.
+    policy_ok: AtomicBool,
     prefix: String,
     timeout: Duration,
     gcra: redis::Script,
@@ -60,8 +87,8 @@ pub struct RedisState {
 impl std::fmt::Debug for RedisState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisState")
-            .field("prefix", &self.prefix)
-            .field("timeout", &self.timeout)
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
             .finish()
     }
 }
@@ -93,44 +120,109 @@ impl RedisState {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| RedisSetupError(e.to_string()))?;
         Ok(RedisState {
-            conn,
-            prefix: cfg.key_prefix.clone(),
-            timeout,
-            gcra: redis::Script::new(GCRA),
+            inner: Arc::new(Inner {
+                client,
+                config,
+                conn: ArcSwap::from_pointee(conn),
+                failures: AtomicU32::new(0),
+                last_rebuild: Mutex::new(Instant::now()),
+                policy_ok: AtomicBool::new(false),
+                prefix: cfg.key_prefix.clone(),
+                timeout,
+                gcra: redis::Script::new(GCRA),
+            }),
         })
     }
 
-    /// `PING`, for readiness.
-    pub async fn ping(&self) -> Result<(), SharedStateError> {
-        let mut conn = self.conn.clone();
-        let pong: String = self
-            .bounded(async move { redis::cmd("PING").query_async(&mut conn).await })
-            .await?;
-        if pong == "PONG" {
-            Ok(())
-        } else {
-            Err(SharedStateError(format!("PING answered {pong:?}")))
-        }
+    /// Check that Redis answers and keeps every key until it expires (`noeviction`).
+    pub async fn verify(&self) -> Result<(), SharedStateError> {
+        self.run(|_| async { Ok(()) }).await
     }
 
     fn nonce_key(&self, scope: &str, nonce: &str) -> String {
         // The scope's length keeps ("a:b", "c") and ("a", "b:c") apart.
-        format!("{}nonce:{}:{scope}:{nonce}", self.prefix, scope.len())
+        format!("{}nonce:{}:{scope}:{nonce}", self.inner.prefix, scope.len())
+    }
+
+    /// Run `op` on the connection once Redis is known not to evict keys, within the timeout;
+    /// count failures and make the connection anew after [`REBUILD_AFTER`] in a row.
+    async fn run<T, F, Fut>(&self, op: F) -> Result<T, SharedStateError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RedisError>>,
+    {
+        let inner = &self.inner;
+        let result = async {
+            if !inner.policy_ok.load(Ordering::Acquire) {
+                let mut conn = (**inner.conn.load()).clone();
+                let info: String = self
+                    .bounded(async move {
+                        redis::cmd("INFO")
+                            .arg("memory")
+                            .query_async(&mut conn)
+                            .await
+                    })
+                    .await?;
+                let policy = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                    .map(str::trim)
+                    .unwrap_or("unknown");
+                if policy != "noeviction" {
+                    return Err(SharedStateError(format!(
+                        "Redis maxmemory-policy is {policy}: it could evict live nonces; set \
+                         maxmemory-policy noeviction"
+                    )));
+                }
+                inner.policy_ok.store(true, Ordering::Release);
+            }
+            let conn = (**inner.conn.load()).clone();
+            self.bounded(op(conn)).await
+        }
+        .await;
+        match &result {
+            Ok(_) => inner.failures.store(0, Ordering::Relaxed),
+            Err(_) => {
+                inner.policy_ok.store(false, Ordering::Release);
+                if inner.failures.fetch_add(1, Ordering::Relaxed) + 1 >= REBUILD_AFTER {
+                    self.rebuild();
+                }
+            }
+        }
+        result
+    }
+
+    /// Throw the connection away and make a new one (lazily connected), at most once a second.
+    fn rebuild(&self) {
+        let inner = &self.inner;
+        let mut last = inner.last_rebuild.lock().unwrap_or_else(|e| e.into_inner());
+        if last.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        *last = Instant::now();
+        match ConnectionManager::new_lazy_with_config(inner.client.clone(), inner.config.clone()) {
+            Ok(conn) => {
+                inner.conn.store(Arc::new(conn));
+                inner.failures.store(0, Ordering::Relaxed);
+                tracing::info!("shared_state redis connection made anew");
+            }
+            Err(e) => tracing::warn!("shared_state redis connection not made anew: {e}"),
+        }
     }
 
     async fn bounded<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, SharedStateError> {
-        match tokio::time::timeout(self.timeout, f).await {
+        match tokio::time::timeout(self.inner.timeout, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(SharedStateError(e.to_string())),
             Err(_) => Err(SharedStateError(format!(
                 "no answer within {} ms",
-                self.timeout.as_millis()
+                self.inner.timeout.as_millis()
             ))),
         }
     }
@@ -147,9 +239,8 @@ impl SharedNonces for RedisState {
         let key = self.nonce_key(scope, nonce);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         Box::pin(async move {
-            let mut conn = this.conn.clone();
             let set: Option<String> = this
-                .bounded(async move {
+                .run(|mut conn| async move {
                     redis::cmd("SET")
                         .arg(&key)
                         .arg(1)
@@ -172,14 +263,13 @@ impl SharedLimits for RedisState {
         rate: Rate,
     ) -> BoxFuture<Result<Result<(), Duration>, SharedStateError>> {
         let this = self.clone();
-        let key = format!("{}rate:{key}", self.prefix);
+        let key = format!("{}rate:{key}", self.inner.prefix);
         let interval_us = u64::try_from(rate.emission_interval().as_micros()).unwrap_or(u64::MAX);
         let burst = rate.burst.get();
         Box::pin(async move {
-            let mut conn = this.conn.clone();
-            let gcra = this.gcra.clone();
+            let gcra = this.inner.gcra.clone();
             let wait_us: i64 = this
-                .bounded(async move {
+                .run(|mut conn| async move {
                     gcra.key(&key)
                         .arg(interval_us)
                         .arg(burst)

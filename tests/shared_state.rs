@@ -36,8 +36,13 @@ struct Redis {
 impl Redis {
     /// On a Unix socket in `dir`.
     fn unix(dir: &Path) -> Redis {
+        Redis::unix_with(dir, &[])
+    }
+
+    /// On a Unix socket in `dir`, with more `redis-server` arguments.
+    fn unix_with(dir: &Path, extra: &[&str]) -> Redis {
         let sock = dir.join("redis.sock");
-        let args = vec![
+        let mut args = vec![
             "--port".into(),
             "0".into(),
             "--unixsocket".into(),
@@ -45,6 +50,7 @@ impl Redis {
             "--unixsocketperm".into(),
             "700".into(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         Redis::spawn(dir, args, format!("unix://{}", sock.display()))
     }
 
@@ -79,17 +85,32 @@ impl Redis {
     /// Wait until the server answers PING (at most 5 s).
     fn wait_up(&self) {
         for _ in 0..500 {
-            let ok = Command::new("redis-cli")
-                .args(self.cli_target())
-                .arg("ping")
-                .output()
-                .is_ok_and(|o| o.stdout.starts_with(b"PONG"));
+            let ok = self.cli(&["ping"]).starts_with("PONG");
             if ok {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!("redis-server did not come up at {}", self.url);
+    }
+
+    /// `redis-cli` against this server (with its password, if it has one); its output.
+    fn cli(&self, args: &[&str]) -> String {
+        let mut auth = Vec::new();
+        if let Some(i) = self.args.iter().position(|a| a == "--requirepass") {
+            auth = vec![
+                "--no-auth-warning".to_string(),
+                "-a".into(),
+                self.args[i + 1].clone(),
+            ];
+        }
+        Command::new("redis-cli")
+            .args(self.cli_target())
+            .args(auth)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
     }
 
     fn cli_target(&self) -> Vec<String> {
@@ -326,4 +347,77 @@ async fn a_replica_starts_while_redis_is_down_and_refuses_until_it_is_up() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(accepted, "calls still refused after Redis came up");
+}
+
+/// Send signed calls until one is accepted (at most 5 s); whether one was.
+async fn accepted_within_5s(r: &Running) -> bool {
+    for _ in 0..100 {
+        if run(r, &append("retry")).await.status == StatusCode::OK {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_redis_that_may_evict_keys_is_not_trusted_with_nonces() {
+    let env = Env::new().await;
+    let redis = Redis::unix_with(
+        env.path(),
+        &["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"],
+    );
+    let a = replica(&env, "a", &redis, "").await;
+    let refused = run(&a, &append("evictable")).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.json()
+    );
+    assert_eq!(code(&refused), "DEPENDENCY_UNAVAILABLE");
+    assert_eq!(app_calls(&env), 0);
+
+    assert!(redis
+        .cli(&["config", "set", "maxmemory-policy", "noeviction"])
+        .starts_with("OK"));
+    assert!(
+        accepted_within_5s(&a).await,
+        "still refused once Redis keeps every key"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_password_is_tried_again_once_redis_takes_it() {
+    let env = Env::new().await;
+    let redis = Redis::unix_with(env.path(), &["--requirepass", "old-password"]);
+    std::fs::write(env.path().join("redis-password"), "new-password\n").unwrap();
+    let yaml = replica_yaml(&env, "a", &redis.url, "p:", "").replace(
+        "timeout_ms: 200 }",
+        &format!(
+            "timeout_ms: 200, password: {{ file: {}/redis-password }} }}",
+            env.path().display()
+        ),
+    );
+    assert!(yaml.contains("redis-password"));
+    let a = env.start_clocked(&yaml, true, clock()).await;
+    for _ in 0..4 {
+        let refused = run(&a, &append("wrong password")).await;
+        assert_eq!(
+            code(&refused),
+            "DEPENDENCY_UNAVAILABLE",
+            "{}",
+            refused.json()
+        );
+    }
+    assert_eq!(app_calls(&env), 0);
+
+    // The operator rotates Redis' password to the one carapace was given.
+    assert!(redis
+        .cli(&["config", "set", "requirepass", "new-password"])
+        .starts_with("OK"));
+    assert!(
+        accepted_within_5s(&a).await,
+        "never reconnected with the password"
+    );
 }

@@ -158,7 +158,8 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "redis": {
             "url": "redis://10.0.0.7:6379/1",
-            "key_prefix": "carapace:",
+            # No keyPrefix in the values: the release's own name keeps tool hosts apart.
+            "key_prefix": f"{RELEASE}-carapace:",
             "timeout_ms": 250,
         },
     },

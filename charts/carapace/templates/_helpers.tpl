@@ -209,7 +209,8 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- $ss := $v.sharedState }}
 {{- $shared := dict "backend" $ss.backend }}
 {{- if eq $ss.backend "redis" }}
-{{- $r := dict "url" $ss.redis.url "key_prefix" $ss.redis.keyPrefix "timeout_ms" $ss.redis.timeoutMs }}
+{{- $prefix := $ss.redis.keyPrefix | default (printf "%s:" (include "carapace.fullname" .)) }}
+{{- $r := dict "url" $ss.redis.url "key_prefix" $prefix "timeout_ms" $ss.redis.timeoutMs }}
 {{- with $ss.redis.username }}{{ $_ := set $r "username" . }}{{ end }}
 {{- if $ss.redis.password.existingSecret }}
 {{- $_ := set $r "password" (dict "file" (printf "%s/%s" (include "carapace.path.redis" .) $ss.redis.password.key)) }}
