@@ -68,10 +68,12 @@ pub fn recorded(mut resp: Resp, tool: Option<String>, outcome: &'static str) -> 
 /// Log what a rejection withheld from the caller (never secrets: rejections carry none).
 pub fn log_withheld(r: &Rejection, call_id: &str, tool: &str) {
     if errors::log_detail(r) {
-        if matches!(r, Rejection::Internal(_)) {
-            tracing::error!(call_id, tool, error = %r, "internal error");
-        } else {
-            tracing::warn!(call_id, tool, error = %r, "app failure");
+        match r {
+            Rejection::Internal(_) => tracing::error!(call_id, tool, error = %r, "internal error"),
+            Rejection::SharedStateUnavailable(_) => {
+                tracing::warn!(call_id, tool, error = %r, "shared state store failure")
+            }
+            _ => tracing::warn!(call_id, tool, error = %r, "app failure"),
         }
     }
 }
