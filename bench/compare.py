@@ -24,6 +24,7 @@ exit, Ctrl-C or error.
 import argparse
 import atexit
 import datetime
+import glob
 import importlib
 import json
 import os
@@ -447,6 +448,11 @@ def start_targets():
     for port in [APP_ADDR[1]] + [t[2] for t in TARGETS if t[2]]:
         if port_open(port):
             raise SystemExit(f"port {port} on 127.0.0.1 is already in use; stop what holds it")
+    # Every block starts from the same state: the nonce journal of the previous block (its
+    # nonces are still live for 5 minutes) would otherwise be loaded back in.
+    for name in ("carapace-full", "carapace-fwd"):
+        for f in glob.glob(p(name, "state", "*")):
+            os.remove(f)
     app = start("app", [CARAPACE, "sample-app", "--listen", f"{APP_ADDR[0]}:{APP_ADDR[1]}"])
     wait_port(APP_ADDR[1], app, "app")
     procs = {"direct": app}
@@ -536,6 +542,8 @@ def main():
                     time.sleep(0.3)
                     R[name]["processes"] = len(pids_of(name))
                     R[name]["rss_idle_kb"] = status_kb(pids_of(name), "VmRSS")
+                    R[name]["rss_idle_anon_kb"] = status_kb(pids_of(name), "RssAnon")
+                    R[name]["rss_idle_file_kb"] = status_kb(pids_of(name), "RssFile")
             return [t for t in live if "error" not in R[t[0]]]
 
         targets = fresh(first=True)
@@ -553,6 +561,8 @@ def main():
                               sat_s, warm, pids)
                 res["rss_peak_kb"] = status_kb(pids, "VmHWM")
                 res["rss_after_kb"] = status_kb(pids, "VmRSS")
+                res["rss_after_anon_kb"] = status_kb(pids, "RssAnon")
+                res["rss_after_file_kb"] = status_kb(pids, "RssFile")
                 if "cpu_ms_window" in res and res.get("requests"):
                     done = res["throughput_rps"] * res["cpu_window_s"]
                     res["cpu_ms_per_1k"] = res["cpu_ms_window"] / done * 1000 if done else None
@@ -767,6 +777,22 @@ def tables(results):
     row("RSS idle", lambda a, b, n: ratio(R["carapace-full"]["rss_idle_kb"],
                                           R[n]["rss_idle_kb"]))
     row("RSS peak", lambda a, b, n: ratio(a["rss_peak_kb"], b["rss_peak_kb"]))
+
+    # What the resident memory is: anonymous (heap, stacks: the process's own) and file-backed
+    # (program text and libraries mapped from the page cache: clean, shared, reclaimable).
+    lines += ["", "Resident memory split (MB, anonymous + file-backed), at idle and right after "
+              "the first saturation run:", "",
+              "| target | idle anon | idle file | after saturation anon | after saturation file |",
+              "|---|---:|---:|---:|---:|"]
+    for name, label, port in TARGETS:
+        t = R.get(name, {})
+        first = (t.get("rounds") or [{}])[0].get("saturation", {})
+        if port is None or "rss_idle_anon_kb" not in t:
+            continue
+        lines.append("| " + " | ".join([label] + [
+            f1(v / 1024) for v in (t["rss_idle_anon_kb"], t["rss_idle_file_kb"],
+                                   first.get("rss_after_anon_kb", 0),
+                                   first.get("rss_after_file_kb", 0))]) + " |")
 
     # The spread: every round's figure, so a reader can see how much the medians can be trusted.
     n_rounds = st["rounds"]

@@ -929,14 +929,25 @@ async fn skill_gateway_kill_switch_logs_gateway_disabled() {
             "registration_skipped reason=kill_switch_active".to_string(),
         ],
     );
-    // Fail-closed: calls are refused.
+    // Fail-closed: calls are refused. The socket file appears at bind, a moment before the
+    // listener accepts: retry until a connection is taken.
     let sock = sock(&env);
     let deadline = Instant::now() + WAIT;
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "no unix socket");
+    let reply = loop {
+        let sent = unix(&sock)
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("demo.echo", json!({"message": "hi"})),
+            )
+            .await;
+        match sent {
+            Ok(r) => break r,
+            Err(e) => assert!(Instant::now() < deadline, "no answer on the socket: {e:?}"),
+        }
         tokio::time::sleep(POLL).await;
-    }
-    assert_disabled(&tool_call(&sock, "demo.echo", json!({"message": "hi"})).await);
+    };
+    assert_disabled(&reply);
     srv.stop().await;
 }
 

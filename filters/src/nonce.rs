@@ -26,8 +26,9 @@
 //! key, mapped to the expiry in unix seconds as a `u32`, rounded *up* so the
 //! TTL is never shortened (a nonce is refused for at least `ttl` and less than
 //! `ttl + 1s`). The table is a [`std::collections::HashMap`] with an identity
-//! hasher (the key is already a keyed hash), preallocated for `capacity`
-//! entries so that it never grows or rehashes while the store is bounded.
+//! hasher (the key is already a keyed hash). It starts small and grows with
+//! the live set, never past what `capacity` entries need (see
+//! [Growth](#growth)).
 //!
 //! Bytes per entry, for the hashbrown table behind `HashMap`:
 //!
@@ -46,11 +47,27 @@
 //! every capacity >= 3. For example 1 000 → 2 048 buckets → 26.6 B/entry;
 //! 100 000 → 131 072 buckets → 17.0 B/entry; 1 000 000 → 2 097 152 buckets →
 //! 27.3 B/entry. [`NonceStore::bytes_per_entry_upper_bound`] computes this
-//! from the table's real capacity. (Stores of 1 or 2 entries take 68 bytes in
-//! total.) If a journal holds more live entries than `capacity` (the store was
-//! restarted with a smaller capacity), all of them are loaded — dropping a
-//! live nonce would allow a replay — and the table grows past this bound until
-//! they expire; no new nonce is accepted meanwhile.
+//! from the table capacity a full store has. (Stores of 1 or 2 entries take 68
+//! bytes in total.) If a journal holds more live entries than `capacity` (the
+//! store was restarted with a smaller capacity), all of them are loaded —
+//! dropping a live nonce would allow a replay — and the table grows past this
+//! bound until they expire; no new nonce is accepted meanwhile.
+//!
+//! # Growth
+//!
+//! The table starts at [`INITIAL_TABLE_CAPACITY`] entries (or `capacity`, if
+//! smaller), so a store that is never busy stays small: a preallocated million
+//! entries would be 27 MB, resident as soon as nonces land across it. When an
+//! insert would make the table grow (or rehash, once removals have used up its
+//! free slots), the live entries are copied into a fresh table, twice as
+//! large if more than 3/4 of the old one is live, else the same size; the
+//! expired ones are left behind. So the table follows the live set (nonces
+//! per second × TTL), not the number ever accepted, and the next copy is at
+//! least a quarter of the table's inserts away: amortised O(1) per insert.
+//! Doubling stops at the table a full store of `capacity` entries needs, so
+//! the bound above holds for every store; while a copy runs both tables exist
+//! (at most 1.5 times the bound). The table does not shrink when the rate
+//! drops: it keeps the size of the busiest window until the process restarts.
 //!
 //! # Hash collisions
 //!
@@ -125,6 +142,8 @@ const HEADER_LEN: usize = 8 + 16;
 const RECORD_LEN: usize = 12;
 /// Bytes of one `(Key, u32)` table entry.
 const ENTRY_BYTES: usize = 12;
+/// Entries the table is created for; it grows from there as needed.
+pub const INITIAL_TABLE_CAPACITY: usize = 4096;
 /// Control bytes hashbrown allocates past the last bucket (one SIMD group:
 /// 16 with SSE2, 8 elsewhere; 16 is the upper bound).
 const TRAILING_CTRL_BYTES: usize = 16;
@@ -133,7 +152,7 @@ const TRAILING_CTRL_BYTES: usize = 16;
 #[derive(Debug, Clone)]
 pub struct NonceStoreConfig {
     /// Maximum number of entries kept (live or not yet purged). Must be at
-    /// least 1. Memory is preallocated for this many entries up front.
+    /// least 1. Memory grows with the live set up to this many entries.
     pub capacity: usize,
     /// How long a nonce stays refused after it was first accepted (rounded up
     /// to whole seconds of the absolute expiry). Skill Gateway v1 uses
@@ -253,6 +272,9 @@ struct Inner {
     /// an expired entry is overwritten, and then it is already in the past.
     earliest: u32,
     journal: Option<Journal>,
+    /// Entries the table's allocation holds (`HashMap::capacity` right after
+    /// it was built; removals make `capacity()` smaller until a rehash).
+    table_capacity: usize,
     /// Full-table scans done (for tests of the O(1) refusal path).
     rescans: u64,
 }
@@ -300,7 +322,10 @@ impl NonceStore {
             .into());
         }
         let ttl_ms = u64::try_from(config.ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-        let mut map = Table::with_capacity_and_hasher(config.capacity, Default::default());
+        let mut map = Table::with_capacity_and_hasher(
+            config.capacity.min(INITIAL_TABLE_CAPACITY),
+            Default::default(),
+        );
 
         let (key, journal) = match config.journal {
             None => (random_key(), None),
@@ -331,6 +356,7 @@ impl NonceStore {
         let (k0, k1) = split_key(&key);
         Ok(Self {
             inner: Mutex::new(Inner {
+                table_capacity: map.capacity(),
                 map,
                 earliest,
                 journal,
@@ -381,6 +407,9 @@ impl NonceStore {
                         });
                     }
                 }
+                if inner.map.len() >= inner.map.capacity() {
+                    inner.make_room(now_unix_ms, self.capacity);
+                }
             }
         }
 
@@ -428,12 +457,16 @@ impl NonceStore {
         self.lock().purge(now_unix_ms)
     }
 
-    /// Bytes of the in-memory table per entry of a full store: the table's
-    /// allocation (computed from its real capacity, see the module docs)
-    /// divided by the configured `capacity`. At most 32 for capacity >= 3.
+    /// Bytes of the in-memory table per entry of a full store: the
+    /// allocation of the table that holds `capacity` entries (see the module
+    /// docs) divided by `capacity`. At most 32 for capacity >= 3.
     pub fn bytes_per_entry_upper_bound(&self) -> f64 {
-        let table_capacity = self.lock().map.capacity();
-        table_bytes(table_capacity) as f64 / self.capacity as f64
+        table_bytes(self.capacity) as f64 / self.capacity as f64
+    }
+
+    /// Bytes the in-memory table takes now (it grows with the live set).
+    pub fn table_bytes(&self) -> usize {
+        table_bytes(self.lock().table_capacity)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -458,6 +491,39 @@ impl NonceStore {
 }
 
 impl Inner {
+    /// Called when one more entry would make hashbrown grow or rehash the
+    /// table (it is full, or removals left it short of free slots): copies
+    /// the live entries into a fresh table, twice as large if more than 3/4
+    /// of the old one is live, else the same size. The fresh table has at
+    /// least a quarter of its slots free, so this is amortised O(1) per
+    /// insert. The caller has checked `len < capacity`; the table never grows
+    /// past the one `capacity` entries need.
+    fn make_room(&mut self, now_ms: u64, capacity: usize) {
+        self.rescans += 1;
+        let full = self.table_capacity;
+        let live = self
+            .map
+            .values()
+            .filter(|&&expiry| is_live(expiry, now_ms))
+            .count();
+        let entries = if live > full - full / 4 {
+            (full + 1).min(capacity)
+        } else {
+            full
+        };
+        let mut fresh = Table::with_capacity_and_hasher(entries.max(live + 1), Default::default());
+        let mut earliest = u32::MAX;
+        for (&key, &expiry) in &self.map {
+            if is_live(expiry, now_ms) {
+                fresh.insert(key, expiry);
+                earliest = earliest.min(expiry);
+            }
+        }
+        self.table_capacity = fresh.capacity();
+        self.map = fresh;
+        self.earliest = earliest;
+    }
+
     /// Removes expired entries if any may exist; recomputes `earliest`.
     fn purge(&mut self, now_ms: u64) -> usize {
         if now_ms < secs_to_ms(self.earliest) {
@@ -1163,15 +1229,71 @@ mod tests {
             let store = mem_store(capacity);
             let bytes = store.bytes_per_entry_upper_bound();
             assert!(bytes <= 32.0, "capacity {capacity}: {bytes} bytes/entry");
-            assert!(store.lock().map.capacity() >= capacity);
         }
-        // The table never grows while the store is bounded.
-        let store = mem_store(1_000);
-        let before = store.lock().map.capacity();
-        for i in 0..2_000 {
-            let _ = store.check_and_insert("k", &i.to_string(), T0);
+        // Filled to the brim, the table is the one the bound was computed
+        // for, and a refused nonce does not make it grow.
+        let store = mem_store(100_000);
+        for i in 0..100_000 {
+            store.check_and_insert("k", &i.to_string(), T0).unwrap();
         }
-        assert_eq!(store.len(), 1_000);
-        assert_eq!(store.lock().map.capacity(), before);
+        let full = store.table_bytes();
+        assert_eq!(full, table_bytes(100_000));
+        assert!(full as f64 / 100_000.0 <= 32.0);
+        assert!(matches!(
+            store.check_and_insert("k", "one more", T0),
+            Err(NonceError::Full { .. })
+        ));
+        assert_eq!(store.table_bytes(), full);
+    }
+
+    #[test]
+    fn an_idle_store_is_small_whatever_its_capacity() {
+        let store = mem_store(1_000_000);
+        assert!(store.table_bytes() <= table_bytes(INITIAL_TABLE_CAPACITY));
+        assert!(store.table_bytes() < 128 * 1024, "{}", store.table_bytes());
+        assert_eq!(mem_store(10).table_bytes(), table_bytes(10));
+    }
+
+    #[test]
+    fn the_table_follows_the_live_set_not_the_total() {
+        // 1,000 nonces a second for 100 s with a 10 s TTL: at most 11,000
+        // live at once (expiries round up), 100,000 accepted in all.
+        let config = NonceStoreConfig {
+            ttl: Duration::from_secs(10),
+            ..NonceStoreConfig::new(1_000_000)
+        };
+        let store = NonceStore::open(config, T0).unwrap();
+        let mut peak_len = 0;
+        for i in 0..100_000u64 {
+            let now = T0 + i;
+            store.check_and_insert("k", &i.to_string(), now).unwrap();
+            peak_len = peak_len.max(store.len());
+        }
+        let table = store.lock().table_capacity;
+        // Never sized for the 100,000 accepted: at most one doubling above
+        // the 4/3 x live set that triggers growth.
+        assert!(table >= 11_000, "{table}");
+        assert!(table <= 28_672, "{table}");
+        assert!(peak_len <= table, "{peak_len} {table}");
+        // Purges are amortised: each one is at least a quarter table apart.
+        let rescans = store.lock().rescans;
+        assert!(rescans <= 100_000 / (7_168 / 4), "{rescans} purges");
+        // Every live nonce is still refused.
+        for i in 100_000 - 9_000..100_000u64 {
+            assert!(matches!(
+                store.check_and_insert("k", &i.to_string(), T0 + 100_000),
+                Err(NonceError::Replay)
+            ));
+        }
+    }
+
+    #[test]
+    fn growth_stops_at_the_table_capacity_entries_need() {
+        let store = mem_store(20_000);
+        for i in 0..20_000 {
+            store.check_and_insert("k", &i.to_string(), T0).unwrap();
+        }
+        assert_eq!(store.table_bytes(), table_bytes(20_000));
+        assert!(store.lock().table_capacity < 2 * 20_000);
     }
 }
