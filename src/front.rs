@@ -110,8 +110,9 @@ pub async fn run_call(
 }
 
 /// A JSON response.
-pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Resp {
-    let bytes = serde_json::to_vec(body).expect("JSON value serializes");
+pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Resp {
+    // Values and the borrowed answer structs have string keys only: this cannot fail.
+    let bytes = serde_json::to_vec(body).expect("JSON body serializes");
     let mut r = Response::new(Full::new(Bytes::from(bytes)));
     *r.status_mut() = status;
     r.headers_mut().insert(

@@ -225,6 +225,14 @@ impl SkillV1Front {
     }
 }
 
+/// A successful `/run` answer, borrowing the output.
+#[derive(serde::Serialize)]
+struct RunOk<'a> {
+    meta: Value,
+    ok: bool,
+    output: &'a Value,
+}
+
 fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
     match outcome {
         CallOutcome::Ok { output, meta } => {
@@ -233,9 +241,14 @@ fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
                 _ => json!({}),
             };
             meta["duration_ms"] = json!(duration_ms);
+            // Fields in the order `json!` would write them (sorted), without copying `output`.
             json_response(
                 StatusCode::OK,
-                &json!({"ok": true, "output": output, "meta": meta}),
+                &RunOk {
+                    meta,
+                    ok: true,
+                    output,
+                },
             )
         }
         CallOutcome::AppError {

@@ -158,15 +158,31 @@ fn decode(
     })
 }
 
+/// A successful tools-v1 answer, borrowing the result.
+#[derive(serde::Serialize)]
+struct CallOk<'a> {
+    call_id: &'a str,
+    duration_ms: u64,
+    result: &'a Value,
+    status: &'static str,
+    tool_name: &'a str,
+    version: &'static str,
+}
+
 /// The tools-v1 encoding of a call's outcome.
 fn outcome_response(outcome: &CallOutcome, call_id: &str, tool: &str, duration_ms: u64) -> Resp {
     match outcome {
         CallOutcome::Ok { output, .. } => json_response(
             StatusCode::OK,
-            &json!({
-                "version": "v1", "call_id": call_id, "tool_name": tool,
-                "status": "ok", "result": output, "duration_ms": duration_ms,
-            }),
+            // Fields in the order `json!` would write them (sorted), without copying `output`.
+            &CallOk {
+                call_id,
+                duration_ms,
+                result: output,
+                status: "ok",
+                tool_name: tool,
+                version: "v1",
+            },
         ),
         CallOutcome::AppError {
             code,
@@ -238,27 +254,50 @@ impl ToolsV1Back {
     }
 }
 
-/// The request body for a tools-v1 app, from any front's call.
-pub fn encode_request(call: &ToolCall) -> Value {
-    let timeout = call.tool.effective_timeout(call.timeout_ms).as_millis() as u64;
-    let mut body = json!({
-        "version": "v1",
-        "call_id": call.call_id,
-        "tool_name": call.tool.name,
-        "tenant_id": call.tenant_id.as_deref().unwrap_or("default"),
-        "args": call.args,
-        "timeout_ms": timeout,
-        // A call from a front without a context (skill-v1) gets one naming the caller; no
-        // `request_origin` is claimed for it.
-        "context": call.context.clone().unwrap_or_else(|| json!({
-            "agent_id": call.principal.id,
-            "session_id": call.call_id,
-        })),
-    });
-    if let Some(k) = &call.idempotency_key {
-        body["idempotency_key"] = json!(k);
+/// The request body for a tools-v1 app, from any front's call. It borrows from the call, so
+/// serializing it copies the arguments once, straight into the body.
+#[derive(serde::Serialize)]
+pub struct AppRequest<'a> {
+    version: &'static str,
+    call_id: &'a str,
+    tool_name: &'a str,
+    tenant_id: &'a str,
+    args: &'a Value,
+    timeout_ms: u64,
+    context: AppContext<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idempotency_key: Option<&'a str>,
+}
+
+/// The caller's context, or for a front without one (skill-v1) a context naming the caller; no
+/// `request_origin` is claimed for it.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum AppContext<'a> {
+    Caller(&'a Value),
+    Named {
+        agent_id: &'a str,
+        session_id: &'a str,
+    },
+}
+
+pub fn encode_request(call: &ToolCall) -> AppRequest<'_> {
+    AppRequest {
+        version: "v1",
+        call_id: &call.call_id,
+        tool_name: &call.tool.name,
+        tenant_id: call.tenant_id.as_deref().unwrap_or("default"),
+        args: &call.args,
+        timeout_ms: call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+        context: match &call.context {
+            Some(c) => AppContext::Caller(c),
+            None => AppContext::Named {
+                agent_id: &call.principal.id,
+                session_id: &call.call_id,
+            },
+        },
+        idempotency_key: call.idempotency_key.as_deref(),
     }
-    body
 }
 
 /// Decode a tools-v1 app's answer.
@@ -267,7 +306,7 @@ pub fn decode_response(
     body: &[u8],
     call: &ToolCall,
 ) -> Result<CallOutcome, Rejection> {
-    let doc: Value = match serde_json::from_slice(body) {
+    let mut doc: Value = match serde_json::from_slice(body) {
         Ok(d) => d,
         Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
         Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
@@ -290,7 +329,10 @@ pub fn decode_response(
     }
     match doc["status"].as_str() {
         Some("ok") => Ok(CallOutcome::Ok {
-            output: doc.get("result").cloned().unwrap_or_else(|| json!({})),
+            output: match doc.get_mut("result") {
+                Some(result) => result.take(),
+                None => json!({}),
+            },
             meta: None,
         }),
         Some(s) => {
