@@ -256,17 +256,18 @@ impl ToolsV1Back {
 
 /// The request body for a tools-v1 app, from any front's call. It borrows from the call, so
 /// serializing it copies the arguments once, straight into the body.
+/// Fields in the order a JSON value writes them (sorted), so the bytes are the same.
 #[derive(serde::Serialize)]
 pub struct AppRequest<'a> {
-    version: &'static str,
-    call_id: &'a str,
-    tool_name: &'a str,
-    tenant_id: &'a str,
     args: &'a Value,
-    timeout_ms: u64,
+    call_id: &'a str,
     context: AppContext<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     idempotency_key: Option<&'a str>,
+    tenant_id: &'a str,
+    timeout_ms: u64,
+    tool_name: &'a str,
+    version: &'static str,
 }
 
 /// The caller's context, or for a front without one (skill-v1) a context naming the caller; no
@@ -283,12 +284,8 @@ enum AppContext<'a> {
 
 pub fn encode_request(call: &ToolCall) -> AppRequest<'_> {
     AppRequest {
-        version: "v1",
-        call_id: &call.call_id,
-        tool_name: &call.tool.name,
-        tenant_id: call.tenant_id.as_deref().unwrap_or("default"),
         args: &call.args,
-        timeout_ms: call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+        call_id: &call.call_id,
         context: match &call.context {
             Some(c) => AppContext::Caller(c),
             None => AppContext::Named {
@@ -297,6 +294,10 @@ pub fn encode_request(call: &ToolCall) -> AppRequest<'_> {
             },
         },
         idempotency_key: call.idempotency_key.as_deref(),
+        tenant_id: call.tenant_id.as_deref().unwrap_or("default"),
+        timeout_ms: call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+        tool_name: &call.tool.name,
+        version: "v1",
     }
 }
 
@@ -394,4 +395,62 @@ pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, R
 /// Check a response body against the seed's response schema (the tests use it).
 pub fn follows_response_schema(doc: &Value) -> bool {
     RESPONSE.validate(doc).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carapace_filters::call::{Principal, ToolSpec};
+
+    fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
+        ToolCall {
+            call_id: "c1".into(),
+            tool: Arc::new(ToolSpec {
+                name: "memory.query".into(),
+                description: String::new(),
+                input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
+                output: None,
+                timeout_ms_default: 5_000,
+                timeout_ms_max: 10_000,
+                idempotent: false,
+                side_effects: false,
+            }),
+            tenant_id: None,
+            args: json!({"query": "cat", "limit": 3, "nested": {"b": [1, 2], "a": "\"x\""}}),
+            context,
+            timeout_ms: Some(2_000),
+            idempotency_key: idempotency_key.map(str::to_owned),
+            principal: Arc::new(Principal::local()),
+            credential: Credential::None,
+        }
+    }
+
+    /// The borrowed request writes exactly the bytes the JSON value it replaced wrote.
+    #[test]
+    fn app_request_bytes_match_the_json_value_form() {
+        for c in [
+            call(None, None),
+            call(Some(json!({"agent_id": "gw", "trace": "t"})), Some("k1")),
+        ] {
+            let mut value = json!({
+                "version": "v1",
+                "call_id": c.call_id,
+                "tool_name": c.tool.name,
+                "tenant_id": "default",
+                "args": c.args,
+                "timeout_ms": 2_000,
+                "context": c.context.clone().unwrap_or_else(|| json!({
+                    "agent_id": c.principal.id,
+                    "session_id": c.call_id,
+                })),
+            });
+            if let Some(k) = &c.idempotency_key {
+                value["idempotency_key"] = json!(k);
+            }
+            assert_eq!(
+                String::from_utf8(serde_json::to_vec(&encode_request(&c)).unwrap()).unwrap(),
+                serde_json::to_string(&value).unwrap()
+            );
+        }
+    }
 }
