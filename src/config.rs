@@ -131,6 +131,9 @@ pub struct OutboundConfig {
     /// (`capability -> skill_id -> url`), validated, and signed with the skill's secret.
     #[serde(default)]
     pub skills: BTreeMap<String, OutboundSkillConfig>,
+    /// How the agent's socket answers refused calls (as `front.answers`).
+    #[serde(default)]
+    pub answers: crate::errors::ToolsV1Answers,
 }
 
 /// One skill-v1 skill the outbound role calls.
@@ -242,6 +245,10 @@ pub struct FrontConfig {
     /// skill-v1 only (required there): how callers authenticate each `/run`.
     #[serde(default)]
     pub auth: Option<CallerAuthConfig>,
+    /// tools-v1 only: `reference` (call outcomes are HTTP 200 with the envelope's `status`, as
+    /// the reference tool host answers) or `http_status` (refusals carry an HTTP error status).
+    #[serde(default)]
+    pub answers: Option<crate::errors::ToolsV1Answers>,
 }
 
 /// Skill Gateway v1 caller authentication.
@@ -1416,6 +1423,12 @@ fn check_front(
             }
         }
         Protocol::SkillV1 => {
+            if f.answers.is_some() {
+                errors.push(err(
+                    "/front/answers",
+                    "answers is for tools-v1 fronts; skill-v1 answers as Skill Gateway v1 says",
+                ));
+            }
             d.front_skill_id = f.skill_id.clone().or_else(|| {
                 app.and_then(|a| a.skill.as_ref())
                     .map(|s| s.skill_id.clone())

@@ -217,7 +217,7 @@ ops: {{ address: "" }}
             ),
         )
         .await?;
-    codes.push(expect("bad arguments", &r, "SCHEMA_VALIDATION_FAILED")?);
+    codes.push(expect("bad arguments", &r, "INVALID_ARGS")?);
     let reached = app.received().len() - before;
     if reached != 0 {
         return Err("bad arguments reached the app".into());
@@ -240,7 +240,7 @@ ops: {{ address: "" }}
             &call("memory.query", json!({"query": "cat"}), None),
         )
         .await?;
-    codes.push(expect("unpaired peer", &r, "FORBIDDEN")?);
+    codes.push(expect("unpaired peer", &r, "PAIRING_REQUIRED")?);
     println!(
         "3. unpaired peer   valid certificate, not in the peer store -> HTTP {} {}",
         r.status.as_u16(),
@@ -292,7 +292,7 @@ ops: {{ address: "" }}
             &call("memory.delete", json!({"id": "m1"}), None),
         )
         .await?;
-    codes.push(expect("kill-switch", &killed, "GATEWAY_DISABLED")?);
+    codes.push(expect("kill-switch", &killed, "DEPENDENCY_UNAVAILABLE")?);
     crate::admin::request(
         &tools.admin_socket,
         Method::PUT,

@@ -1,48 +1,57 @@
 //! The one table that maps every [`Rejection`] to each front's error code and an HTTP status.
 //!
-//! Codes come from the two seeds. Where both protocols have a fitting code the more specific
-//! one is used on both fronts (`TOOL_NOT_FOUND` over `ROUTING_FAILED`,
-//! `SCHEMA_VALIDATION_FAILED` over `INVALID_ARGS` for schema failures); where each protocol
-//! names the same failure its own way, each front uses its own name (`UNAUTHORIZED` /
-//! `SKILL_AUTH_FAILED`, `TIMEOUT` / `SKILL_TIMEOUT`). README.md carries this table.
+//! Each front speaks only its own protocol's codes: tools-v1 the Remote Tool Protocol's
+//! standard codes, skill-v1 the Skill Gateway v1 gateway-level codes. carapace's finer reason
+//! (`Rejection::reason`) goes in `details.reason`. On tools-v1 the codes are chosen so that a
+//! gateway retries exactly what may succeed on retry (`status: retryable_error`, or `timeout`
+//! with `retryable: true`, as the reference tool host marks it). README.md carries this table.
 
 use http::StatusCode;
+use serde::Deserialize;
 
 use carapace_filters::Rejection;
 
-use crate::config::Protocol;
+/// How the tools-v1 front answers a call it refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolsV1Answers {
+    /// As the reference tool host: every call outcome is HTTP 200 with the envelope's
+    /// `status`; only requests that are not a call (no such route, wrong method, a body that
+    /// is not one JSON document of the request's shape, too large, too slow) get an HTTP
+    /// error status.
+    #[default]
+    Reference,
+    /// Every refusal carries an HTTP error status as well (401, 403, 429, 502, 504, ...).
+    HttpStatus,
+}
 
-/// Error code and HTTP status of a rejection on a front.
-pub fn code_and_status(r: &Rejection, front: Protocol) -> (&'static str, StatusCode) {
-    let skill = front == Protocol::SkillV1;
+/// The standard tools-v1 code of a rejection, and its HTTP status in the `http_status` style.
+pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
     match r {
         Rejection::PairingRequired => ("PAIRING_REQUIRED", StatusCode::UNAUTHORIZED),
         Rejection::Forbidden(_) => ("FORBIDDEN", StatusCode::FORBIDDEN),
-        Rejection::AuthFailed(_) if skill => ("SKILL_AUTH_FAILED", StatusCode::UNAUTHORIZED),
-        Rejection::AuthFailed(_) => ("UNAUTHORIZED", StatusCode::UNAUTHORIZED),
-        Rejection::Disabled(_) => ("GATEWAY_DISABLED", StatusCode::SERVICE_UNAVAILABLE),
+        Rejection::AuthFailed(_) | Rejection::Unsigned(_) => {
+            ("UNAUTHORIZED", StatusCode::UNAUTHORIZED)
+        }
+        Rejection::Disabled(_) => ("DEPENDENCY_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE),
         Rejection::RateLimited { .. } => ("RATE_LIMITED", StatusCode::TOO_MANY_REQUESTS),
-        Rejection::Overloaded => ("RATE_LIMITED", StatusCode::SERVICE_UNAVAILABLE),
-        Rejection::NonceStoreFull { .. } => ("RATE_LIMITED", StatusCode::SERVICE_UNAVAILABLE),
+        Rejection::Overloaded | Rejection::NonceStoreFull { .. } => {
+            ("RATE_LIMITED", StatusCode::SERVICE_UNAVAILABLE)
+        }
         Rejection::PayloadTooLarge { .. } => ("INVALID_ARGS", StatusCode::PAYLOAD_TOO_LARGE),
         Rejection::BodyTimeout(_) => ("INVALID_ARGS", StatusCode::REQUEST_TIMEOUT),
-        Rejection::InvalidRequest { .. } => ("INVALID_ARGS", StatusCode::BAD_REQUEST),
-        Rejection::NoRoute(_) => ("ROUTING_FAILED", StatusCode::NOT_FOUND),
+        Rejection::InvalidRequest { .. }
+        | Rejection::ProtocolVersionUnsupported(_)
+        | Rejection::InputSchema(_) => ("INVALID_ARGS", StatusCode::BAD_REQUEST),
+        Rejection::NoRoute(_) => ("INVALID_ARGS", StatusCode::NOT_FOUND),
+        Rejection::MethodNotAllowed(_) => ("INVALID_ARGS", StatusCode::METHOD_NOT_ALLOWED),
         Rejection::ToolNotFound(_) => ("TOOL_NOT_FOUND", StatusCode::NOT_FOUND),
-        Rejection::ProtocolVersionUnsupported(_) => {
-            ("PROTOCOL_VERSION_UNSUPPORTED", StatusCode::BAD_REQUEST)
+        Rejection::StaleTimestamp { .. } | Rejection::NonceReplay => {
+            ("UNAUTHORIZED", StatusCode::UNAUTHORIZED)
         }
-        Rejection::StaleTimestamp { .. } => ("NONCE_REPLAY", StatusCode::BAD_REQUEST),
-        Rejection::NonceReplay => ("NONCE_REPLAY", StatusCode::CONFLICT),
-        Rejection::InputSchema(_) => ("SCHEMA_VALIDATION_FAILED", StatusCode::BAD_REQUEST),
-        Rejection::OutputSchema(_) => ("SCHEMA_VALIDATION_FAILED", StatusCode::BAD_GATEWAY),
-        Rejection::Timeout(_) if skill => ("SKILL_TIMEOUT", StatusCode::GATEWAY_TIMEOUT),
+        Rejection::OutputSchema(_) => ("DEPENDENCY_UNAVAILABLE", StatusCode::BAD_GATEWAY),
         Rejection::Timeout(_) => ("TIMEOUT", StatusCode::GATEWAY_TIMEOUT),
-        Rejection::AppUnavailable(_) => ("DEPENDENCY_UNAVAILABLE", StatusCode::BAD_GATEWAY),
-        Rejection::AppHttp(_) | Rejection::AppInvalid(_) if skill => {
-            ("SKILL_HTTP_ERROR", StatusCode::BAD_GATEWAY)
-        }
-        Rejection::AppHttp(_) | Rejection::AppInvalid(_) => {
+        Rejection::AppUnavailable(_) | Rejection::AppHttp(_) | Rejection::AppInvalid(_) => {
             ("DEPENDENCY_UNAVAILABLE", StatusCode::BAD_GATEWAY)
         }
         Rejection::SharedStateUnavailable(_) => {
@@ -52,8 +61,85 @@ pub fn code_and_status(r: &Rejection, front: Protocol) -> (&'static str, StatusC
     }
 }
 
+/// The HTTP status of a refusal in the `reference` style: 200 for every call outcome.
+/// `malformed`: the body is not one JSON document of the request's shape (the reference
+/// answers those 400).
+pub fn tools_v1_reference_status(r: &Rejection, malformed: bool) -> StatusCode {
+    match r {
+        Rejection::NoRoute(_) => StatusCode::NOT_FOUND,
+        Rejection::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+        Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Rejection::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+        Rejection::InvalidRequest { .. } if malformed => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    }
+}
+
+/// Whether a tools-v1 caller may retry: what [`Rejection::retryable`] says, and a timeout
+/// (the reference tool host marks `TIMEOUT` retryable while the status stays `timeout`).
+pub fn tools_v1_retryable(r: &Rejection) -> bool {
+    r.retryable() || matches!(r, Rejection::Timeout(_))
+}
+
+/// The envelope's `status` of a refused tools-v1 call.
+pub fn tools_v1_call_status(r: &Rejection) -> &'static str {
+    match r {
+        Rejection::Timeout(_) => "timeout",
+        r if r.retryable() => "retryable_error",
+        _ => "error",
+    }
+}
+
+/// The Skill Gateway v1 code of a rejection and its HTTP status (the reference demo skill's
+/// statuses where it has the case: 400 for a stale timestamp or a replay, 401 for a bad
+/// signature).
+pub fn skill_v1(r: &Rejection) -> (&'static str, StatusCode) {
+    let http_error = "SKILL_HTTP_ERROR";
+    match r {
+        Rejection::PairingRequired | Rejection::AuthFailed(_) | Rejection::Unsigned(_) => {
+            ("SKILL_AUTH_FAILED", StatusCode::UNAUTHORIZED)
+        }
+        Rejection::Forbidden(_) => ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN),
+        Rejection::Disabled(_) => ("GATEWAY_DISABLED", StatusCode::SERVICE_UNAVAILABLE),
+        Rejection::RateLimited { .. } => (http_error, StatusCode::TOO_MANY_REQUESTS),
+        Rejection::Overloaded | Rejection::NonceStoreFull { .. } => {
+            (http_error, StatusCode::SERVICE_UNAVAILABLE)
+        }
+        Rejection::PayloadTooLarge { .. } => {
+            ("SCHEMA_VALIDATION_FAILED", StatusCode::PAYLOAD_TOO_LARGE)
+        }
+        Rejection::BodyTimeout(_) => ("SCHEMA_VALIDATION_FAILED", StatusCode::REQUEST_TIMEOUT),
+        Rejection::InvalidRequest { .. } | Rejection::InputSchema(_) => {
+            ("SCHEMA_VALIDATION_FAILED", StatusCode::BAD_REQUEST)
+        }
+        Rejection::NoRoute(_) | Rejection::ToolNotFound(_) => {
+            ("ROUTING_FAILED", StatusCode::NOT_FOUND)
+        }
+        Rejection::MethodNotAllowed(_) => ("ROUTING_FAILED", StatusCode::METHOD_NOT_ALLOWED),
+        Rejection::ProtocolVersionUnsupported(_) => {
+            ("PROTOCOL_VERSION_UNSUPPORTED", StatusCode::BAD_REQUEST)
+        }
+        Rejection::StaleTimestamp { .. } | Rejection::NonceReplay => {
+            ("NONCE_REPLAY", StatusCode::BAD_REQUEST)
+        }
+        Rejection::OutputSchema(_) => ("SCHEMA_VALIDATION_FAILED", StatusCode::BAD_GATEWAY),
+        Rejection::Timeout(_) => ("SKILL_TIMEOUT", StatusCode::GATEWAY_TIMEOUT),
+        Rejection::AppUnavailable(_) | Rejection::AppHttp(_) | Rejection::AppInvalid(_) => {
+            (http_error, StatusCode::BAD_GATEWAY)
+        }
+        Rejection::SharedStateUnavailable(_) => (http_error, StatusCode::SERVICE_UNAVAILABLE),
+        Rejection::Internal(_) => (http_error, StatusCode::INTERNAL_SERVER_ERROR),
+    }
+}
+
 /// Structured details of a rejection for the envelope's `details` object.
-pub fn details(r: &Rejection) -> Option<serde_json::Value> {
+pub fn details(r: &Rejection) -> serde_json::Value {
+    let mut d = specific_details(r).unwrap_or_else(|| serde_json::json!({}));
+    d["reason"] = serde_json::Value::from(r.reason());
+    d
+}
+
+fn specific_details(r: &Rejection) -> Option<serde_json::Value> {
     use serde_json::json;
     match r {
         Rejection::InputSchema(v) | Rejection::OutputSchema(v) => Some(json!({
@@ -114,137 +200,320 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// The README's table, row by row: every rejection on both fronts.
+    /// The README's table, row by row: every rejection on both fronts, with the tools-v1
+    /// envelope status, retryability and the HTTP status of both tools-v1 styles.
     #[test]
     fn every_rejection_has_its_documented_code_and_status() {
+        use Rejection as R;
         let d = Duration::from_secs(1);
-        let rows: Vec<(Rejection, &str, &str, u16)> = vec![
+        let limited = R::RateLimited {
+            scope: "peer",
+            retry_after: d,
+        };
+        type Row<'a> = (Rejection, &'a str, &'a str, bool, u16, u16, &'a str, u16);
+        // rejection, tools-v1 code, status, retryable, http_status style, reference style,
+        // skill-v1 code, skill-v1 HTTP status
+        let rows: Vec<Row> = vec![
             (
-                Rejection::PairingRequired,
+                R::PairingRequired,
                 "PAIRING_REQUIRED",
-                "PAIRING_REQUIRED",
+                "error",
+                false,
                 401,
-            ),
-            (
-                Rejection::Forbidden("x".into()),
-                "FORBIDDEN",
-                "FORBIDDEN",
-                403,
-            ),
-            (
-                Rejection::AuthFailed("x"),
-                "UNAUTHORIZED",
+                200,
                 "SKILL_AUTH_FAILED",
                 401,
             ),
             (
-                Rejection::Disabled("x".into()),
-                "GATEWAY_DISABLED",
+                R::Forbidden("x".into()),
+                "FORBIDDEN",
+                "error",
+                false,
+                403,
+                200,
+                "SKILL_AUTH_FAILED",
+                403,
+            ),
+            (
+                R::AuthFailed("x"),
+                "UNAUTHORIZED",
+                "error",
+                false,
+                401,
+                200,
+                "SKILL_AUTH_FAILED",
+                401,
+            ),
+            (
+                R::Unsigned("x".into()),
+                "UNAUTHORIZED",
+                "error",
+                false,
+                401,
+                200,
+                "SKILL_AUTH_FAILED",
+                401,
+            ),
+            (
+                R::Disabled("x".into()),
+                "DEPENDENCY_UNAVAILABLE",
+                "error",
+                false,
+                503,
+                200,
                 "GATEWAY_DISABLED",
                 503,
             ),
             (
-                Rejection::RateLimited {
-                    scope: "peer",
-                    retry_after: d,
-                },
+                limited,
                 "RATE_LIMITED",
-                "RATE_LIMITED",
+                "retryable_error",
+                true,
+                429,
+                200,
+                "SKILL_HTTP_ERROR",
                 429,
             ),
-            (Rejection::Overloaded, "RATE_LIMITED", "RATE_LIMITED", 503),
             (
-                Rejection::NonceStoreFull { retry_after: d },
+                R::Overloaded,
                 "RATE_LIMITED",
-                "RATE_LIMITED",
+                "retryable_error",
+                true,
+                503,
+                200,
+                "SKILL_HTTP_ERROR",
                 503,
             ),
             (
-                Rejection::PayloadTooLarge { limit: 1 },
+                R::NonceStoreFull { retry_after: d },
+                "RATE_LIMITED",
+                "retryable_error",
+                true,
+                503,
+                200,
+                "SKILL_HTTP_ERROR",
+                503,
+            ),
+            (
+                R::PayloadTooLarge { limit: 1 },
                 "INVALID_ARGS",
-                "INVALID_ARGS",
+                "error",
+                false,
+                413,
+                413,
+                "SCHEMA_VALIDATION_FAILED",
                 413,
             ),
             (
-                Rejection::BodyTimeout(d),
+                R::BodyTimeout(d),
                 "INVALID_ARGS",
-                "INVALID_ARGS",
+                "error",
+                false,
+                408,
+                408,
+                "SCHEMA_VALIDATION_FAILED",
                 408,
             ),
-            (Rejection::invalid("x"), "INVALID_ARGS", "INVALID_ARGS", 400),
             (
-                Rejection::NoRoute("x".into()),
-                "ROUTING_FAILED",
+                R::invalid("x"),
+                "INVALID_ARGS",
+                "error",
+                false,
+                400,
+                200,
+                "SCHEMA_VALIDATION_FAILED",
+                400,
+            ),
+            (
+                R::NoRoute("x".into()),
+                "INVALID_ARGS",
+                "error",
+                false,
+                404,
+                404,
                 "ROUTING_FAILED",
                 404,
             ),
             (
-                Rejection::ToolNotFound("x".into()),
+                R::MethodNotAllowed("x".into()),
+                "INVALID_ARGS",
+                "error",
+                false,
+                405,
+                405,
+                "ROUTING_FAILED",
+                405,
+            ),
+            (
+                R::ToolNotFound("x".into()),
                 "TOOL_NOT_FOUND",
-                "TOOL_NOT_FOUND",
+                "error",
+                false,
+                404,
+                200,
+                "ROUTING_FAILED",
                 404,
             ),
             (
-                Rejection::ProtocolVersionUnsupported("2".into()),
+                R::ProtocolVersionUnsupported("2".into()),
+                "INVALID_ARGS",
+                "error",
+                false,
+                400,
+                200,
                 "PROTOCOL_VERSION_UNSUPPORTED",
-                "PROTOCOL_VERSION_UNSUPPORTED",
                 400,
             ),
             (
-                Rejection::StaleTimestamp { window: d },
+                R::StaleTimestamp { window: d },
+                "UNAUTHORIZED",
+                "error",
+                false,
+                401,
+                200,
                 "NONCE_REPLAY",
+                400,
+            ),
+            (
+                R::NonceReplay,
+                "UNAUTHORIZED",
+                "error",
+                false,
+                401,
+                200,
                 "NONCE_REPLAY",
                 400,
             ),
-            (Rejection::NonceReplay, "NONCE_REPLAY", "NONCE_REPLAY", 409),
             (
-                Rejection::InputSchema(vec![]),
-                "SCHEMA_VALIDATION_FAILED",
+                R::InputSchema(vec![]),
+                "INVALID_ARGS",
+                "error",
+                false,
+                400,
+                200,
                 "SCHEMA_VALIDATION_FAILED",
                 400,
             ),
             (
-                Rejection::OutputSchema(vec![]),
-                "SCHEMA_VALIDATION_FAILED",
+                R::OutputSchema(vec![]),
+                "DEPENDENCY_UNAVAILABLE",
+                "error",
+                false,
+                502,
+                200,
                 "SCHEMA_VALIDATION_FAILED",
                 502,
             ),
-            (Rejection::Timeout(1), "TIMEOUT", "SKILL_TIMEOUT", 504),
             (
-                Rejection::AppUnavailable("x".into()),
-                "DEPENDENCY_UNAVAILABLE",
-                "DEPENDENCY_UNAVAILABLE",
-                502,
+                R::Timeout(1),
+                "TIMEOUT",
+                "timeout",
+                true,
+                504,
+                200,
+                "SKILL_TIMEOUT",
+                504,
             ),
             (
-                Rejection::AppHttp(500),
+                R::AppUnavailable("x".into()),
                 "DEPENDENCY_UNAVAILABLE",
+                "retryable_error",
+                true,
+                502,
+                200,
                 "SKILL_HTTP_ERROR",
                 502,
             ),
             (
-                Rejection::AppInvalid("x".into()),
+                R::AppHttp(500),
                 "DEPENDENCY_UNAVAILABLE",
+                "error",
+                false,
+                502,
+                200,
                 "SKILL_HTTP_ERROR",
                 502,
             ),
             (
-                Rejection::SharedStateUnavailable("x".into()),
+                R::AppInvalid("x".into()),
                 "DEPENDENCY_UNAVAILABLE",
+                "error",
+                false,
+                502,
+                200,
+                "SKILL_HTTP_ERROR",
+                502,
+            ),
+            (
+                R::SharedStateUnavailable("x".into()),
                 "DEPENDENCY_UNAVAILABLE",
+                "retryable_error",
+                true,
+                503,
+                200,
+                "SKILL_HTTP_ERROR",
                 503,
             ),
-            (Rejection::Internal("x".into()), "INTERNAL", "INTERNAL", 500),
+            (
+                R::Internal("x".into()),
+                "INTERNAL",
+                "error",
+                false,
+                500,
+                200,
+                "SKILL_HTTP_ERROR",
+                500,
+            ),
         ];
-        for (r, tools, skill, status) in &rows {
-            let (t, ts) = code_and_status(r, Protocol::ToolsV1);
-            let (s, ss) = code_and_status(r, Protocol::SkillV1);
-            assert_eq!((t, ts.as_u16()), (*tools, *status), "{r:?} on tools-v1");
-            assert_eq!((s, ss.as_u16()), (*skill, *status), "{r:?} on skill-v1");
+        let standard = [
+            "TOOL_NOT_FOUND",
+            "INVALID_ARGS",
+            "UNAUTHORIZED",
+            "FORBIDDEN",
+            "RATE_LIMITED",
+            "DEPENDENCY_UNAVAILABLE",
+            "TIMEOUT",
+            "INTERNAL",
+            "PAIRING_REQUIRED",
+            "PAIRING_FAILED",
+        ];
+        let skill_codes = [
+            "MANIFEST_INVALID",
+            "PROTOCOL_VERSION_UNSUPPORTED",
+            "NONCE_REPLAY",
+            "SCHEMA_VALIDATION_FAILED",
+            "SKILL_TIMEOUT",
+            "SKILL_AUTH_FAILED",
+            "GATEWAY_DISABLED",
+            "ROUTING_FAILED",
+            "SKILL_HTTP_ERROR",
+        ];
+        for (r, code, status, retry, http, reference, skill, skill_http) in &rows {
+            let (t, ts) = tools_v1(r);
+            assert_eq!((t, ts.as_u16()), (*code, *http), "{r:?} on tools-v1");
+            assert!(standard.contains(&t), "{t} is not a standard tools-v1 code");
+            assert_eq!(tools_v1_call_status(r), *status, "{r:?}");
+            assert_eq!(tools_v1_retryable(r), *retry, "{r:?}");
+            assert_eq!(
+                tools_v1_reference_status(r, false).as_u16(),
+                *reference,
+                "{r:?}"
+            );
+            let (s, ss) = skill_v1(r);
+            assert_eq!((s, ss.as_u16()), (*skill, *skill_http), "{r:?} on skill-v1");
+            assert!(
+                skill_codes.contains(&s),
+                "{s} is not a Skill Gateway v1 code"
+            );
+            assert_eq!(details(r)["reason"], r.reason(), "{r:?}");
         }
         assert_eq!(
+            tools_v1_reference_status(&R::invalid("x"), true),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
             rows.len(),
-            23,
+            25,
             "a Rejection variant is missing from this table"
         );
     }

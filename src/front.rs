@@ -16,7 +16,7 @@ use carapace_filters::call::{CallOutcome, Principal, ToolCall};
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::config::Protocol;
-use crate::errors;
+use crate::errors::{self, ToolsV1Answers};
 use crate::metrics::Metrics;
 
 /// Every response carapace sends to callers.
@@ -31,6 +31,10 @@ pub struct CallRecord {
     pub tool: Option<String>,
     pub outcome: &'static str,
 }
+
+/// Put in a refusal's extensions by the front's encoder: the error code the caller got.
+#[derive(Debug, Clone, Copy)]
+pub struct RefusalCode(pub &'static str);
 
 /// The principal the identity layer put on the request.
 pub fn principal<B>(req: &Request<B>) -> Result<Arc<Principal>, Rejection> {
@@ -128,23 +132,26 @@ pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Resp {
 pub struct Envelope<S> {
     inner: S,
     front: Protocol,
+    answers: ToolsV1Answers,
     metrics: Arc<Metrics>,
 }
 
 impl<S> Envelope<S> {
-    pub fn new(inner: S, front: Protocol, metrics: Arc<Metrics>) -> Self {
+    /// `answers` applies to a tools-v1 front.
+    pub fn new(inner: S, front: Protocol, answers: ToolsV1Answers, metrics: Arc<Metrics>) -> Self {
         Envelope {
             inner,
             front,
+            answers,
             metrics,
         }
     }
 }
 
 /// The front's error envelope for a rejection that happened before a call was decoded.
-pub fn rejection_response(front: Protocol, r: &Rejection) -> Resp {
+pub fn rejection_response(front: Protocol, answers: ToolsV1Answers, r: &Rejection) -> Resp {
     match front {
-        Protocol::ToolsV1 => crate::tools_v1::error_response(r, "", "", 0),
+        Protocol::ToolsV1 => crate::tools_v1::error_response(r, ("", ""), 0, answers, false),
         Protocol::SkillV1 => crate::skill_v1::error_response(r),
     }
 }
@@ -165,7 +172,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let mut inner = self.inner.clone();
-        let front = self.front;
+        let (front, answers) = (self.front, self.answers);
         let metrics = self.metrics.clone();
         let started = Instant::now();
         Box::pin(async move {
@@ -176,10 +183,14 @@ where
             };
             let resp = match result {
                 Ok(resp) => resp,
-                Err(r) => refused(&r, |r| rejection_response(front, r)),
+                Err(r) => refused(&r, |r| rejection_response(front, answers, r)),
             };
             let record = resp.extensions().get::<CallRecord>();
             let outcome = record.map_or("ok", |r| r.outcome);
+            let labels = match resp.extensions().get::<RefusalCode>() {
+                Some(code) => (code.0, outcome),
+                None => (outcome, ""),
+            };
             if !matches!(outcome, "ok" | "app_error") {
                 tracing::info!(
                     front = %front,
@@ -192,7 +203,7 @@ where
             metrics.observe(
                 front,
                 record.and_then(|r| r.tool.as_deref()),
-                record.map_or("none", |r| r.outcome),
+                labels,
                 started.elapsed(),
             );
             Ok(resp)

@@ -1,4 +1,4 @@
-//! Prometheus metrics: requests by front, tool, outcome (or rejection reason), latency
+//! Prometheus metrics: requests by front, tool, outcome (the code the caller got) and reason, latency
 //! histograms, and gauges for the stores.
 
 use std::sync::atomic::AtomicI64;
@@ -18,6 +18,7 @@ struct RequestLabels {
     front: &'static str,
     tool: String,
     outcome: &'static str,
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,7 +61,7 @@ impl Default for Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
-            "Requests by front, tool and outcome (ok, app_error, or the rejection reason)",
+            "Requests by front, tool and outcome (ok, app_error, or the error code the caller got) with carapace's finer reason for a refusal",
             requests.clone(),
         );
         let latency: Family<LatencyLabels, Histogram, fn() -> Histogram> =
@@ -117,12 +118,13 @@ fn front_label(front: Protocol) -> &'static str {
 }
 
 impl Metrics {
-    /// Record one request.
+    /// Record one request: `outcome` is `ok`, `app_error` or the code the caller got,
+    /// `reason` carapace's finer reason for a refusal (empty otherwise).
     pub fn observe(
         &self,
         front: Protocol,
         tool: Option<&str>,
-        outcome: &'static str,
+        (outcome, reason): (&'static str, &'static str),
         took: Duration,
     ) {
         let front = front_label(front);
@@ -132,6 +134,7 @@ impl Metrics {
                 front,
                 tool: tool.clone(),
                 outcome,
+                reason,
             })
             .inc();
         self.latency

@@ -336,11 +336,9 @@ impl PeerDirectory for PeerStore {
             Some(e) => (e, false),
             None => match by_ca() {
                 Some(e) => (e, true),
-                None => {
-                    return Err(Rejection::Forbidden(
-                        "certificate does not match a paired peer".into(),
-                    ))
-                }
+                // No record: this certificate's holder has not paired (the protocol's
+                // `PAIRING_REQUIRED`); a record that is not active is `FORBIDDEN` below.
+                None => return Err(Rejection::PairingRequired),
             },
         };
         if entry.0.status != "active" {
@@ -385,7 +383,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_store_requires_pairing_and_unknown_is_forbidden() {
+    fn unknown_certificates_require_pairing() {
         let dir = tempfile::tempdir().unwrap();
         let store = PeerStore::open(dir.path().join("none.json")).unwrap();
         assert!(matches!(
@@ -400,7 +398,7 @@ mod tests {
         assert_eq!(p.id, "gw_home");
         assert!(matches!(
             store.resolve(&leaf(&FP.replace("cb7f", "0000"))),
-            Err(Rejection::Forbidden(_))
+            Err(Rejection::PairingRequired)
         ));
     }
 
@@ -468,18 +466,16 @@ mod tests {
         assert_eq!(who.id, "gw_home");
         assert_eq!(who.fingerprint.as_deref(), Some(FP));
         // Another holder of a certificate from the same CA is not the gateway.
-        assert!(matches!(
-            store.resolve(&cert(Some("memory-east"), Some(&ca))),
-            Err(Rejection::Forbidden(_))
-        ));
-        assert!(matches!(
-            store.resolve(&cert(Some("gw_home"), None)),
-            Err(Rejection::Forbidden(_))
-        ));
-        assert!(matches!(
-            store.resolve(&cert(Some("gw_home"), Some(FP))),
-            Err(Rejection::Forbidden(_))
-        ));
+        for other in [
+            cert(Some("memory-east"), Some(&ca)),
+            cert(Some("gw_home"), None),
+            cert(Some("gw_home"), Some(FP)),
+        ] {
+            assert!(matches!(
+                store.resolve(&other),
+                Err(Rejection::PairingRequired)
+            ));
+        }
     }
 
     #[test]

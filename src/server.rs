@@ -38,6 +38,7 @@ use carapace_filters::Rejection;
 
 use crate::catalog::CatalogHandle;
 use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig, SharedStateBackend};
+use crate::errors::ToolsV1Answers;
 use crate::front::{CallStack, Envelope, Resp};
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, OutboundBack};
@@ -274,8 +275,10 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                 shared.catalog.clone(),
                 calls,
                 shared.clock.clone(),
+                c.front.answers.unwrap_or_default(),
             )),
             Protocol::ToolsV1,
+            c.front.answers.unwrap_or_default(),
             shared.metrics.clone(),
         )),
         Protocol::SkillV1 => {
@@ -290,6 +293,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                     shared.clock.clone(),
                 )),
                 Protocol::SkillV1,
+                ToolsV1Answers::default(),
                 shared.metrics.clone(),
             ))
         }
@@ -299,6 +303,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
 /// The outbound role's stack: the local agent's calls, validated, routed to paired peers.
 fn build_outbound_stack(cfg: &Loaded, shared: &Shared, outbound: Arc<Outbound>) -> HttpStack {
     let c = &cfg.config;
+    let answers = c.outbound.as_ref().map(|o| o.answers).unwrap_or_default();
     let calls: CallStack = BoxCloneSyncService::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
@@ -322,8 +327,10 @@ fn build_outbound_stack(cfg: &Loaded, shared: &Shared, outbound: Arc<Outbound>) 
             outbound.catalog.clone(),
             calls,
             shared.clock.clone(),
+            answers,
         )),
         Protocol::ToolsV1,
+        answers,
         shared.metrics.clone(),
     ))
 }

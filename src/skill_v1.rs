@@ -11,12 +11,14 @@ use serde_json::{json, Value};
 use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
-use carapace_filters::canonical::{canonical_string, hmac_sha256_hex, parse_strict};
+use carapace_filters::canonical::{
+    canonical_string, hmac_sha256_hex, parse_strict, CanonicalError,
+};
 use carapace_filters::signature::{AuthMode, UnixClock};
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::catalog::CatalogHandle;
-use crate::config::{Protocol, Secret};
+use crate::config::Secret;
 use crate::errors;
 use crate::front::{self, json_response, CallStack, Resp};
 use crate::upstream::AppClient;
@@ -37,15 +39,53 @@ pub const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
 /// Default header of the signature copy.
 pub const DEFAULT_SIGNATURE_HEADER: &str = "x-skill-signature";
 
+/// Longest number literal accepted in a signed body: a double needs at most 17 significant
+/// digits and an exponent; a longer literal can only be a value the signer and the app read
+/// differently.
+pub const MAX_NUMBER_CHARS: usize = 40;
+
+/// Byte offset of the first number literal (outside strings) longer than
+/// [`MAX_NUMBER_CHARS`], if any.
+fn overlong_number(body: &[u8]) -> Option<usize> {
+    let (mut in_string, mut escaped, mut run, mut start) = (false, false, 0usize, 0usize);
+    for (i, &b) in body.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+            if run == 0 {
+                start = i;
+            }
+            run += 1;
+            if run > MAX_NUMBER_CHARS {
+                return Some(start);
+            }
+        } else {
+            run = 0;
+            in_string = b == b'"';
+        }
+    }
+    None
+}
+
 /// The skill-v1 error envelope (this front's one mapping of rejections).
 pub fn error_response(r: &Rejection) -> Resp {
-    let (code, status) = errors::code_and_status(r, Protocol::SkillV1);
-    let mut body = json!({"ok": false, "error_code": code, "message": errors::message(r)});
-    if let Some(d) = errors::details(r) {
-        body["details"] = d;
-    }
+    let (code, status) = errors::skill_v1(r);
+    let body = json!({
+        "ok": false,
+        "error_code": code,
+        "message": errors::message(r),
+        "details": errors::details(r),
+    });
     let mut resp = json_response(status, &body);
     errors::retry_after_header(r, resp.headers_mut());
+    resp.extensions_mut().insert(front::RefusalCode(code));
     resp
 }
 
@@ -121,7 +161,17 @@ impl SkillV1Front {
         req: &Request<Bytes>,
         principal: Arc<Principal>,
     ) -> Result<ToolCall, Rejection> {
-        let doc = parse_strict(req.body()).map_err(|e| Rejection::invalid(e.to_string()))?;
+        if let Some(at) = overlong_number(req.body()) {
+            return Err(Rejection::invalid(format!(
+                "number at byte {at} is longer than {MAX_NUMBER_CHARS} characters"
+            )));
+        }
+        let doc = parse_strict(req.body()).map_err(|e| match e {
+            CanonicalError::UncoveredMember { path } => {
+                Rejection::Unsigned(format!("the `__proto__` member of {path}"))
+            }
+            e => Rejection::invalid(e.to_string()),
+        })?;
         let Value::Object(mut fields) = doc else {
             return Err(Rejection::invalid("body must be a JSON object"));
         };
@@ -130,10 +180,10 @@ impl SkillV1Front {
             .keys()
             .find(|k| !SIGNED_FIELDS.contains(&k.as_str()) && k.as_str() != "signature")
         {
-            return Err(Rejection::InvalidRequest {
-                message: format!("field `{extra}` is not covered by the signature"),
-                path: Some(format!("/{extra}")),
-            });
+            return Err(Rejection::Unsigned(format!("field `{extra}`")));
+        }
+        if !matches!(fields.get("signature"), Some(Value::String(_))) {
+            return Err(Rejection::AuthFailed("`signature` is missing"));
         }
         let str_field = |k: &'static str| {
             fields
@@ -186,7 +236,12 @@ impl SkillV1Front {
         // the input out of it.
         fields.remove("signature");
         let signed = Value::Object(fields);
-        let canonical = canonical_string(&signed).map_err(|e| Rejection::invalid(e.to_string()))?;
+        let canonical = canonical_string(&signed).map_err(|e| match e {
+            CanonicalError::UncoveredMember { path } => {
+                Rejection::Unsigned(format!("the `__proto__` member of {path}"))
+            }
+            e => Rejection::invalid(e.to_string()),
+        })?;
         let Value::Object(mut fields) = signed else {
             unreachable!("built as an object above")
         };

@@ -18,8 +18,7 @@ use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::catalog::{tools_v1_descriptor, CatalogHandle};
-use crate::config::Protocol;
-use crate::errors;
+use crate::errors::{self, ToolsV1Answers};
 use crate::front::{self, json_response, CallStack, Resp};
 use crate::upstream::AppClient;
 
@@ -37,34 +36,44 @@ static RESPONSE: LazyLock<CompiledSchema> = LazyLock::new(|| {
         .expect("response schema compiles")
 });
 
-/// The tools-v1 error envelope (this front's one mapping of rejections).
-pub fn error_response(r: &Rejection, call_id: &str, tool: &str, duration_ms: u64) -> Resp {
-    let (code, status) = errors::code_and_status(r, Protocol::ToolsV1);
-    let call_status = match r {
-        Rejection::Timeout(_) => "timeout",
-        r if r.retryable() => "retryable_error",
-        _ => "error",
+/// The tools-v1 error envelope (this front's one mapping of rejections). `malformed`: the body
+/// is not one JSON document of the request's shape.
+pub fn error_response(
+    r: &Rejection,
+    call: (&str, &str),
+    duration_ms: u64,
+    answers: ToolsV1Answers,
+    malformed: bool,
+) -> Resp {
+    let (code, http_status) = errors::tools_v1(r);
+    let status = match answers {
+        ToolsV1Answers::HttpStatus => http_status,
+        ToolsV1Answers::Reference => errors::tools_v1_reference_status(r, malformed),
     };
-    let mut error = json!({
+    let error = json!({
         "code": code,
         "message": errors::message(r),
-        "retryable": r.retryable(),
+        "retryable": errors::tools_v1_retryable(r),
+        "details": errors::details(r),
     });
-    if let Some(d) = errors::details(r) {
-        error["details"] = d;
-    }
     let mut resp = json_response(
         status,
         &json!({
             "version": "v1",
-            "call_id": call_id,
-            "tool_name": tool,
-            "status": call_status,
+            "call_id": call.0,
+            "tool_name": call.1,
+            "status": errors::tools_v1_call_status(r),
             "error": error,
             "duration_ms": duration_ms,
         }),
     );
     errors::retry_after_header(r, resp.headers_mut());
+    resp.extensions_mut().insert(front::RefusalCode(code));
+    if let Rejection::MethodNotAllowed(allow) = r {
+        if let Ok(v) = http::HeaderValue::from_str(allow) {
+            resp.headers_mut().insert(http::header::ALLOW, v);
+        }
+    }
     resp
 }
 
@@ -74,14 +83,21 @@ pub struct ToolsV1Front {
     catalog: Arc<CatalogHandle>,
     calls: CallStack,
     clock: UnixClock,
+    answers: ToolsV1Answers,
 }
 
 impl ToolsV1Front {
-    pub fn new(catalog: Arc<CatalogHandle>, calls: CallStack, clock: UnixClock) -> Self {
+    pub fn new(
+        catalog: Arc<CatalogHandle>,
+        calls: CallStack,
+        clock: UnixClock,
+        answers: ToolsV1Answers,
+    ) -> Self {
         ToolsV1Front {
             catalog,
             calls,
             clock,
+            answers,
         }
     }
 
@@ -99,27 +115,78 @@ impl ToolsV1Front {
     }
 }
 
-/// Decode a call request; `(call_id, tool_name)` are returned even on failure when readable,
-/// so the error envelope can carry them.
+/// Why a call request could not be decoded, with what could be read of it for the envelope.
+struct Refused {
+    rejection: Rejection,
+    call_id: String,
+    tool_name: String,
+    /// Not one JSON document of the request's shape (the reference answers those 400).
+    malformed: bool,
+}
+
+/// The first member of `doc` (or of its `context`) that the request schema does not name.
+fn unknown_member(doc: &Value) -> Option<String> {
+    fn props(v: &Value) -> Vec<String> {
+        v["properties"]
+            .as_object()
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+    static KNOWN: LazyLock<(Vec<String>, Vec<String>)> = LazyLock::new(|| {
+        let schema: Value = serde_json::from_str(REQUEST_SCHEMA).expect("schema is JSON");
+        (props(&schema), props(&schema["properties"]["context"]))
+    });
+    let (root, context) = &*KNOWN;
+    let extra = |v: &Value, known: &[String], at: &str| {
+        v.as_object()?
+            .keys()
+            .find(|k| !known.contains(k))
+            .map(|k| format!("{at}/{k}"))
+    };
+    extra(doc, root, "").or_else(|| extra(&doc["context"], context, "/context"))
+}
+
+/// Decode a call request. The ids are trimmed as the reference tool host trims them.
 fn decode(
     body: &[u8],
     catalog: &CatalogHandle,
     principal: Arc<carapace_filters::call::Principal>,
-) -> Result<ToolCall, (Rejection, String, String)> {
-    let doc = parse_strict(body).map_err(|e| {
-        (
-            Rejection::invalid(e.to_string()),
-            String::new(),
-            String::new(),
-        )
-    })?;
-    let s = |k: &str| doc.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    let (call_id, tool_name) = (s("call_id"), s("tool_name"));
-    let fail = |r: Rejection| (r, call_id.clone(), tool_name.clone());
-    if let Some(v) = doc.get("version").and_then(Value::as_str) {
-        if v != "v1" {
-            return Err(fail(Rejection::ProtocolVersionUnsupported(v.into())));
-        }
+) -> Result<ToolCall, Refused> {
+    let malformed = |rejection| Refused {
+        rejection,
+        call_id: String::new(),
+        tool_name: String::new(),
+        malformed: true,
+    };
+    let doc = parse_strict(body).map_err(|e| malformed(Rejection::invalid(e.to_string())))?;
+    if let Some(path) = unknown_member(&doc) {
+        return Err(malformed(Rejection::InvalidRequest {
+            message: "request has a member tools-v1 does not define".into(),
+            path: Some(path),
+        }));
+    }
+    let s = |k: &str| doc.get(k).and_then(Value::as_str).unwrap_or("").trim();
+    let (call_id, tool_name) = (s("call_id").to_string(), s("tool_name").to_string());
+    let fail = |rejection| Refused {
+        rejection,
+        call_id: call_id.clone(),
+        tool_name: tool_name.clone(),
+        malformed: false,
+    };
+    let missing: Vec<&str> = ["version", "call_id", "tool_name", "tenant_id"]
+        .into_iter()
+        .filter(|k| s(k).is_empty())
+        .collect();
+    if !missing.is_empty() {
+        return Err(fail(Rejection::invalid(format!(
+            "missing required fields: {}",
+            missing.join(", ")
+        ))));
+    }
+    if s("version") != "v1" {
+        return Err(fail(Rejection::ProtocolVersionUnsupported(
+            s("version").into(),
+        )));
     }
     if let Err(v) = REQUEST.validate(&doc) {
         let first = &v[0];
@@ -218,6 +285,7 @@ impl Service<Request<Bytes>> for ToolsV1Front {
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
+            let answers = this.answers;
             match (req.method(), req.uri().path()) {
                 (&Method::GET, "/v1/tools") => Ok(this.list(&*front::principal(&req)?)),
                 (&Method::POST, "/v1/tools/call") => {
@@ -228,14 +296,18 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                             call,
                             started,
                             outcome_response,
-                            error_response,
+                            |r, call_id, tool, ms| {
+                                error_response(r, (call_id, tool), ms, answers, false)
+                            },
                         )
                         .await),
-                        Err((r, call_id, tool)) => Ok(front::refused(&r, |r| {
-                            error_response(r, &call_id, &tool, 0)
+                        Err(d) => Ok(front::refused(&d.rejection, |r| {
+                            error_response(r, (&d.call_id, &d.tool_name), 0, answers, d.malformed)
                         })),
                     }
                 }
+                (_, "/v1/tools") => Err(Rejection::MethodNotAllowed("GET".into())),
+                (_, "/v1/tools/call") => Err(Rejection::MethodNotAllowed("POST".into())),
                 (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
             }
         })

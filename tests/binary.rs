@@ -279,10 +279,12 @@ fn assert_ok(r: &Reply) {
     assert_eq!(r.json()["status"], "ok", "{:?}", r.json());
 }
 
-/// Assert a call was refused by the kill-switch.
+/// Assert a tools-v1 call was refused by the kill-switch (not to be retried).
 fn assert_disabled(r: &Reply) {
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.json());
-    assert_eq!(code(r), "GATEWAY_DISABLED", "{:?}", r.json());
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    assert_eq!(r.json()["status"], "error", "{:?}", r.json());
+    assert_eq!(code(r), "DEPENDENCY_UNAVAILABLE", "{:?}", r.json());
+    assert_eq!(r.json()["error"]["details"]["reason"], "kill_switch");
 }
 
 fn now_ms() -> u64 {
@@ -669,7 +671,7 @@ log: {{ format: json, level: trace }}
         .post_json("/run", &good_headers, &good)
         .await
         .unwrap();
-    assert_eq!(r.status, StatusCode::CONFLICT, "{mode}: {:?}", r.json());
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{mode}: {:?}", r.json());
     assert_eq!(code(&r), "NONCE_REPLAY");
 
     srv.stop().await;
@@ -984,10 +986,10 @@ fn demo_runs_and_names_the_error_codes() {
     let out = run_sync(&["demo"], &[], Duration::from_secs(60));
     assert_eq!(out.code(), Some(0), "{out:?}");
     for c in [
-        "SCHEMA_VALIDATION_FAILED",
-        "FORBIDDEN",
+        "INVALID_ARGS",
+        "PAIRING_REQUIRED",
         "NONCE_REPLAY",
-        "GATEWAY_DISABLED",
+        "DEPENDENCY_UNAVAILABLE",
         "TIMEOUT",
     ] {
         assert!(

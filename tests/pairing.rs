@@ -144,7 +144,7 @@ gateway: {{ id: gw_home }}
         )
         .await
         .unwrap();
-    assert_eq!(code(&reply), "FORBIDDEN");
+    assert_eq!(code(&reply), "PAIRING_REQUIRED");
     // Nor is a certificate from the gateway's CA that merely has the gateway's name as its
     // common name: only the gateway's own certificate carries the gateway mark.
     let lookalike = {
@@ -171,7 +171,7 @@ gateway: {{ id: gw_home }}
     )
     .await
     .unwrap();
-    assert_eq!(code(&reply), "FORBIDDEN");
+    assert_eq!(code(&reply), "PAIRING_REQUIRED");
     // Another tool host claiming an id that is paired (another key) is not paired in its
     // place; the record and the tool host's trust stay as they were.
     let other_dir = env.path().join("other");
@@ -525,7 +525,7 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
         )
         .await
         .unwrap();
-    assert_eq!(code(&r), "GATEWAY_DISABLED");
+    assert_eq!(code(&r), "DEPENDENCY_UNAVAILABLE");
     assert_eq!(env.app.received().len(), 1);
     carapace::admin::request(
         &gw.admin_socket,
@@ -577,7 +577,7 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
         )
         .await
         .unwrap();
-    assert_eq!(code(&reply), "SCHEMA_VALIDATION_FAILED");
+    assert_eq!(code(&reply), "INVALID_ARGS");
     assert_eq!(env.app.received().len(), 4);
 
     // The tool host presents another certificate than the one paired: the gateway refuses it.
@@ -797,7 +797,7 @@ outbound:
         )
         .await
         .unwrap();
-    assert_eq!(code(&r), "SCHEMA_VALIDATION_FAILED");
+    assert_eq!(code(&r), "INVALID_ARGS");
     *skill.answer.lock().unwrap() = Some((200, json!({"ok": true, "output": {"secret": "x"}})));
     let r = agent
         .post_json(
@@ -807,7 +807,8 @@ outbound:
         )
         .await
         .unwrap();
-    assert_eq!(code(&r), "SCHEMA_VALIDATION_FAILED");
+    assert_eq!(code(&r), "DEPENDENCY_UNAVAILABLE");
+    assert_eq!(r.json()["error"]["details"]["reason"], "output_schema");
     assert!(!String::from_utf8_lossy(&r.body).contains("\"x\""));
     assert_eq!(skill.received.lock().unwrap().len(), 2);
     gw.shutdown().await;

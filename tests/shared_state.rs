@@ -227,7 +227,7 @@ async fn a_request_accepted_at_one_replica_is_refused_at_the_other() {
 
     for r in [&b, &a] {
         let replay = run(r, &body).await;
-        assert_eq!(replay.status, StatusCode::CONFLICT, "{}", replay.json());
+        assert_eq!(replay.status, StatusCode::BAD_REQUEST, "{}", replay.json());
         assert_eq!(code(&replay), "NONCE_REPLAY");
     }
     assert_eq!(app_calls(&env), 1, "a replay reached the app");
@@ -275,7 +275,8 @@ async fn a_rate_limit_holds_across_both_replicas() {
             "{}",
             refused.json()
         );
-        assert_eq!(code(&refused), "RATE_LIMITED");
+        assert_eq!(code(&refused), "SKILL_HTTP_ERROR");
+        assert_eq!(refused.json()["details"]["reason"], "rate_limited");
         assert_eq!(refused.headers["retry-after"], "1");
     }
     assert_eq!(app_calls(&env), 3);
@@ -299,7 +300,7 @@ async fn when_redis_goes_away_calls_are_refused_until_it_is_back() {
             "{}",
             refused.json()
         );
-        assert_eq!(code(&refused), "DEPENDENCY_UNAVAILABLE");
+        assert_eq!(code(&refused), "SKILL_HTTP_ERROR");
         assert_eq!(refused.headers["retry-after"], "1");
         assert!(
             !refused.json().to_string().contains("redis.sock"),
@@ -324,12 +325,7 @@ async fn a_replica_starts_while_redis_is_down_and_refuses_until_it_is_up() {
     let yaml = replica_yaml(&env, "a", &url, "p:", "");
     let a = env.start_clocked(&yaml, true, clock()).await;
     let refused = run(&a, &append("early")).await;
-    assert_eq!(
-        code(&refused),
-        "DEPENDENCY_UNAVAILABLE",
-        "{}",
-        refused.json()
-    );
+    assert_eq!(code(&refused), "SKILL_HTTP_ERROR", "{}", refused.json());
     assert_eq!(app_calls(&env), 0);
 
     let _redis = Redis::unix(env.path());
@@ -365,7 +361,7 @@ async fn a_redis_that_may_evict_keys_is_not_trusted_with_nonces() {
         "{}",
         refused.json()
     );
-    assert_eq!(code(&refused), "DEPENDENCY_UNAVAILABLE");
+    assert_eq!(code(&refused), "SKILL_HTTP_ERROR");
     assert_eq!(app_calls(&env), 0);
 
     assert!(redis
@@ -393,12 +389,7 @@ async fn a_refused_password_is_tried_again_once_redis_takes_it() {
     let a = env.start_clocked(&yaml, true, clock()).await;
     for _ in 0..4 {
         let refused = run(&a, &append("wrong password")).await;
-        assert_eq!(
-            code(&refused),
-            "DEPENDENCY_UNAVAILABLE",
-            "{}",
-            refused.json()
-        );
+        assert_eq!(code(&refused), "SKILL_HTTP_ERROR", "{}", refused.json());
     }
     assert_eq!(app_calls(&env), 0);
 

@@ -70,6 +70,14 @@ pub enum CanonicalError {
         /// JSON Pointer of the object that holds the `__proto__` member.
         path: String,
     },
+    /// The value at `path` is an integer beyond ±2^53 that is not what JS prints for its
+    /// nearest double: the reference signs that double while the body carries the exact
+    /// integer.
+    #[error("integer at {path} is outside ±2^53 and cannot be signed exactly")]
+    InexactInteger {
+        /// JSON Pointer of the number.
+        path: String,
+    },
     /// The object at `path` has member `key` more than once.
     #[error("duplicate member `{key}` at {path}")]
     DuplicateMember {
@@ -128,13 +136,14 @@ fn render_path(innermost_first: &[Seg<'_>]) -> String {
 /// Internal error of the writer; carries the path segments collected while unwinding.
 enum WriteError<'a> {
     Uncovered(Vec<Seg<'a>>),
+    Integer(Vec<Seg<'a>>),
     TooDeep,
     Number,
 }
 
 impl<'a> WriteError<'a> {
     fn within(mut self, seg: Seg<'a>) -> Self {
-        if let WriteError::Uncovered(segs) = &mut self {
+        if let WriteError::Uncovered(segs) | WriteError::Integer(segs) = &mut self {
             segs.push(seg);
         }
         self
@@ -143,6 +152,9 @@ impl<'a> WriteError<'a> {
     fn into_public(self) -> CanonicalError {
         match self {
             WriteError::Uncovered(segs) => CanonicalError::UncoveredMember {
+                path: render_path(&segs),
+            },
+            WriteError::Integer(segs) => CanonicalError::InexactInteger {
                 path: render_path(&segs),
             },
             WriteError::TooDeep => CanonicalError::TooDeep(MAX_DEPTH),
@@ -295,24 +307,37 @@ const MAX_EXACT_INT: u64 = 1 << 53;
 
 fn write_number<'a>(n: &Number, out: &mut String) -> Result<(), WriteError<'a>> {
     if let Some(u) = n.as_u64() {
-        if u <= MAX_EXACT_INT {
-            write_digits(u, out);
-        } else {
-            write_f64(u as f64, out)?;
-        }
+        write_integer(false, u, out)
     } else if let Some(i) = n.as_i64() {
-        let magnitude = i.unsigned_abs();
-        if magnitude <= MAX_EXACT_INT {
-            if i < 0 {
-                out.push('-');
-            }
-            write_digits(magnitude, out);
-        } else {
-            write_f64(i as f64, out)?;
-        }
+        write_integer(i < 0, i.unsigned_abs(), out)
     } else {
-        // Without serde_json's `arbitrary_precision` this is always `Some(finite)`.
-        write_f64(n.as_f64().ok_or(WriteError::Number)?, out)?;
+        // Without serde_json's `arbitrary_precision` this is always `Some(finite)`. A float is
+        // forwarded as the same double it was signed as.
+        write_f64(n.as_f64().ok_or(WriteError::Number)?, out)
+    }
+}
+
+/// An integer is signed as JS prints the double nearest to it. Up to ±2^53 that is the
+/// integer itself. Beyond, it is only when the integer is exactly what JS prints for its
+/// double (`12345678901234567000`); any other integer (`9007199254740993`) would share its
+/// signature with a different body while the app reads the exact integer, so it is refused.
+fn write_integer<'a>(
+    negative: bool,
+    magnitude: u64,
+    out: &mut String,
+) -> Result<(), WriteError<'a>> {
+    let start = out.len();
+    if negative {
+        out.push('-');
+    }
+    write_digits(magnitude, out);
+    if magnitude > MAX_EXACT_INT {
+        let f = magnitude as f64;
+        let js = ryu_js::Buffer::new().format_finite(f).to_owned();
+        if out[start + usize::from(negative)..] != *js {
+            out.truncate(start);
+            return Err(WriteError::Integer(Vec::new()));
+        }
     }
     Ok(())
 }
@@ -612,8 +637,25 @@ mod tests {
         ("v29_proto_key_primitive", "/input/a"),
     ];
 
+    /// Vectors with an integer beyond ±2^53: Vagus signs the nearest double, we refuse.
+    const INEXACT: &[(&str, &str)] = &[
+        ("v16_int_above_2_53", "/input/n"),
+        ("v17_huge_int", "/input/n"),
+    ];
+
     fn uncovered_path(id: &str) -> Option<&'static str> {
         UNCOVERED.iter().find(|(u, _)| *u == id).map(|(_, p)| *p)
+    }
+
+    /// The error the canonical writer must give for a vector it refuses, if any.
+    fn expected_refusal(id: &str) -> Option<CanonicalError> {
+        if let Some(path) = uncovered_path(id) {
+            return Some(CanonicalError::UncoveredMember { path: path.into() });
+        }
+        INEXACT
+            .iter()
+            .find(|(u, _)| *u == id)
+            .map(|(_, p)| CanonicalError::InexactInteger { path: (*p).into() })
     }
 
     #[test]
@@ -631,12 +673,8 @@ mod tests {
             }
             let parsed = parsed.unwrap_or_else(|e| panic!("{id}: {e}"));
             let canonical = canonical_string(&parsed);
-            if let Some(path) = uncovered_path(id) {
-                assert_eq!(
-                    canonical,
-                    Err(CanonicalError::UncoveredMember { path: path.into() }),
-                    "{id}"
-                );
+            if let Some(expected) = expected_refusal(id) {
+                assert_eq!(canonical, Err(expected), "{id}");
                 refused.push(id.to_owned());
                 continue;
             }
@@ -656,12 +694,14 @@ mod tests {
             refused,
             [
                 "v14_lone_surrogate",
+                "v16_int_above_2_53",
+                "v17_huge_int",
                 "v21_number_overflow",
                 "v28_proto_key_nested_object",
                 "v29_proto_key_primitive"
             ]
         );
-        assert_eq!(verified, 34);
+        assert_eq!(verified, 32);
     }
 
     fn flip_first_hex_char(sig: &str) -> String {
@@ -688,6 +728,7 @@ mod tests {
                 other => panic!("{id}: signature field {other:?}"),
             };
             let canonical = canonical_string(&fields);
+            // The wire bodies carry what JS printed: v16 and v17 arrive already rounded.
             if let Some(path) = uncovered_path(id) {
                 assert_eq!(
                     canonical,
@@ -755,7 +796,7 @@ mod tests {
             };
             match canonical_string(&parsed) {
                 Ok(c) => assert_eq!(c, field(v, "canonical"), "{id}"),
-                Err(e) => assert!(uncovered_path(id).is_some(), "{id}: {e}"),
+                Err(e) => assert_eq!(Some(e), expected_refusal(id), "{id}"),
             }
         }
         assert_eq!(differing, 12);
@@ -1005,16 +1046,50 @@ mod tests {
             ("0.30000000000000004", "0.30000000000000004"),
             ("9007199254740991", "9007199254740991"),
             ("9007199254740992", "9007199254740992"),
-            ("9007199254740993", "9007199254740992"),
-            ("-9007199254740993", "-9007199254740992"),
-            ("18446744073709551615", "18446744073709552000"),
-            ("-9223372036854775808", "-9223372036854776000"),
-            ("12345678901234567890", "12345678901234567000"),
+            ("-9007199254740992", "-9007199254740992"),
+            // Beyond u64/i64 serde_json already holds a double: forwarded as that double.
             ("-98765432109876543210", "-98765432109876540000"),
             ("123456789012345680000", "123456789012345680000"),
         ];
         for (input, expected) in cases {
             assert_eq!(canon(input), *expected, "{input}");
+        }
+    }
+
+    /// Two bodies that differ only beyond 2^53 would share one signature while the app reads
+    /// different integers: neither can be signed.
+    #[test]
+    fn integers_beyond_2_pow_53_are_refused_not_rounded() {
+        for input in [
+            "9007199254740993",
+            "9007199254740995",
+            "-9007199254740993",
+            "18446744073709551615",
+            "-9223372036854775807",
+            "12345678901234567890",
+        ] {
+            let v: Value = serde_json::from_str(&format!(r#"{{"a":[{input}]}}"#)).unwrap();
+            assert_eq!(
+                canonical_string(&v),
+                Err(CanonicalError::InexactInteger {
+                    path: "/a/0".into()
+                }),
+                "{input}"
+            );
+        }
+    }
+
+    /// Beyond 2^53, an integer that is exactly what JS prints for its double is signed as
+    /// itself (it is what a JS signer sends).
+    #[test]
+    fn integers_printed_by_js_are_signed_as_themselves() {
+        for input in [
+            "9007199254740994",
+            "12345678901234567000",
+            "-9223372036854776000",
+            "18446744073709552000",
+        ] {
+            assert_eq!(canon(input), input, "{input}");
         }
     }
 

@@ -25,6 +25,10 @@ pub enum Rejection {
     /// Missing or wrong credential (API key, HMAC signature).
     #[error("authentication failed: {0}")]
     AuthFailed(&'static str),
+    /// The body carries data its signature does not cover (a field outside the signed set, a
+    /// `__proto__` member the reference implementation drops before signing).
+    #[error("the signature does not cover {0}")]
+    Unsigned(String),
     /// Kill-switch engaged, globally or for this tool.
     #[error("disabled by kill-switch ({0})")]
     Disabled(String),
@@ -52,6 +56,9 @@ pub enum Rejection {
     /// No such route on this front.
     #[error("no route for {0}")]
     NoRoute(String),
+    /// The route exists, but not for this method.
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
     /// The tool is not in the catalog.
     #[error("tool `{0}` not found")]
     ToolNotFound(String),
@@ -109,6 +116,7 @@ impl Rejection {
             Rejection::PairingRequired => "pairing_required",
             Rejection::Forbidden(_) => "forbidden",
             Rejection::AuthFailed(_) => "auth_failed",
+            Rejection::Unsigned(_) => "unsigned_data",
             Rejection::Disabled(_) => "kill_switch",
             Rejection::RateLimited { .. } => "rate_limited",
             Rejection::Overloaded => "overloaded",
@@ -116,6 +124,7 @@ impl Rejection {
             Rejection::BodyTimeout(_) => "body_timeout",
             Rejection::InvalidRequest { .. } => "invalid_request",
             Rejection::NoRoute(_) => "no_route",
+            Rejection::MethodNotAllowed(_) => "method_not_allowed",
             Rejection::ToolNotFound(_) => "tool_not_found",
             Rejection::ProtocolVersionUnsupported(_) => "protocol_version",
             Rejection::StaleTimestamp { .. } => "stale_timestamp",
