@@ -284,14 +284,33 @@ pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryE
             continue;
         };
         let spec = (|| -> Result<ToolSpec, String> {
-            // Strict contracts: a tool without both schemas is not served.
+            // Strict contracts: a tool without both schemas is not served. `null` is how the
+            // reference tool host writes a schema it was not given (its fields have no
+            // omitempty): the app takes any value there, and so does carapace.
             let (Some(input), Some(output)) = (t.get("input_schema"), t.get("output_schema"))
             else {
                 return Err("missing_schema".into());
             };
-            let input = compile(name, "input", input)?;
-            let output = Some(compile(name, "output", output)?);
-            let u = |k: &str, d: u64| t.get(k).and_then(Value::as_u64).unwrap_or(d);
+            let any = Value::Object(serde_json::Map::new());
+            let or_any = |s: &'_ Value, what: &str| {
+                if s.is_null() {
+                    tracing::warn!(
+                        "tool_schema_absent name={name} stage={what}: any value is accepted"
+                    );
+                    any.clone()
+                } else {
+                    s.clone()
+                }
+            };
+            let input = compile(name, "input", &or_any(input, "input"))?;
+            let output = Some(compile(name, "output", &or_any(output, "output"))?);
+            // 0 is the reference tool host's "not set" (zero values are written out).
+            let u = |k: &str, d: u64| {
+                t.get(k)
+                    .and_then(Value::as_u64)
+                    .filter(|v| *v > 0)
+                    .unwrap_or(d)
+            };
             let max = clamp_max(name, u("timeout_ms_max", PROTOCOL_TIMEOUT_MAX_MS), cfg);
             Ok(ToolSpec {
                 name: name.to_string(),

@@ -260,10 +260,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
     };
     let http = ServiceBuilder::new()
-        .layer(IdentityLayer::new(
-            shared.peers.clone(),
-            c.front.protocol == Protocol::SkillV1,
-        ))
+        .layer(identity_layer(cfg, shared))
         .layer(crate::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         .layer(PeerRateLimitLayer::new(peer_limits))
@@ -297,6 +294,22 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                 shared.metrics.clone(),
             ))
         }
+    }
+}
+
+/// Identity, with the front's configured credential header counted as one.
+fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
+    let c = &cfg.config;
+    let layer = IdentityLayer::new(shared.peers.clone(), c.front.protocol == Protocol::SkillV1);
+    match c
+        .front
+        .auth
+        .as_ref()
+        .and_then(|a| a.header_name.as_deref())
+        .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
+    {
+        Some(h) => layer.credential_header(h),
+        None => layer,
     }
 }
 

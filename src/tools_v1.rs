@@ -146,6 +146,10 @@ fn unknown_member(doc: &Value) -> Option<String> {
     extra(doc, root, "").or_else(|| extra(&doc["context"], context, "/context"))
 }
 
+/// Members that must be non-blank strings (after trimming), as the reference tool host
+/// checks them.
+const REQUIRED_IDS: [&str; 4] = ["version", "call_id", "tool_name", "tenant_id"];
+
 /// Decode a call request. The ids are trimmed as the reference tool host trims them.
 fn decode(
     body: &[u8],
@@ -173,14 +177,11 @@ fn decode(
         tool_name: tool_name.clone(),
         malformed: false,
     };
-    let missing: Vec<&str> = ["version", "call_id", "tool_name", "tenant_id"]
-        .into_iter()
-        .filter(|k| s(k).is_empty())
-        .collect();
-    if !missing.is_empty() {
+    // The reference tool host's check and message, word for word.
+    if REQUIRED_IDS.iter().any(|k| s(k).is_empty()) {
         return Err(fail(Rejection::invalid(format!(
             "missing required fields: {}",
-            missing.join(", ")
+            REQUIRED_IDS.join(", ")
         ))));
     }
     if s("version") != "v1" {
@@ -288,6 +289,10 @@ impl Service<Request<Bytes>> for ToolsV1Front {
             let answers = this.answers;
             match (req.method(), req.uri().path()) {
                 (&Method::GET, "/v1/tools") => Ok(this.list(&*front::principal(&req)?)),
+                // As the reference tool host: a paired caller can check the host is up.
+                (&Method::GET, "/healthz") => {
+                    Ok(json_response(StatusCode::OK, &json!({"ok": true})))
+                }
                 (&Method::POST, "/v1/tools/call") => {
                     let started = Instant::now();
                     match decode(req.body(), &this.catalog, front::principal(&req)?) {

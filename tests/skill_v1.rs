@@ -354,6 +354,24 @@ async fn requests_failing_a_check_never_reach_the_app() {
     let reply = run(&r, &[("X-Skill-Signature", &other)], body.to_string()).await;
     refused(reply, StatusCode::UNAUTHORIZED, "SKILL_AUTH_FAILED");
 
+    // The signature header twice (the right value first): which one would be checked?
+    let body = append(SECRET, "a", NOW);
+    let sig = body["signature"].as_str().unwrap().to_string();
+    let reply = run(
+        &r,
+        &[("X-Skill-Signature", &sig), ("X-Skill-Signature", &other)],
+        body.to_string(),
+    )
+    .await;
+    refused(reply, StatusCode::UNAUTHORIZED, "SKILL_AUTH_FAILED");
+    let reply = run(
+        &r,
+        &[("X-Skill-Signature", &sig), ("X-Skill-Signature", &sig)],
+        body.to_string(),
+    )
+    .await;
+    refused(reply, StatusCode::UNAUTHORIZED, "SKILL_AUTH_FAILED");
+
     // No signature at all.
     let mut body = append(SECRET, "a", NOW);
     body.as_object_mut().unwrap().remove("signature");

@@ -55,10 +55,35 @@ pub trait PeerDirectory: Send + Sync + 'static {
     fn resolve(&self, cert: &PeerCertificate) -> Result<Arc<Principal>, Rejection>;
 }
 
+/// Headers that carry a credential on some front: a request may carry each at most once, so
+/// that what is checked is the only value there is.
+pub static CREDENTIAL_HEADERS: [HeaderName; 6] = [
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("x-skill-signature"),
+    HeaderName::from_static("x-skill-timestamp"),
+    HeaderName::from_static("x-skill-nonce"),
+    HeaderName::from_static("x-skill-key-id"),
+];
+
+/// The first credential header (of [`CREDENTIAL_HEADERS`] and `extra`) sent more than once.
+pub fn repeated_credential<'a>(
+    headers: &http::HeaderMap,
+    extra: &'a [HeaderName],
+) -> Option<&'a HeaderName> {
+    CREDENTIAL_HEADERS
+        .iter()
+        .chain(extra)
+        .find(|h| headers.get_all(*h).iter().nth(1).is_some())
+}
+
 /// Sets `Arc<Principal>` in the request extensions and the `x-carapace-peer-*` headers.
+/// Refuses a request that repeats a credential header ([`CREDENTIAL_HEADERS`] and the ones
+/// named with [`IdentityLayer::credential_header`]).
 pub struct IdentityLayer {
     directory: Arc<dyn PeerDirectory>,
     allow_anonymous: bool,
+    credential_headers: Arc<[HeaderName]>,
 }
 
 impl IdentityLayer {
@@ -68,7 +93,16 @@ impl IdentityLayer {
         IdentityLayer {
             directory,
             allow_anonymous,
+            credential_headers: Arc::from([]),
         }
+    }
+
+    /// Also treat `name` (a configured API key or signature header) as a credential header.
+    pub fn credential_header(mut self, name: HeaderName) -> Self {
+        let mut all = self.credential_headers.to_vec();
+        all.push(name);
+        self.credential_headers = all.into();
+        self
     }
 }
 
@@ -79,6 +113,7 @@ impl<S> Layer<S> for IdentityLayer {
             inner,
             directory: self.directory.clone(),
             allow_anonymous: self.allow_anonymous,
+            credential_headers: self.credential_headers.clone(),
         }
     }
 }
@@ -89,6 +124,7 @@ pub struct Identity<S> {
     inner: S,
     directory: Arc<dyn PeerDirectory>,
     allow_anonymous: bool,
+    credential_headers: Arc<[HeaderName]>,
 }
 
 impl<S> Identity<S> {
@@ -112,6 +148,17 @@ impl<S> Identity<S> {
             )),
             None => Err(Rejection::Internal("connection identity missing".into())),
         }
+    }
+}
+
+/// The refusal's text for a repeated credential header (a static text, as the header names
+/// are few and fixed).
+fn repeated_message(h: &HeaderName) -> &'static str {
+    match h.as_str() {
+        "authorization" => "the Authorization header is repeated",
+        "x-api-key" => "the X-API-Key header is repeated",
+        "x-skill-signature" => "the X-Skill-Signature header is repeated",
+        _ => "a credential header is repeated",
     }
 }
 
@@ -146,6 +193,9 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        if let Some(h) = repeated_credential(req.headers(), &self.credential_headers) {
+            return ReadyOr::reject(Rejection::AuthFailed(repeated_message(h)));
+        }
         match self.principal(&req) {
             Ok(principal) => {
                 set_identity_headers(req.headers_mut(), &principal);
@@ -245,5 +295,33 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(h[PEER_ID], "anonymous");
+    }
+
+    #[tokio::test]
+    async fn a_repeated_credential_header_is_refused() {
+        for name in [
+            "x-skill-signature",
+            "X-API-Key",
+            "authorization",
+            "x-custom-key",
+        ] {
+            let mut r = req(Some(cert("sha256:aa")));
+            r.headers_mut().append(name, HeaderValue::from_static("a"));
+            r.headers_mut().append(name, HeaderValue::from_static("b"));
+            let e = IdentityLayer::new(Arc::new(OnePeer), false)
+                .credential_header(HeaderName::from_static("x-custom-key"))
+                .layer(tower::service_fn(|_: http::Request<()>| async {
+                    Ok::<_, Rejection>(())
+                }))
+                .oneshot(r)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, Rejection::AuthFailed(_)), "{name}: {e:?}");
+        }
+        // Once is fine.
+        let mut r = req(Some(cert("sha256:aa")));
+        r.headers_mut()
+            .append("x-skill-signature", HeaderValue::from_static("a"));
+        assert!(svc(false).oneshot(r).await.is_ok());
     }
 }
