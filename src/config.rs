@@ -775,7 +775,33 @@ impl Loaded {
 pub fn json_schema() -> serde_json::Value {
     let mut schema = serde_json::to_value(schemars::schema_for!(Config)).expect("serializes");
     drop_null_alternatives(&mut schema);
+    require_non_empty_strings(&mut schema);
+    // The one string whose emptiness means something: `ops.address: ""` disables the endpoint.
+    if let Some(address) = schema.pointer_mut("/$defs/OpsConfig/properties/address") {
+        address.as_object_mut().map(|m| m.remove("minLength"));
+    }
     schema
+}
+
+/// Every string in the file must be non-empty: an empty path, address or name is a mistake
+/// (`state_dir: ""` would be the working directory), never a way to say "none".
+fn require_non_empty_strings(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let is_string = match m.get("type") {
+                Some(Value::String(t)) => t == "string",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+                _ => false,
+            };
+            if is_string && !m.contains_key("minLength") {
+                m.insert("minLength".into(), Value::from(1));
+            }
+            m.values_mut().for_each(require_non_empty_strings);
+        }
+        Value::Array(a) => a.iter_mut().for_each(require_non_empty_strings),
+        _ => {}
+    }
 }
 
 /// `anyOf: [X, {type: null}]` becomes `X`, and `type: [T, "null"]` becomes `T`.
@@ -817,8 +843,8 @@ fn drop_null_alternatives(v: &mut serde_json::Value) {
 /// or loading any secret: an operator must be able to reach the kill-switch from a shell that
 /// has none of the secrets.
 pub fn admin_socket_of(path: &Path) -> Result<PathBuf, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text =
+        read_config_file(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let yaml: serde_yaml::Value = serde_yaml::from_str(&text)
         .map_err(|e| format!("{}: not valid YAML: {e}", path.display()))?;
     let base = path.parent().unwrap_or(Path::new("."));
@@ -843,9 +869,16 @@ pub fn admin_socket_of(path: &Path) -> Result<PathBuf, String> {
     Ok(socket)
 }
 
+/// The configuration file's text: a regular UTF-8 file of a bounded size.
+fn read_config_file(path: &Path) -> std::io::Result<String> {
+    use carapace_filters::state_file::{read_bounded, MAX_DOCUMENT_BYTES};
+    String::from_utf8(read_bounded(path, MAX_DOCUMENT_BYTES)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Read, validate and load `path`: every error is reported.
 pub fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = read_config_file(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
             path: String::new(),
             message: format!("cannot read {}: {e}", path.display()),
@@ -1077,7 +1110,7 @@ fn resolve_app(a: &mut AppConfig, base: &Path) {
     }
     if let Some(rest) = a.address.strip_prefix("unix:") {
         let p = Path::new(rest);
-        if p.is_relative() {
+        if p.is_relative() && !rest.is_empty() {
             a.address = format!("unix:{}", base.join(p).display());
         }
     }
@@ -1125,7 +1158,8 @@ pub fn load_secret(secret: &SecretRef) -> Result<Secret, String> {
             .map_err(|_| format!("environment variable {name} is not set"))?
             .into_bytes(),
         SecretRef::File(path) => {
-            let mut b = std::fs::read(path)
+            use carapace_filters::state_file::{read_bounded, MAX_SECRET_BYTES};
+            let mut b = read_bounded(path, MAX_SECRET_BYTES)
                 .map_err(|e| format!("cannot read secret file {}: {e}", path.display()))?;
             if b.ends_with(b"\r\n") {
                 b.truncate(b.len() - 2);
@@ -1500,7 +1534,12 @@ fn check_front(
 
 fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
     d.app_address = if let Some(rest) = a.address.strip_prefix("unix:") {
-        Some(AppAddress::Unix(PathBuf::from(rest)))
+        if rest.is_empty() {
+            errors.push(err("/app/address", "unix: needs the socket's path"));
+            None
+        } else {
+            Some(AppAddress::Unix(PathBuf::from(rest)))
+        }
     } else if let Some(rest) = a.address.strip_prefix("http://") {
         match rest.trim_end_matches('/').parse::<SocketAddr>() {
             Ok(addr) if addr.ip().is_loopback() => Some(AppAddress::Tcp(addr)),
@@ -1944,7 +1983,7 @@ app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }
             ),
             (
                 "{ url: 'redis://h:6379', key_prefix: '' }",
-                "key_prefix: must be 1 to 128",
+                "key_prefix: \"\" is shorter than 1 character",
             ),
             (
                 "{ url: 'redis://h:6379', key_prefix: p, username: u }",

@@ -392,9 +392,12 @@ fn identity_secret(config_path: &Path, name: &str) -> Result<String, String> {
     let paired = carapace::tls::PairedFiles::current(state_dir)
         .ok_or_else(|| format!("no completed pairing in {}", state_dir.display()))?;
     let b64 = |path: &Path| {
-        std::fs::read(path)
-            .map(|b| base64::engine::general_purpose::STANDARD.encode(b))
-            .map_err(|e| format!("{}: {e}", path.display()))
+        carapace_filters::state_file::read_bounded(
+            path,
+            carapace_filters::state_file::MAX_DOCUMENT_BYTES,
+        )
+        .map(|b| base64::engine::general_purpose::STANDARD.encode(b))
+        .map_err(|e| format!("{}: {e}", path.display()))
     };
     let secret = serde_json::json!({
         "apiVersion": "v1",

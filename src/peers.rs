@@ -217,7 +217,8 @@ impl PeerStore {
 }
 
 fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
-    match std::fs::read(path) {
+    use carapace_filters::state_file::{read_bounded, MAX_STORE_BYTES};
+    match read_bounded(path, MAX_STORE_BYTES) {
         Ok(bytes) => parse(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Snapshot::default()),
         Err(source) => Err(PeerStoreError::Io {

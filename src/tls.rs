@@ -41,8 +41,8 @@ fn file_err(path: &Path, message: impl ToString) -> TlsError {
 
 /// Read every certificate of a PEM file.
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(path, e))?
+    let pem = read_pem(path)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
         .map_err(|e| file_err(path, e))?;
     if certs.is_empty() {
@@ -53,7 +53,17 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 /// Read the private key of a PEM file.
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, e))
+    let pem = zeroize::Zeroizing::new(read_pem(path)?);
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| file_err(path, e))
+}
+
+/// A PEM file's bytes: a regular file of a bounded size.
+fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    carapace_filters::state_file::read_bounded(
+        path,
+        carapace_filters::state_file::MAX_DOCUMENT_BYTES,
+    )
+    .map_err(|e| file_err(path, e))
 }
 
 /// A TLS listener's settings, with what the identity layer needs to know of its client CA.
@@ -93,8 +103,9 @@ impl PairedFiles {
 
     /// The files of the current pairing, if a pairing completed.
     pub fn current(state_dir: &Path) -> Option<Self> {
-        let id = std::fs::read_to_string(Self::current_pointer(state_dir)).ok()?;
-        let id = id.trim();
+        let id = carapace_filters::state_file::read_bounded(&Self::current_pointer(state_dir), 256)
+            .ok()?;
+        let id = std::str::from_utf8(&id).ok()?.trim();
         let valid = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
         valid.then(|| Self::of(state_dir, id))
     }

@@ -433,6 +433,39 @@ ops: {{ address: "" }}
     assert!(out.stdout.is_empty(), "{out:?}");
 }
 
+/// Inputs that would read without bound, or mean "nothing" by accident, are refused.
+#[tokio::test]
+async fn check_refuses_unbounded_files_and_empty_values() {
+    let env = Env::new().await;
+    let cfg = env.path().join("bad.yaml");
+    std::fs::write(
+        &cfg,
+        r#"
+state_dir: ""
+front:
+  protocol: skill-v1
+  skill_id: memory
+  auth: { mode: hmac, keys: [ { id: k1, secret: { file: /dev/zero } } ] }
+listeners: { tcp: { address: "127.0.0.1:0" } }
+app: { protocol: tools-v1, address: "unix:" }
+"#,
+    )
+    .unwrap();
+    let out = run(&["check", "-c", path_str(&cfg)], &[]).await;
+    assert_eq!(out.code(), Some(64), "{out:?}");
+    for needle in [
+        "/state_dir",
+        "/front/auth/keys/0/secret",
+        "not a regular file",
+        "/app/address",
+    ] {
+        assert!(
+            out.stderr.contains(needle),
+            "`{needle}` not named:\n{out:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn check_refuses_a_file_that_is_not_yaml_or_does_not_exist() {
     let env = Env::new().await;

@@ -1054,3 +1054,17 @@ async fn a_paired_operator_uses_the_control_plane_but_never_starts_a_pairing() {
     assert_eq!(ok.json()["status"], "ok");
     r.shutdown().await;
 }
+
+/// A state directory others may enter (a volume mounted 0777) is made private at start.
+#[tokio::test]
+async fn a_state_directory_open_to_others_is_made_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new().await;
+    let state = env.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let r = env.start(&env.tools_yaml("")).await;
+    let mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    r.shutdown().await;
+}

@@ -77,16 +77,17 @@ impl KillSwitch {
     /// silently.
     pub fn open(config: Switches, file: impl Into<PathBuf>) -> Result<Self, KillSwitchError> {
         let file = file.into();
-        let runtime = match std::fs::read(&file) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|source| KillSwitchError::Corrupt {
-                    path: file.clone(),
-                    source,
-                })?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Switches::default(),
-            Err(source) => return Err(KillSwitchError::Io { path: file, source }),
-        };
+        let runtime =
+            match crate::state_file::read_bounded(&file, crate::state_file::MAX_DOCUMENT_BYTES) {
+                Ok(bytes) => {
+                    serde_json::from_slice(&bytes).map_err(|source| KillSwitchError::Corrupt {
+                        path: file.clone(),
+                        source,
+                    })?
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Switches::default(),
+                Err(source) => return Err(KillSwitchError::Io { path: file, source }),
+            };
         Ok(KillSwitch {
             state: Arc::new(RwLock::new(State { config, runtime })),
             file: Some(Arc::new(file)),

@@ -333,6 +333,13 @@ impl NonceStore {
                 create_parent_dir(&path)?;
                 let lock = lock_journal(&path)?;
                 let key = match File::open(&path) {
+                    Ok(file) if !file.metadata()?.is_file() => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "the nonce journal is not a regular file",
+                        )
+                        .into())
+                    }
                     Ok(file) => load_journal(file, &mut map, now_unix_ms)?,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => random_key(),
                     Err(e) => return Err(e.into()),

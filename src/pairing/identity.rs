@@ -61,7 +61,8 @@ fn load_or_create<F: Serialize + for<'de> Deserialize<'de>>(
     path: &Path,
     create: impl FnOnce() -> F,
 ) -> Result<F, IdentityError> {
-    match std::fs::read(path) {
+    use carapace_filters::state_file::{read_bounded, MAX_DOCUMENT_BYTES};
+    match read_bounded(path, MAX_DOCUMENT_BYTES) {
         Ok(bytes) => {
             use std::os::unix::fs::PermissionsExt;
             let bytes = zeroize::Zeroizing::new(bytes);
