@@ -246,6 +246,15 @@ fn record_peer(
     Ok(stored)
 }
 
+/// An admin request body: one JSON object with exactly the request's members (serde would
+/// also fill a struct from an array, `[true]`, which no client means).
+fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    match carapace_filters::canonical::parse_strict(body).map_err(|e| e.to_string())? {
+        v @ serde_json::Value::Object(_) => serde_json::from_value(v).map_err(|e| e.to_string()),
+        _ => Err("the body must be a JSON object".into()),
+    }
+}
+
 /// Serve one admin request (the admin socket, and the control plane after authorization).
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.uri().path() == "/v1/pairings" {
@@ -265,9 +274,9 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
                 Ok(b) => b.to_bytes(),
                 Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
             };
-            let r: KillSwitchRequest = match serde_json::from_slice(&body) {
+            let r: KillSwitchRequest = match object_body(&body) {
                 Ok(r) => r,
-                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e})),
             };
             match shared.kill_switch.set_runtime(r.tool.as_deref(), r.engaged) {
                 Ok(()) => {
@@ -296,9 +305,9 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
                 Ok(b) => b.to_bytes(),
                 Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
             };
-            let r: RevokeRequest = match serde_json::from_slice(&body) {
+            let r: RevokeRequest = match object_body(&body) {
                 Ok(r) => r,
-                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e})),
             };
             match shared.peers.revoke(&r.component_id) {
                 Ok(0) => reply(
@@ -333,13 +342,52 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
     }
 }
 
+/// The effective user of this process (`/proc/self` belongs to it).
+pub fn effective_uid() -> std::io::Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata("/proc/self")?.uid())
+}
+
+/// Whether a process of user `peer` may use the admin socket of a process of user `owner`:
+/// the same user, or root. The socket's mode (0600) says the same; this holds even if the
+/// mode is loosened or the socket is reached through a descriptor passed on.
+pub fn peer_allowed(peer: u32, owner: u32) -> bool {
+    peer == owner || peer == 0
+}
+
+/// Largest admin request head accepted.
+const MAX_ADMIN_HEAD_BYTES: usize = 16 * 1024;
+/// Time for an admin request's head to arrive.
+const ADMIN_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serve the admin socket until shutdown.
 pub async fn serve(l: UnixListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let owner = match effective_uid() {
+        Ok(uid) => uid,
+        Err(e) => {
+            tracing::error!("admin socket closed: the process's user is unknown: {e}");
+            return;
+        }
+    };
     loop {
         let stream = tokio::select! {
             r = l.accept() => match r { Ok((s, _)) => s, Err(_) => continue },
             _ = shutdown.changed() => return,
         };
+        match stream.peer_cred() {
+            Ok(cred) if peer_allowed(cred.uid(), owner) => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    uid = cred.uid(),
+                    "admin connection refused: not this process's user or root"
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("admin connection refused: peer credentials unknown: {e}");
+                continue;
+            }
+        }
         let shared = shared.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
@@ -347,6 +395,9 @@ pub async fn serve(l: UnixListener, shared: Arc<Shared>, mut shutdown: watch::Re
                 async move { Ok::<_, std::convert::Infallible>(handle(shared, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                .max_buf_size(MAX_ADMIN_HEAD_BYTES)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });

@@ -416,8 +416,7 @@ fn make_private(path: &Path) -> std::io::Result<()> {
     if mode & 0o077 == 0 {
         return Ok(());
     }
-    // `/proc/self` belongs to the process's effective user.
-    let me = std::fs::metadata("/proc/self")?.uid();
+    let me = crate::admin::effective_uid()?;
     if meta.uid() != me {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
