@@ -13,19 +13,17 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tower::util::BoxCloneSyncService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 
 use carapace_filters::authorization::AuthorizationLayer;
 use carapace_filters::body::{BodyLimitLayer, BodyLimits};
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::concurrency::LoadShedLayer;
-use carapace_filters::identity::{ConnectionIdentity, IdentityLayer, PeerCertificate};
+use carapace_filters::identity::IdentityLayer;
 use carapace_filters::kill_switch::{KillSwitch, KillSwitchLayer, Switches};
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::rate_limit::{KeyedLimits, PeerRateLimitLayer, Rate, ToolRateLimitLayer};
@@ -94,10 +92,10 @@ pub struct Shared {
     pub catalog: Arc<CatalogHandle>,
     pub metrics: Arc<Metrics>,
     pub app: ArcSwap<AppClient>,
-    stack: Arc<ArcSwap<HttpStack>>,
+    pub(crate) stack: Arc<ArcSwap<HttpStack>>,
     /// The outbound role's stack (serves only when `outbound` is configured).
     outbound_stack: Arc<ArcSwap<HttpStack>>,
-    tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
+    pub(crate) tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
     listening: AtomicBool,
     rediscover: tokio::sync::Notify,
     outbound_rediscover: tokio::sync::Notify,
@@ -537,6 +535,11 @@ fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
             o.limits.max_connections.to_string(),
             n.limits.max_connections.to_string(),
         ),
+        (
+            "limits.max_connections_per_peer",
+            o.limits.max_connections_per_peer.to_string(),
+            n.limits.max_connections_per_peer.to_string(),
+        ),
         ("log", format!("{:?}", o.log), format!("{:?}", n.log)),
         (
             "runtime",
@@ -861,7 +864,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     let max_conns = c.limits.max_connections;
     if let Some((l, path)) = unix {
         tracing::info!("listening unix={}", path.display());
-        tasks.spawn(accept_unix(
+        tasks.spawn(crate::listener::accept_unix(
             l,
             shared.clone(),
             shared.stack.clone(),
@@ -872,12 +875,11 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     }
     if let Some(l) = tcp {
         tracing::info!("listening tcp={}", tcp_address.expect("bound"));
-        tasks.spawn(accept_tcp(
+        tasks.spawn(crate::listener::accept_tcp(
             l,
             shared.clone(),
             shutdown_rx.clone(),
             graceful.clone(),
-            max_conns,
         ));
     }
     if let Some(l) = ops {
@@ -893,7 +895,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
             "outbound socket {}",
             c.outbound.as_ref().expect("set").socket.display()
         );
-        tasks.spawn(accept_unix(
+        tasks.spawn(crate::listener::accept_unix(
             l,
             shared.clone(),
             shared.outbound_stack.clone(),
@@ -1026,168 +1028,6 @@ async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
             n.purge_expired((shared.clock)());
             shared.metrics.nonce_entries.set(n.len() as i64);
         }
-    }
-}
-
-fn http_builder(cfg: &Loaded, h2_only: bool) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(
-            cfg.config.limits.header_read_timeout_ms,
-        ));
-    // HTTP/2: pings find dead peers; streams per connection are capped at the in-flight
-    // limit. (HTTP/1's header-read timeout also bounds idle keep-alive connections.)
-    b.http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(20)))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .max_concurrent_streams(u32::try_from(cfg.config.limits.max_in_flight).unwrap_or(u32::MAX));
-    if h2_only {
-        b = b.http2_only();
-    }
-    b
-}
-
-/// Serve one accepted connection under the graceful-shutdown watcher.
-async fn serve_connection<IO>(
-    io: IO,
-    identity: ConnectionIdentity,
-    h2_only: bool,
-    shared: Arc<Shared>,
-    stacks: Arc<ArcSwap<HttpStack>>,
-    watcher: hyper_util::server::graceful::Watcher,
-) where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let cfg = shared.config.load_full();
-    let builder = http_builder(&cfg, h2_only);
-    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(identity.clone());
-        let stack = stacks.load_full();
-        async move { stack.as_ref().clone().oneshot(req).await }
-    });
-    let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-    if let Err(e) = watcher.watch(conn).await {
-        tracing::debug!("connection ended: {e}");
-    }
-}
-
-async fn accept_unix(
-    l: UnixListener,
-    shared: Arc<Shared>,
-    stacks: Arc<ArcSwap<HttpStack>>,
-    mut shutdown: watch::Receiver<bool>,
-    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
-    max_conns: usize,
-) {
-    let permits = Arc::new(Semaphore::new(max_conns));
-    loop {
-        let (stream, _) = tokio::select! {
-            r = l.accept() => match r {
-                Ok(s) => s,
-                Err(e) => { tracing::warn!("unix accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!("connection limit reached; closing a new unix connection");
-            continue;
-        };
-        let Some(watcher) = graceful.lock().await.as_ref().map(|g| g.watcher()) else {
-            return;
-        };
-        let (shared, stacks) = (shared.clone(), stacks.clone());
-        tokio::spawn(async move {
-            serve_connection(
-                stream,
-                ConnectionIdentity::Local,
-                false,
-                shared,
-                stacks,
-                watcher,
-            )
-            .await;
-            drop(permit);
-        });
-    }
-}
-
-async fn accept_tcp(
-    l: TcpListener,
-    shared: Arc<Shared>,
-    mut shutdown: watch::Receiver<bool>,
-    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
-    max_conns: usize,
-) {
-    let permits = Arc::new(Semaphore::new(max_conns));
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = l.accept() => match r {
-                Ok(s) => s,
-                Err(e) => { tracing::warn!("tcp accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection limit reached; closing a new connection");
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let Some(watcher) = graceful.lock().await.as_ref().map(|g| g.watcher()) else {
-            return;
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let listener_tls = shared.tls.load_full();
-            match listener_tls {
-                None => {
-                    serve_connection(
-                        stream,
-                        ConnectionIdentity::Anonymous {
-                            remote_ip: Some(peer.ip()),
-                        },
-                        false,
-                        shared.clone(),
-                        shared.stack.clone(),
-                        watcher,
-                    )
-                    .await
-                }
-                Some(listener_tls) => {
-                    let handshake = Duration::from_millis(
-                        shared.config.load().config.limits.tls_handshake_timeout_ms,
-                    );
-                    let accept = listener_tls.acceptor.accept(stream);
-                    let tls = match tokio::time::timeout(handshake, accept).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            tracing::info!(%peer, "TLS handshake failed: {e}");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::info!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let (_, conn) = tls.get_ref();
-                    let identity = match conn.peer_certificates().and_then(|c| c.first()) {
-                        Some(cert) => ConnectionIdentity::Certificate(PeerCertificate {
-                            fingerprint: crate::tls::fingerprint(cert),
-                            gateway_id: crate::tls::gateway_id(cert),
-                            ca_fingerprint: listener_tls.client_ca_fingerprint.clone(),
-                        }),
-                        None => ConnectionIdentity::Anonymous {
-                            remote_ip: Some(peer.ip()),
-                        },
-                    };
-                    let h2 = conn.alpn_protocol() == Some(b"h2");
-                    let stacks = shared.stack.clone();
-                    serve_connection(tls, identity, h2, shared, stacks, watcher).await
-                }
-            }
-            drop(permit);
-        });
     }
 }
 

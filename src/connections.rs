@@ -1,0 +1,339 @@
+//! The caller connections of a TCP listener: how many are open, whose they are, and which
+//! may be closed to make room.
+//!
+//! A connection is admitted at accept while fewer than `max` are open. At the cap, the
+//! oldest connection that is *evictable* (not a paired peer's, and with no request in
+//! flight: a TLS handshake in progress, an unpaired certificate, an anonymous caller waiting
+//! between requests) is told to close and the new one takes its place; only when none is
+//! evictable is the new connection closed. So connections that send nothing, or whose
+//! certificate is not paired, can never lock a paired peer out. Once a connection's peer is
+//! known, at most `max_per_peer` connections are held per peer (a paired peer's
+//! `component_id`, otherwise the caller's address).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use tokio::sync::Notify;
+
+/// The open connections of one listener.
+#[derive(Debug)]
+pub struct ConnectionTable {
+    max: usize,
+    max_per_peer: usize,
+    epoch: Instant,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_id: u64,
+    /// By id, so in order of acceptance: the first evictable one is the oldest.
+    open: BTreeMap<u64, Arc<Activity>>,
+    per_peer: HashMap<String, usize>,
+}
+
+/// What the table and the connection's own tasks share about one connection.
+#[derive(Debug)]
+pub struct Activity {
+    /// Requests being served on the connection.
+    in_flight: AtomicUsize,
+    /// When the last request ended (or the connection was accepted), in ms since the
+    /// table's epoch.
+    last_active_ms: AtomicU64,
+    /// A paired peer's connection: never evicted.
+    trusted: AtomicBool,
+    /// At least one request ended.
+    served: AtomicBool,
+    /// Set when the table wants the connection closed.
+    close: Notify,
+    /// Set when a request ends (the idle clock restarts).
+    ended: Notify,
+    peer: Mutex<Option<String>>,
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("connection limit reached and no connection can be closed to make room")]
+    Full,
+    #[error("peer {0} holds its most connections")]
+    PeerFull(String),
+}
+
+impl ConnectionTable {
+    pub fn new(max: usize, max_per_peer: usize) -> Arc<Self> {
+        Arc::new(ConnectionTable {
+            max: max.max(1),
+            max_per_peer: max_per_peer.max(1),
+            epoch: Instant::now(),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Open connections.
+    pub fn len(&self) -> usize {
+        self.lock().open.len()
+    }
+
+    /// Whether no connection is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Admit a new connection, closing the oldest evictable one when at the cap.
+    pub fn admit(self: &Arc<Self>) -> Result<Slot, Refused> {
+        let mut inner = self.lock();
+        if inner.open.len() >= self.max {
+            let victim = inner
+                .open
+                .iter()
+                .find(|(_, a)| a.evictable())
+                .map(|(id, _)| *id)
+                .ok_or(Refused::Full)?;
+            let evicted = inner.open.remove(&victim).expect("found above");
+            release_peer(&mut inner, &evicted);
+            evicted.close.notify_one();
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let activity = Arc::new(Activity {
+            in_flight: AtomicUsize::new(0),
+            last_active_ms: AtomicU64::new(self.now_ms()),
+            trusted: AtomicBool::new(false),
+            served: AtomicBool::new(false),
+            close: Notify::new(),
+            ended: Notify::new(),
+            peer: Mutex::new(None),
+        });
+        inner.open.insert(id, activity.clone());
+        Ok(Slot {
+            table: self.clone(),
+            id,
+            activity,
+        })
+    }
+}
+
+impl Activity {
+    fn evictable(&self) -> bool {
+        !self.trusted.load(Ordering::Acquire) && self.in_flight.load(Ordering::Acquire) == 0
+    }
+}
+
+fn release_peer(inner: &mut Inner, a: &Activity) {
+    let peer = a.peer.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(peer) = peer {
+        if let Some(n) = inner.per_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                inner.per_peer.remove(&peer);
+            }
+        }
+    }
+}
+
+/// One admitted connection; dropping it frees its place.
+#[derive(Debug)]
+pub struct Slot {
+    table: Arc<ConnectionTable>,
+    id: u64,
+    activity: Arc<Activity>,
+}
+
+impl Slot {
+    /// Say whose connection this is. `trusted`: a paired peer's, never evicted.
+    pub fn identify(&self, peer: &str, trusted: bool) -> Result<(), Refused> {
+        let mut inner = self.table.lock();
+        if !inner.open.contains_key(&self.id) {
+            // Already evicted: it is closing.
+            return Ok(());
+        }
+        let held = inner.per_peer.get(peer).copied().unwrap_or(0);
+        if held >= self.table.max_per_peer {
+            return Err(Refused::PeerFull(peer.to_string()));
+        }
+        release_peer(&mut inner, &self.activity);
+        *inner.per_peer.entry(peer.to_string()).or_default() += 1;
+        *self.activity.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(peer.to_string());
+        self.activity.trusted.store(trusted, Ordering::Release);
+        Ok(())
+    }
+
+    /// A handle the connection's request service marks requests with.
+    pub fn requests(&self) -> RequestTracker {
+        RequestTracker {
+            table: self.table.clone(),
+            activity: self.activity.clone(),
+        }
+    }
+
+    /// Resolves when the connection should close: the table evicted it, or it sat idle (no
+    /// request in flight) for `idle` since its last request ended, or for `first` after it
+    /// was accepted when no request came at all.
+    pub async fn closing(&self, first: Duration, idle: Duration) {
+        let a = &self.activity;
+        loop {
+            let last = a.last_active_ms.load(Ordering::Acquire);
+            let allowed = if a.served.load(Ordering::Acquire) {
+                idle
+            } else {
+                first
+            };
+            let deadline = self.table.epoch + Duration::from_millis(last) + allowed;
+            tokio::select! {
+                _ = a.close.notified() => return,
+                _ = a.ended.notified() => continue,
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+            let busy = a.in_flight.load(Ordering::Acquire) > 0;
+            if !busy && a.last_active_ms.load(Ordering::Acquire) == last {
+                return;
+            }
+            if busy {
+                // A long call: the clock starts again when it ends.
+                tokio::select! {
+                    _ = a.close.notified() => return,
+                    _ = wait_idle(a) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Wait until no request is in flight (polled at a coarse interval: only long calls get
+/// here, and only to restart the idle clock).
+async fn wait_idle(a: &Activity) {
+    while a.in_flight.load(Ordering::Acquire) > 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut inner = self.table.lock();
+        if inner.open.remove(&self.id).is_some() {
+            release_peer(&mut inner, &self.activity);
+        }
+    }
+}
+
+/// Marks the requests served on one connection.
+#[derive(Debug, Clone)]
+pub struct RequestTracker {
+    table: Arc<ConnectionTable>,
+    activity: Arc<Activity>,
+}
+
+impl RequestTracker {
+    /// A request started; it ends when the guard is dropped.
+    pub fn start(&self) -> RequestGuard {
+        self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        RequestGuard(self.clone())
+    }
+}
+
+/// One request in flight on a connection.
+#[derive(Debug)]
+pub struct RequestGuard(RequestTracker);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let t = &self.0;
+        t.activity
+            .last_active_ms
+            .store(t.table.now_ms(), Ordering::Release);
+        t.activity.served.store(true, Ordering::Release);
+        t.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+        t.activity.ended.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_the_cap_the_oldest_evictable_connection_makes_room() {
+        let t = ConnectionTable::new(2, 10);
+        let a = t.admit().unwrap();
+        let b = t.admit().unwrap();
+        b.identify("gw", true).unwrap();
+        // `a` (anonymous, idle) is closed for `c`.
+        let c = t.admit().unwrap();
+        assert_eq!(t.len(), 2);
+        assert!(!t.lock().open.contains_key(&a.id));
+        // `c` is busy and `b` trusted: nothing can make room.
+        let _busy = c.requests().start();
+        assert_eq!(t.admit().unwrap_err(), Refused::Full);
+        drop(a);
+        assert_eq!(t.len(), 2);
+        drop(c);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_peer_holds_at_most_its_share() {
+        let t = ConnectionTable::new(10, 2);
+        let a = t.admit().unwrap();
+        let b = t.admit().unwrap();
+        let c = t.admit().unwrap();
+        a.identify("10.0.0.1", false).unwrap();
+        b.identify("10.0.0.1", false).unwrap();
+        assert_eq!(
+            c.identify("10.0.0.1", false),
+            Err(Refused::PeerFull("10.0.0.1".into()))
+        );
+        c.identify("10.0.0.2", false).unwrap();
+        drop(a);
+        let d = t.admit().unwrap();
+        d.identify("10.0.0.1", false).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_closes_at_the_first_request_deadline() {
+        let t = ConnectionTable::new(4, 4);
+        let s = t.admit().unwrap();
+        let started = tokio::time::Instant::now();
+        s.closing(Duration::from_secs(5), Duration::from_secs(60))
+            .await;
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_closes_after_its_last_request_but_never_during_one() {
+        let t = ConnectionTable::new(4, 4);
+        let s = t.admit().unwrap();
+        let requests = s.requests();
+        let started = tokio::time::Instant::now();
+        let closing = s.closing(Duration::from_secs(5), Duration::from_secs(60));
+        let work = async {
+            let g = requests.start();
+            // A long call: the connection is busy, not idle, past both deadlines.
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            drop(g);
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = closing => {}
+            _ = work => unreachable!(),
+        }
+        // Closed 60 s after the call ended (to within the idle poll).
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(160) && took <= Duration::from_millis(160_200),
+            "{took:?}"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! Caller listeners: accept, TLS, decide who the connection belongs to, and serve HTTP/1.1
+//! and HTTP/2 on it under the connection limits.
+//!
+//! Every connection is bounded in time when it is not working: a first request must come
+//! within `limits.first_request_timeout_ms`, and a connection with no request in flight
+//! closes after `limits.idle_timeout_ms`. Identity is decided once the TLS handshake is done:
+//! a certificate that no paired peer holds gets its one answer (`PAIRING_REQUIRED` or
+//! `FORBIDDEN`, from the stack) on a connection that closes after it and lives at most
+//! `first_request_timeout_ms`. The [`ConnectionTable`] keeps such connections, and every
+//! other unpaired one, from ever locking out a paired peer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirectory};
+
+use crate::config::Loaded;
+use crate::connections::{ConnectionTable, Slot};
+use crate::server::{HttpStack, Shared};
+
+/// Streams per HTTP/2 connection, at most (and never more than the in-flight limit).
+const MAX_STREAMS_PER_CONNECTION: usize = 128;
+
+/// How long a connection may last, and whether it serves more than one request.
+#[derive(Clone, Copy)]
+struct Lifetime {
+    first_request: Duration,
+    idle: Duration,
+    /// An unpaired certificate's connection: one answer, then closed.
+    single_answer: bool,
+}
+
+impl Lifetime {
+    fn of(cfg: &Loaded) -> Self {
+        let l = &cfg.config.limits;
+        Lifetime {
+            first_request: Duration::from_millis(l.first_request_timeout_ms),
+            idle: Duration::from_millis(l.idle_timeout_ms),
+            single_answer: false,
+        }
+    }
+}
+
+fn http_builder(cfg: &Loaded, h2_only: bool, single_answer: bool) -> auto::Builder<TokioExecutor> {
+    let l = &cfg.config.limits;
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(l.header_read_timeout_ms))
+        .max_buf_size(l.max_header_bytes.max(8192))
+        .keep_alive(!single_answer);
+    // HTTP/2: pings find dead peers; streams and header lists are capped.
+    b.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .max_header_list_size(u32::try_from(l.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(
+            u32::try_from(l.max_in_flight.min(MAX_STREAMS_PER_CONNECTION)).unwrap_or(u32::MAX),
+        );
+    if h2_only {
+        b = b.http2_only();
+    }
+    b
+}
+
+/// Serve one accepted connection under the graceful-shutdown watcher, until it ends, the
+/// table evicts it, or it sits idle past its lifetime.
+async fn serve_connection<IO>(
+    io: IO,
+    identity: ConnectionIdentity,
+    h2_only: bool,
+    slot: Slot,
+    lifetime: Lifetime,
+    (shared, stacks): (Arc<Shared>, Arc<ArcSwap<HttpStack>>),
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = shared.config.load_full();
+    let builder = http_builder(&cfg, h2_only, lifetime.single_answer);
+    let requests = slot.requests();
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(identity.clone());
+        let stack = stacks.load_full();
+        let guard = requests.start();
+        async move {
+            let resp = stack.as_ref().clone().oneshot(req).await;
+            drop(guard);
+            resp
+        }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+    let idle = if lifetime.single_answer {
+        lifetime.first_request
+    } else {
+        lifetime.idle
+    };
+    tokio::select! {
+        r = watcher.watch(conn) => {
+            if let Err(e) = r {
+                tracing::debug!("connection ended: {e}");
+            }
+        }
+        _ = slot.closing(lifetime.first_request, idle) => {
+            tracing::debug!("connection closed: idle, or its place was needed");
+        }
+    }
+}
+
+/// The graceful-shutdown watcher, unless shutdown has begun.
+async fn watcher(
+    graceful: &tokio::sync::Mutex<Option<GracefulShutdown>>,
+) -> Option<hyper_util::server::graceful::Watcher> {
+    graceful.lock().await.as_ref().map(|g| g.watcher())
+}
+
+/// Serve a Unix socket: every connection is the local principal.
+pub async fn accept_unix(
+    l: UnixListener,
+    shared: Arc<Shared>,
+    stacks: Arc<ArcSwap<HttpStack>>,
+    mut shutdown: watch::Receiver<bool>,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    max_conns: usize,
+) {
+    let table = ConnectionTable::new(max_conns, max_conns);
+    loop {
+        let (stream, _) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(s) => s,
+                Err(e) => { tracing::warn!("unix accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = shutdown.changed() => return,
+        };
+        // Local callers are trusted: at the cap a new one is refused, none evicted.
+        let slot = match table.admit() {
+            Ok(slot) if slot.identify("local", true).is_ok() => slot,
+            _ => {
+                tracing::warn!("connection limit reached; closing a new unix connection");
+                continue;
+            }
+        };
+        let Some(watcher) = watcher(&graceful).await else {
+            return;
+        };
+        let lifetime = Lifetime::of(&shared.config.load());
+        let parts = (shared.clone(), stacks.clone());
+        tokio::spawn(serve_connection(
+            stream,
+            ConnectionIdentity::Local,
+            false,
+            slot,
+            lifetime,
+            parts,
+            watcher,
+        ));
+    }
+}
+
+/// Serve the TCP listener (mTLS, or plain loopback for a signed front).
+pub async fn accept_tcp(
+    l: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+) {
+    let limits = shared.config.load().config.limits.clone();
+    let table = ConnectionTable::new(limits.max_connections, limits.max_connections_per_peer);
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(s) => s,
+                Err(e) => { tracing::warn!("tcp accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let slot = match table.admit() {
+            Ok(slot) => slot,
+            Err(e) => {
+                tracing::warn!(%peer, "closing a new connection: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(watcher) = watcher(&graceful).await else {
+            return;
+        };
+        tokio::spawn(serve_tcp(stream, peer, slot, shared.clone(), watcher));
+    }
+}
+
+/// One TCP connection: the TLS handshake (bounded), who it is, then HTTP.
+async fn serve_tcp(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    slot: Slot,
+    shared: Arc<Shared>,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    let mut lifetime = Lifetime::of(&shared.config.load());
+    let parts = (shared.clone(), shared.stack.clone());
+    let Some(listener_tls) = shared.tls.load_full() else {
+        // A signed front on loopback: every call is authenticated by its signature.
+        if let Err(e) = slot.identify(&peer.ip().to_string(), false) {
+            tracing::info!(%peer, "closing a connection: {e}");
+            return;
+        }
+        let identity = ConnectionIdentity::Anonymous {
+            remote_ip: Some(peer.ip()),
+        };
+        return serve_connection(stream, identity, false, slot, lifetime, parts, watcher).await;
+    };
+    let handshake =
+        Duration::from_millis(shared.config.load().config.limits.tls_handshake_timeout_ms);
+    let accept = tokio::time::timeout(handshake, listener_tls.acceptor.accept(stream));
+    let tls = tokio::select! {
+        r = accept => match r {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => return tracing::info!(%peer, "TLS handshake failed: {e}"),
+            Err(_) => return tracing::info!(%peer, "TLS handshake timed out"),
+        },
+        // The first request's deadline runs from accept, through the handshake.
+        _ = slot.closing(lifetime.first_request, lifetime.idle) => {
+            return tracing::debug!(%peer, "closed in the TLS handshake: too slow, or its place was needed")
+        }
+    };
+    let (_, conn) = tls.get_ref();
+    let identity = match conn.peer_certificates().and_then(|c| c.first()) {
+        Some(cert) => ConnectionIdentity::Certificate(PeerCertificate {
+            fingerprint: crate::tls::fingerprint(cert),
+            gateway_id: crate::tls::gateway_id(cert),
+            ca_fingerprint: listener_tls.client_ca_fingerprint.clone(),
+        }),
+        None => ConnectionIdentity::Anonymous {
+            remote_ip: Some(peer.ip()),
+        },
+    };
+    // Who holds the connection: a paired peer by its id, anyone else by address.
+    let paired = match &identity {
+        ConnectionIdentity::Certificate(cert) => shared.peers.resolve(cert).ok(),
+        _ => None,
+    };
+    let owner = match &paired {
+        Some(p) => slot.identify(&p.id, true),
+        None => slot.identify(&peer.ip().to_string(), false),
+    };
+    if let Err(e) = owner {
+        return tracing::info!(%peer, "closing a connection: {e}");
+    }
+    if paired.is_none() && matches!(identity, ConnectionIdentity::Certificate(_)) {
+        // Answered (PAIRING_REQUIRED or FORBIDDEN) once, then closed.
+        lifetime.single_answer = true;
+    }
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    serve_connection(tls, identity, h2, slot, lifetime, parts, watcher).await
+}

@@ -1,0 +1,164 @@
+//! Connection limits under a caller that opens connections and sends nothing: idle and
+//! unpaired connections never lock a paired peer out, and none lives long.
+
+mod common;
+
+use std::time::Duration;
+
+use carapace::client::tls_config;
+use carapace::pki::Issued;
+use carapace::server::Running;
+use common::{call, Env};
+use rustls_pki_types::ServerName;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long a test waits for carapace to close a connection it should close.
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
+
+/// A TLS connection to the tools listener as `who`, handshake done, nothing sent.
+async fn tls_connect(
+    env: &Env,
+    r: &Running,
+    who: &Issued,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let addr = r.tcp_address.unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let config = tls_config(&env.pki.ca.cert_pem(), Some(who), false);
+    tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::from(addr.ip()), tcp)
+        .await
+        .unwrap()
+}
+
+/// Whether the peer closed the stream (EOF or reset) within `within`.
+async fn closed_within<S: AsyncReadExt + Unpin>(s: &mut S, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+fn request_bytes() -> Vec<u8> {
+    let body = call("memory.query", json!({"query": "x"})).to_string();
+    format!(
+        "POST /v1/tools/call HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn a_full_listener_of_idle_and_unpaired_connections_still_serves_a_paired_peer() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml(
+            "limits: { max_connections: 8, max_connections_per_peer: 8, first_request_timeout_ms: 60000 }",
+        ))
+        .await;
+    let addr = r.tcp_address.unwrap();
+    // Every slot taken: silent TCP connections, and TLS connections with a certificate
+    // from the right CA that is not paired, all sending nothing.
+    let mut held_tcp = Vec::new();
+    for _ in 0..4 {
+        held_tcp.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut held_tls = Vec::new();
+    for _ in 0..4 {
+        held_tls.push(tls_connect(&env, &r, &env.pki.stranger).await);
+    }
+    // The paired gateway still gets through, several times over.
+    for _ in 0..3 {
+        let reply = env
+            .gateway(&r)
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("memory.query", json!({"query": "x"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply.json()["status"], "ok", "{}", reply.json());
+    }
+    // The oldest silent connections made room for it.
+    let mut closed = 0;
+    for s in &mut held_tcp {
+        if closed_within(s, Duration::from_millis(200)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed to make room");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_at_the_first_request_deadline() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { first_request_timeout_ms: 300 }"))
+        .await;
+    // Before the TLS handshake...
+    let mut silent = TcpStream::connect(r.tcp_address.unwrap()).await.unwrap();
+    // ...and after it, as the paired gateway.
+    let mut paired = tls_connect(&env, &r, &env.pki.gateway).await;
+    assert!(closed_within(&mut silent, CLOSE_WITHIN).await);
+    assert!(closed_within(&mut paired, CLOSE_WITHIN).await);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_keep_alive_connection_with_no_call_in_flight_is_closed_when_idle() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { idle_timeout_ms: 300 }"))
+        .await;
+    let mut conn = tls_connect(&env, &r, &env.pki.gateway).await;
+    conn.write_all(&request_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 16 * 1024];
+    let n = conn.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains(r#""status":"ok""#), "{head}");
+    assert!(closed_within(&mut conn, CLOSE_WITHIN).await);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unpaired_certificate_gets_its_answer_and_the_connection_closes() {
+    let env = Env::new().await;
+    let r = env.start(&env.tools_yaml("")).await;
+    let mut conn = tls_connect(&env, &r, &env.pki.stranger).await;
+    conn.write_all(&request_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(CLOSE_WITHIN, conn.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection stayed open after the answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.contains(r#""code":"PAIRING_REQUIRED""#), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_peer_holds_at_most_its_share_of_connections() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml(
+            "limits: { max_connections: 16, max_connections_per_peer: 2, first_request_timeout_ms: 60000 }",
+        ))
+        .await;
+    let _a = tls_connect(&env, &r, &env.pki.gateway).await;
+    let _b = tls_connect(&env, &r, &env.pki.gateway).await;
+    // The third is closed at once; the peer's first two stay.
+    let mut third = tls_connect(&env, &r, &env.pki.gateway).await;
+    assert!(closed_within(&mut third, CLOSE_WITHIN).await);
+    r.shutdown().await;
+}
