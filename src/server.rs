@@ -1144,7 +1144,8 @@ struct ToolHostInstaller {
 impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn install(&self, i: &Installed) -> Result<(), String> {
         let cfg = self.shared.config.load();
-        let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id);
+        let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id)
+            .map_err(|e| e.to_string())?;
         let write = |path: &Path, bytes: &[u8]| {
             carapace_filters::state_file::write_atomically(path, bytes)
                 .map_err(|e| format!("{}: {e}", path.display()))
@@ -1159,7 +1160,8 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn activate(&self, i: &Installed) -> Result<(), String> {
         let cfg = self.shared.config.load();
         let state_dir = &cfg.config.state_dir;
-        let files = crate::tls::PairedFiles::of(state_dir, &i.pairing_id);
+        let files =
+            crate::tls::PairedFiles::of(state_dir, &i.pairing_id).map_err(|e| e.to_string())?;
         // Check that the new TLS builds before anything changes.
         let tls_config = cfg
             .config

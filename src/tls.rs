@@ -19,6 +19,8 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("client CA: {0}")]
     Verifier(String),
+    #[error("pairing id {0:?} is not a plain file name")]
+    PairingId(String),
 }
 
 /// The fingerprint of a certificate as the pairing handshake defines it: `sha256:` and the
@@ -74,29 +76,47 @@ pub struct PairedFiles {
     pub ca: PathBuf,
 }
 
+/// Whether `id` can name a pairing directory: one plain path component of 1 to 64
+/// characters `A-Z a-z 0-9 _ -` (no separator, no `.` or `..`, nothing absolute). Pairing ids
+/// are checked more strictly when they arrive; this guards the file system whatever the caller.
+pub fn is_plain_pairing_dir(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
 impl PairedFiles {
-    /// The files of pairing `pairing_id`.
-    pub fn of(state_dir: &Path, pairing_id: &str) -> Self {
-        let dir = state_dir.join("pairing").join(pairing_id);
-        PairedFiles {
+    /// The files of pairing `pairing_id`, refused unless the id is a plain file name (see
+    /// [`is_plain_pairing_dir`]), so they are always inside `state_dir/pairing/`.
+    pub fn of(state_dir: &Path, pairing_id: &str) -> Result<Self, TlsError> {
+        if !is_plain_pairing_dir(pairing_id) {
+            let shown: String = pairing_id.chars().take(80).collect();
+            return Err(TlsError::PairingId(shown));
+        }
+        let dir = Self::root(state_dir).join(pairing_id);
+        Ok(PairedFiles {
             cert: dir.join("mtls.crt"),
             key: dir.join("mtls.key"),
             ca: dir.join("gateway-ca.pem"),
             dir,
-        }
+        })
+    }
+
+    /// The directory holding every pairing's directory and the pointer to the current one.
+    pub fn root(state_dir: &Path) -> PathBuf {
+        state_dir.join("pairing")
     }
 
     /// The pointer to the current pairing.
     pub fn current_pointer(state_dir: &Path) -> PathBuf {
-        state_dir.join("pairing").join("current")
+        Self::root(state_dir).join("current")
     }
 
     /// The files of the current pairing, if a pairing completed.
     pub fn current(state_dir: &Path) -> Option<Self> {
         let id = std::fs::read_to_string(Self::current_pointer(state_dir)).ok()?;
-        let id = id.trim();
-        let valid = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
-        valid.then(|| Self::of(state_dir, id))
+        Self::of(state_dir, id.trim()).ok()
     }
 }
 
@@ -174,6 +194,35 @@ pub fn gateway_id(der: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_files_stay_inside_the_state_directory() {
+        let state = Path::new("/var/lib/carapace");
+        let ok = PairedFiles::of(state, "a3f3553b6b9b3861a24253b5cb7c43a7").unwrap();
+        assert_eq!(
+            ok.key,
+            state.join("pairing/a3f3553b6b9b3861a24253b5cb7c43a7/mtls.key")
+        );
+        let long = "a".repeat(65);
+        for bad in [
+            "../../x",
+            "..",
+            ".",
+            "",
+            "/etc",
+            "/tmp/x",
+            "a/b",
+            "a\\b",
+            "x\0",
+            "current\n",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(PairedFiles::of(state, bad), Err(TlsError::PairingId(_))),
+                "{bad:?} accepted"
+            );
+        }
+    }
 
     #[test]
     fn fingerprint_is_sha256_prefix_and_lowercase_hex() {
