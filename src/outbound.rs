@@ -111,7 +111,14 @@ pub struct Outbound {
     /// Tool name → where it is served.
     routes: ArcSwap<HashMap<String, Route>>,
     pub catalog: Arc<CatalogHandle>,
+    /// One discovery at a time, so the last to finish is the latest.
+    refreshing: tokio::sync::Mutex<()>,
 }
+
+/// How long a pairing's confirmation may take: discovery with the issued certificate is
+/// retried this long.
+pub const CONFIRM_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+const CONFIRM_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Where a tool is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,26 +223,70 @@ impl Outbound {
             clients: std::sync::Mutex::new(HashMap::new()),
             routes: ArcSwap::from_pointee(HashMap::new()),
             catalog: Arc::new(CatalogHandle::default()),
+            refreshing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Whether `peer` is one this gateway calls (it has an address in `outbound.peers`).
+    pub fn dials(&self, peer: &str) -> bool {
+        self.addresses.contains_key(peer)
+    }
+
+    /// Confirm a pairing: `GET /v1/tools` on `peer` with the certificate just issued to it
+    /// pinned, retried for up to `window` until it answers a tools-v1 discovery. Only a peer
+    /// that activated the pairing can: it serves that certificate and trusts the gateway.
+    pub async fn confirm(
+        &self,
+        peer: &str,
+        fingerprint: &str,
+        window: std::time::Duration,
+    ) -> Result<(), String> {
+        let client = self
+            .pinned_client(peer, fingerprint)
+            .map_err(|e| e.to_string())?;
+        let deadline = tokio::time::Instant::now() + window;
+        loop {
+            let why = match discover(&client).await {
+                Ok(_) => return Ok(()),
+                Err(why) => why,
+            };
+            if tokio::time::Instant::now() + CONFIRM_RETRY >= deadline {
+                return Err(why);
+            }
+            tokio::time::sleep(CONFIRM_RETRY).await;
+        }
     }
 
     /// The client for `peer`, pinned to the certificate of its active paired record: checked
     /// before every call, so a revoked peer is refused before any I/O, and a re-paired one
     /// gets a new client (its old pooled connections are dropped).
     fn client_for(&self, peer: &str) -> Result<AppClient, Rejection> {
-        use rustls_pki_types::pem::PemObject;
         let record = self
             .peers
             .active(peer)
             .filter(|r| r.component_type == "tool_host" && !r.mtls_cert_fingerprint.is_empty())
-            .ok_or_else(|| Rejection::Forbidden(format!("{peer} is not a paired peer")))?;
+            .ok_or_else(|| {
+                // One answer for one state, whenever it is asked.
+                let status = self.peers.status_of(peer);
+                Rejection::Forbidden(format!(
+                    "peer {peer} is {}",
+                    status.as_deref().unwrap_or("not paired")
+                ))
+            })?;
+        self.pinned_client(peer, &record.mtls_cert_fingerprint)
+    }
+
+    /// A client for `peer` that accepts only the certificate with `fingerprint` (one per
+    /// peer, remade when the fingerprint changes).
+    fn pinned_client(&self, peer: &str, fingerprint: &str) -> Result<AppClient, Rejection> {
+        use rustls_pki_types::pem::PemObject;
         let address = *self
             .addresses
             .get(peer)
             .ok_or_else(|| Rejection::Internal(format!("no address for {peer}")))?;
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((fp, client)) = clients.get(peer) {
-            if fingerprints_match(fp, &record.mtls_cert_fingerprint) {
+            if fingerprints_match(fp, fingerprint) {
                 return Ok(client.clone());
             }
         }
@@ -245,7 +296,7 @@ impl Outbound {
         let provider = crate::tls::provider();
         let verifier = Arc::new(PinnedPeer {
             component_id: peer.to_string(),
-            fingerprint: record.mtls_cert_fingerprint.clone(),
+            fingerprint: fingerprint.to_string(),
             provider: provider.clone(),
         });
         let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -261,47 +312,21 @@ impl Outbound {
             &self.pool,
             self.max_response_bytes,
         );
-        clients.insert(
-            peer.to_string(),
-            (record.mtls_cert_fingerprint, client.clone()),
-        );
+        clients.insert(peer.to_string(), (fingerprint.to_string(), client.clone()));
         Ok(client)
     }
 
     /// Ask every paired peer for its tools and swap in the merged registry. A peer that is
     /// not paired or cannot be reached keeps no routes; a tool served by two peers goes to
-    /// the first (by id).
+    /// the first (by id). One refresh runs at a time.
     pub async fn refresh(&self, cfg: &Loaded) -> usize {
+        let _one_at_a_time = self.refreshing.lock().await;
         let mut merged = Catalog::default();
         let mut routes = HashMap::new();
         for id in self.addresses.keys() {
-            let client = match self.client_for(id) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!("outbound_discovery_skipped peer={id} reason={e}");
-                    continue;
-                }
+            let Some(doc) = self.peer_tools(id).await else {
+                continue;
             };
-            let answer = client
-                .send(
-                    Method::GET,
-                    "/v1/tools",
-                    http::HeaderMap::new(),
-                    Bytes::new(),
-                )
-                .await;
-            let doc = match answer {
-                Ok(r) if r.status.is_success() => serde_json::from_slice(&r.body).ok(),
-                Ok(r) => {
-                    tracing::warn!("outbound_discovery_failed peer={id} status={}", r.status);
-                    None
-                }
-                Err(e) => {
-                    tracing::warn!("outbound_discovery_failed peer={id} reason={e}");
-                    None
-                }
-            };
-            let Some(doc) = doc else { continue };
             match tools_v1_catalog(&doc, cfg) {
                 Ok(c) => {
                     for (name, spec) in c.tools {
@@ -369,6 +394,48 @@ impl Outbound {
         self.routes.store(Arc::new(routes));
         self.catalog.replace(merged);
         n
+    }
+}
+
+/// `GET /v1/tools` on a peer: its discovery document, or why not.
+async fn discover(client: &AppClient) -> Result<serde_json::Value, String> {
+    let r = client
+        .send(
+            Method::GET,
+            "/v1/tools",
+            http::HeaderMap::new(),
+            Bytes::new(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if !r.status.is_success() {
+        return Err(format!("GET /v1/tools answered {}", r.status));
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&r.body)
+        .map_err(|e| format!("GET /v1/tools answer is not JSON: {e}"))?;
+    if doc["version"] != "v1" || !doc["tools"].is_array() {
+        return Err("GET /v1/tools answer is not a tools-v1 discovery".into());
+    }
+    Ok(doc)
+}
+
+impl Outbound {
+    /// The tools document of peer `id`, if it is paired and answers.
+    async fn peer_tools(&self, id: &str) -> Option<serde_json::Value> {
+        let client = match self.client_for(id) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!("outbound_discovery_skipped peer={id} reason={e}");
+                return None;
+            }
+        };
+        match discover(&client).await {
+            Ok(doc) => Some(doc),
+            Err(e) => {
+                tracing::warn!("outbound_discovery_failed peer={id} reason={e}");
+                None
+            }
+        }
     }
 }
 

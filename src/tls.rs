@@ -113,6 +113,35 @@ impl PairedFiles {
         Self::root(state_dir).join("current")
     }
 
+    /// Remove the directory of pairing `pairing_id` unless it is the current one. Returns
+    /// whether a directory was removed.
+    pub fn discard(state_dir: &Path, pairing_id: &str) -> bool {
+        let Ok(files) = Self::of(state_dir, pairing_id) else {
+            return false;
+        };
+        if Self::current(state_dir).is_some_and(|c| c.dir == files.dir) {
+            return false;
+        }
+        std::fs::remove_dir_all(&files.dir).is_ok()
+    }
+
+    /// Remove every pairing directory but the current one: pairings that never completed.
+    /// Returns how many were removed.
+    pub fn remove_unfinished(state_dir: &Path) -> usize {
+        let Ok(entries) = std::fs::read_dir(Self::root(state_dir)) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|id| Self::discard(state_dir, id))
+            })
+            .count()
+    }
+
     /// The files of the current pairing, if a pairing completed.
     pub fn current(state_dir: &Path) -> Option<Self> {
         let id = std::fs::read_to_string(Self::current_pointer(state_dir)).ok()?;
@@ -222,6 +251,24 @@ mod tests {
                 "{bad:?} accepted"
             );
         }
+    }
+
+    #[test]
+    fn only_the_current_pairing_survives_a_cleanup() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        for id in ["aa", "bb", "cc"] {
+            let f = PairedFiles::of(state, id).unwrap();
+            std::fs::create_dir_all(&f.dir).unwrap();
+            std::fs::write(&f.key, "k").unwrap();
+        }
+        std::fs::write(PairedFiles::current_pointer(state), "bb").unwrap();
+        assert!(!PairedFiles::discard(state, "bb"));
+        assert!(PairedFiles::discard(state, "aa"));
+        assert_eq!(PairedFiles::remove_unfinished(state), 1);
+        assert_eq!(PairedFiles::remove_unfinished(state), 0);
+        assert!(PairedFiles::current(state).unwrap().key.exists());
+        assert!(!PairedFiles::root(state).join("cc").exists());
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub enum HandshakeError {
 }
 
 /// Peer-supplied text for logs and errors: bounded, one line, no control characters.
-fn sanitized(text: &str) -> String {
+pub(crate) fn sanitized(text: &str) -> String {
     text.chars()
         .take(200)
         .map(|c| if c.is_control() { ' ' } else { c })
