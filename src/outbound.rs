@@ -439,6 +439,79 @@ impl Outbound {
     }
 }
 
+/// Call a paired tool host with `call` and decode its answer.
+async fn call_peer(client: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+    let body = serde_json::to_vec(&crate::tools_v1::encode_request(call)).expect("serializes");
+    let mut headers = http::HeaderMap::new();
+    carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let resp = client
+        .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
+        .await?;
+    decode_peer_answer(resp.status, &resp.body, call)
+}
+
+/// A tool host's answer, in either style of a tools-v1 host: every outcome as HTTP 200 with
+/// the envelope (crabstack), or an error outcome as an HTTP error status with the envelope
+/// (carapace). A refusal or error of the host reaches the caller as the host said it (code,
+/// message, details, and `retryable` only for `status: retryable_error`); an answer that is
+/// no envelope (crabstack's plain-text 400/404/405) stays `DEPENDENCY_UNAVAILABLE`.
+fn decode_peer_answer(
+    status: http::StatusCode,
+    body: &[u8],
+    call: &ToolCall,
+) -> Result<CallOutcome, Rejection> {
+    let refusal = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|doc| peer_error(&doc, call));
+    match refusal {
+        Some(outcome) => outcome,
+        // Successes (and anything else) as any tools-v1 answer: schema, call id, status.
+        None => crate::tools_v1::decode_response(status, body, call),
+    }
+}
+
+/// The outcome an error envelope (`status` `error`, `retryable_error` or `timeout` with an
+/// `error.code`) stands for; `None` if `doc` is not one. The call id and tool name may be
+/// empty (a host refuses some requests before reading them) but not another call's.
+fn peer_error(doc: &serde_json::Value, call: &ToolCall) -> Option<Result<CallOutcome, Rejection>> {
+    let status = doc.get("status")?.as_str()?;
+    if !matches!(status, "error" | "retryable_error" | "timeout") {
+        return None;
+    }
+    let error = doc.get("error")?;
+    let code = error.get("code")?.as_str()?;
+    let other = |key: &str, ours: &str| {
+        doc.get(key)
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|v| !v.is_empty() && v != ours)
+    };
+    if other("call_id", &call.call_id) || other("tool_name", &call.tool.name) {
+        return Some(Err(Rejection::AppInvalid(
+            "answer is for another call_id or tool".into(),
+        )));
+    }
+    if status == "timeout" {
+        let ms = call.tool.effective_timeout(call.timeout_ms).as_millis() as u64;
+        return Some(Err(Rejection::Timeout(ms)));
+    }
+    let valid_code = (1..=64).contains(&code.len())
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    let message = error.get("message").and_then(serde_json::Value::as_str);
+    Some(Ok(CallOutcome::AppError {
+        code: if valid_code { code } else { "INTERNAL" }.to_string(),
+        message: message.unwrap_or_default().chars().take(2048).collect(),
+        details: error.get("details").filter(|d| d.is_object()).cloned(),
+        // Only this status allows a retry; `error.retryable` is advice.
+        retryable: status == "retryable_error",
+    }))
+}
+
 /// The back of the outbound stack: call the peer that serves the tool; retry once, only
 /// with an idempotency key, and only after a transport failure or a `retryable_error`.
 #[derive(Clone)]
@@ -488,7 +561,7 @@ impl Service<ToolCall> for OutboundBack {
                 }
             };
             let client = outbound.client_for(&peer)?;
-            let first = crate::tools_v1::call_app(&client, &call).await;
+            let first = call_peer(&client, &call).await;
             let retry = call.idempotency_key.is_some()
                 && matches!(
                     &first,
@@ -500,9 +573,177 @@ impl Service<ToolCall> for OutboundBack {
                 );
             if retry {
                 tracing::info!(call_id = %call.call_id, peer = %peer, "retrying once");
-                return crate::tools_v1::call_app(&client, &call).await;
+                return call_peer(&client, &call).await;
             }
             first
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carapace_filters::call::{Credential, Principal, ToolSpec};
+    use carapace_filters::schema::CompiledSchema;
+    use serde_json::{json, Value};
+
+    fn call(call_id: &str, tool: &str) -> ToolCall {
+        ToolCall {
+            call_id: call_id.into(),
+            tool: Arc::new(ToolSpec {
+                name: tool.into(),
+                description: String::new(),
+                input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
+                output: None,
+                timeout_ms_default: 1_000,
+                timeout_ms_max: 5_000,
+                idempotent: false,
+                side_effects: false,
+            }),
+            tenant_id: None,
+            args: json!({}),
+            context: None,
+            timeout_ms: None,
+            idempotency_key: None,
+            principal: Arc::new(Principal::local()),
+            credential: Credential::None,
+        }
+    }
+
+    /// The reference tool host's answers (`toolhost_http.json`): every envelope is decoded
+    /// for what it says, plain-text refusals are the host's transport errors.
+    #[test]
+    fn crabstack_tool_host_answers_are_passed_through() {
+        let path = format!(
+            "{}/../shared/vectors/crabstack/toolhost_http.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let cases: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let mut seen = 0;
+        for case in cases["cases"].as_array().unwrap() {
+            if case["path"] != "/v1/tools/call" {
+                continue;
+            }
+            seen += 1;
+            let id = case["id"].as_str().unwrap();
+            let request: Value = serde_json::from_str(case["request_body"].as_str().unwrap_or(""))
+                .unwrap_or(Value::Null);
+            let s = |k: &str| request.get(k).and_then(Value::as_str).unwrap_or("x");
+            let c = call(s("call_id"), s("tool_name").trim());
+            let status = http::StatusCode::from_u16(case["status"].as_u64().unwrap() as u16);
+            let body = case["response_body"].as_str().unwrap().as_bytes();
+            let got = decode_peer_answer(status.unwrap(), body, &c);
+            let envelope: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            match (case["status"].as_u64(), envelope["status"].as_str()) {
+                (Some(200), Some("ok")) if id == "call.args_not_object" => {
+                    // A result that is not an object breaks the tools-v1 response schema.
+                    assert!(
+                        matches!(got, Err(Rejection::AppInvalid(_))),
+                        "{id}: {got:?}"
+                    )
+                }
+                (Some(200), Some("ok")) if id == "call.version_passthrough" => {
+                    assert!(
+                        matches!(got, Err(Rejection::AppInvalid(_))),
+                        "{id}: {got:?}"
+                    )
+                }
+                (Some(200), Some("ok")) => {
+                    assert!(matches!(got, Ok(CallOutcome::Ok { .. })), "{id}: {got:?}")
+                }
+                (Some(200), Some("error")) => match got {
+                    Ok(CallOutcome::AppError {
+                        code,
+                        message,
+                        retryable,
+                        ..
+                    }) => {
+                        assert_eq!(code, envelope["error"]["code"], "{id}");
+                        assert_eq!(message, envelope["error"]["message"], "{id}");
+                        assert!(!retryable, "{id}");
+                    }
+                    other => panic!("{id}: {other:?}"),
+                },
+                (Some(200), Some("timeout")) => {
+                    assert!(matches!(got, Err(Rejection::Timeout(_))), "{id}: {got:?}")
+                }
+                (Some(code), None) => {
+                    assert!(
+                        matches!(got, Err(Rejection::AppHttp(c)) if u64::from(c) == code),
+                        "{id}: {got:?}"
+                    )
+                }
+                other => panic!("{id}: unexpected case {other:?}"),
+            }
+        }
+        assert_eq!(seen, 22);
+    }
+
+    /// carapace's style: an HTTP error status with the envelope.
+    #[test]
+    fn a_refusal_with_an_http_error_status_keeps_its_code_details_and_retryability() {
+        let c = call("c1", "memory.query");
+        let envelope = |status: &str, code: &str, call_id: &str| {
+            json!({"version": "v1", "call_id": call_id, "tool_name": "", "status": status,
+                   "error": {"code": code, "message": "peer gw_home is revoked",
+                             "details": {"reason": "revoked"}, "retryable": false},
+                   "duration_ms": 0})
+            .to_string()
+        };
+        let got = decode_peer_answer(
+            http::StatusCode::FORBIDDEN,
+            envelope("error", "FORBIDDEN", "").as_bytes(),
+            &c,
+        );
+        let Ok(CallOutcome::AppError {
+            code,
+            message,
+            details,
+            retryable,
+        }) = got
+        else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (code.as_str(), message.as_str(), retryable),
+            ("FORBIDDEN", "peer gw_home is revoked", false)
+        );
+        assert_eq!(details, Some(json!({"reason": "revoked"})));
+        // Retryable only as `status: retryable_error` says, whatever the HTTP status.
+        for http_status in [http::StatusCode::OK, http::StatusCode::BAD_GATEWAY] {
+            let got = decode_peer_answer(
+                http_status,
+                envelope("retryable_error", "DEPENDENCY_UNAVAILABLE", "c1").as_bytes(),
+                &c,
+            );
+            assert!(
+                matches!(
+                    got,
+                    Ok(CallOutcome::AppError {
+                        retryable: true,
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
+        }
+        // Another call's answer, a code that is no code, no envelope at all.
+        let got = decode_peer_answer(
+            http::StatusCode::FORBIDDEN,
+            envelope("error", "FORBIDDEN", "c2").as_bytes(),
+            &c,
+        );
+        assert!(matches!(got, Err(Rejection::AppInvalid(_))), "{got:?}");
+        let got = decode_peer_answer(
+            http::StatusCode::FORBIDDEN,
+            envelope("error", "forbidden\n", "").as_bytes(),
+            &c,
+        );
+        assert!(
+            matches!(&got, Ok(CallOutcome::AppError { code, .. }) if code == "INTERNAL"),
+            "{got:?}"
+        );
+        let got = decode_peer_answer(http::StatusCode::BAD_GATEWAY, b"bad gateway", &c);
+        assert!(matches!(got, Err(Rejection::AppHttp(502))), "{got:?}");
     }
 }

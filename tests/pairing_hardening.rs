@@ -12,7 +12,7 @@ use carapace::pairing::wire::{
     decode_message, new_nonce, GoTime, PairGatewayInfo, PairInit, PairMessage, SignedMessage,
     WireMessage,
 };
-use common::{call, write_peers, Env};
+use common::{call, code, write_peers, Env};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -323,6 +323,54 @@ async fn a_pairing_is_usable_as_soon_as_it_is_reported() {
         .await
         .unwrap();
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    gw.shutdown().await;
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refusal_by_the_tool_host_reaches_the_agent_as_the_tool_host_said_it() {
+    let env = Env::new().await;
+    let (host, gw, dir) = tool_host_and_gateway(&env).await;
+    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
+    let (status, body) = request_pairing(&gw, &endpoint).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
+    let query = || call("memory.query", serde_json::json!({"query": "x"}));
+    let reply = agent
+        .post_json("/v1/tools/call", &[], &query())
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+
+    // The tool host revokes the gateway: a denial, not an outage.
+    let (status, _) = carapace::admin::request(
+        &host.admin_socket,
+        http::Method::POST,
+        "/v1/peers/revoke",
+        Some(serde_json::json!({"component_id": "gw_home"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, http::StatusCode::OK);
+    let mut keyed = query();
+    keyed["idempotency_key"] = serde_json::json!("q-1");
+    let reached = env.app.received().len();
+    let reply = agent
+        .post_json("/v1/tools/call", &[], &keyed)
+        .await
+        .unwrap();
+    let v = reply.json();
+    assert_eq!(code(&reply), "FORBIDDEN", "{v:?}");
+    assert_eq!(v["status"], "error", "{v:?}");
+    assert_eq!(v["error"]["retryable"], false, "{v:?}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gw_home is revoked"),
+        "{v:?}"
+    );
+    assert_eq!(env.app.received().len(), reached);
     gw.shutdown().await;
     host.shutdown().await;
 }
