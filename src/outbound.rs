@@ -113,12 +113,63 @@ pub struct Outbound {
     pub catalog: Arc<CatalogHandle>,
     /// One discovery at a time, so the last to finish is the latest.
     refreshing: tokio::sync::Mutex<()>,
+    /// Each peer's last discovery document, persisted in [`KNOWN_TOOLS_FILE`].
+    known: KnownTools,
 }
+
+/// The file in `state_dir` keeping each peer's last discovery document.
+pub const KNOWN_TOOLS_FILE: &str = "outbound_tools.json";
 
 /// How long a pairing's confirmation may take: discovery with the issued certificate is
 /// retried this long.
 pub const CONFIRM_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 const CONFIRM_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Each peer's last discovery document, by peer id, kept across restarts: a peer that is
+/// revoked, pending or unreachable keeps the tools it last served, so calls to them get the
+/// same answer (`FORBIDDEN`, `DEPENDENCY_UNAVAILABLE`) before and after a restart instead of
+/// `TOOL_NOT_FOUND` once the process forgot them. A peer without any record loses them.
+struct KnownTools {
+    path: std::path::PathBuf,
+    docs: std::sync::Mutex<BTreeMap<String, serde_json::Value>>,
+}
+
+impl KnownTools {
+    fn load(path: std::path::PathBuf) -> Self {
+        let docs = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!("{}: ignored: {e}", path.display());
+                BTreeMap::new()
+            }),
+            Err(_) => BTreeMap::new(),
+        };
+        KnownTools {
+            path,
+            docs: std::sync::Mutex::new(docs),
+        }
+    }
+
+    fn get(&self, peer: &str) -> Option<serde_json::Value> {
+        let docs = self.docs.lock().unwrap_or_else(|e| e.into_inner());
+        docs.get(peer).cloned()
+    }
+
+    /// Set (`Some`) or forget (`None`) a peer's document; written only when it changed.
+    fn set(&self, peer: &str, doc: Option<serde_json::Value>) {
+        let mut docs = self.docs.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = match doc {
+            Some(d) => docs.insert(peer.to_string(), d.clone()).as_ref() != Some(&d),
+            None => docs.remove(peer).is_some(),
+        };
+        if !changed {
+            return;
+        }
+        let bytes = serde_json::to_vec(&*docs).expect("serializable");
+        if let Err(e) = carapace_filters::state_file::write_atomically(&self.path, &bytes) {
+            tracing::warn!("{}: {e}", self.path.display());
+        }
+    }
+}
 
 /// Where a tool is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,7 +263,7 @@ impl Outbound {
                 },
             );
         }
-        Ok(Outbound {
+        let outbound = Outbound {
             skills,
             peers,
             addresses: cfg.outbound_peers.clone(),
@@ -224,7 +275,10 @@ impl Outbound {
             routes: ArcSwap::from_pointee(HashMap::new()),
             catalog: Arc::new(CatalogHandle::default()),
             refreshing: tokio::sync::Mutex::new(()),
-        })
+            known: KnownTools::load(cfg.config.state_dir.join(KNOWN_TOOLS_FILE)),
+        };
+        outbound.restore_known(cfg);
+        Ok(outbound)
     }
 
     /// Whether `peer` is one this gateway calls (it has an address in `outbound.peers`).
@@ -316,29 +370,17 @@ impl Outbound {
         Ok(client)
     }
 
-    /// Ask every paired peer for its tools and swap in the merged registry. A peer that is
-    /// not paired or cannot be reached keeps no routes; a tool served by two peers goes to
-    /// the first (by id). One refresh runs at a time.
+    /// Ask every paired peer for its tools and swap in the merged registry; a peer that is
+    /// not paired (revoked, pending) or cannot be reached keeps the tools it last served (see
+    /// [`KnownTools`]), so calls to them are refused the same way whenever they come. A tool
+    /// served by two peers goes to the first (by id). One refresh runs at a time.
     pub async fn refresh(&self, cfg: &Loaded) -> usize {
         let _one_at_a_time = self.refreshing.lock().await;
         let mut merged = Catalog::default();
         let mut routes = HashMap::new();
         for id in self.addresses.keys() {
-            let Some(doc) = self.peer_tools(id).await else {
-                continue;
-            };
-            match tools_v1_catalog(&doc, cfg) {
-                Ok(c) => {
-                    for (name, spec) in c.tools {
-                        if merged.tools.contains_key(&name) {
-                            tracing::warn!("outbound_tool_duplicate tool={name} peer={id}");
-                            continue;
-                        }
-                        routes.insert(name.clone(), Route::Peer(id.clone()));
-                        merged.tools.insert(name, spec);
-                    }
-                }
-                Err(e) => tracing::warn!("outbound_discovery_failed peer={id} reason={e}"),
+            if let Some(doc) = self.peer_tools(id).await {
+                add_peer_tools(id, &doc, cfg, &mut merged, &mut routes);
             }
         }
         // Skills: capability -> skill_id -> url.
@@ -397,6 +439,30 @@ impl Outbound {
     }
 }
 
+/// Add the tools of peer `id`'s discovery document to `merged`, routed to it; a tool
+/// already there stays with its peer.
+fn add_peer_tools(
+    id: &str,
+    doc: &serde_json::Value,
+    cfg: &Loaded,
+    merged: &mut Catalog,
+    routes: &mut HashMap<String, Route>,
+) {
+    match tools_v1_catalog(doc, cfg) {
+        Ok(c) => {
+            for (name, spec) in c.tools {
+                if merged.tools.contains_key(&name) {
+                    tracing::warn!("outbound_tool_duplicate tool={name} peer={id}");
+                    continue;
+                }
+                routes.insert(name.clone(), Route::Peer(id.to_string()));
+                merged.tools.insert(name, spec);
+            }
+        }
+        Err(e) => tracing::warn!("outbound_discovery_failed peer={id} reason={e}"),
+    }
+}
+
 /// `GET /v1/tools` on a peer: its discovery document, or why not.
 async fn discover(client: &AppClient) -> Result<serde_json::Value, String> {
     let r = client
@@ -420,20 +486,48 @@ async fn discover(client: &AppClient) -> Result<serde_json::Value, String> {
 }
 
 impl Outbound {
-    /// The tools document of peer `id`, if it is paired and answers.
+    /// Before the first discovery: route the tools each peer with a record last served, so
+    /// a restart changes no answer (a revoked peer's tools stay refused with `FORBIDDEN`).
+    fn restore_known(&self, cfg: &Loaded) {
+        let mut merged = Catalog::default();
+        let mut routes = HashMap::new();
+        for id in self.addresses.keys() {
+            if self.peers.status_of(id).is_none() {
+                continue;
+            }
+            if let Some(doc) = self.known.get(id) {
+                add_peer_tools(id, &doc, cfg, &mut merged, &mut routes);
+            }
+        }
+        if routes.is_empty() {
+            return;
+        }
+        merged.service = "carapace-outbound".into();
+        self.routes.store(Arc::new(routes));
+        self.catalog.replace(merged);
+    }
+
+    /// The tools document of peer `id`: asked of it when it is paired and remembered; the
+    /// remembered one when it is not paired or does not answer; none once it has no record.
     async fn peer_tools(&self, id: &str) -> Option<serde_json::Value> {
         let client = match self.client_for(id) {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!("outbound_discovery_skipped peer={id} reason={e}");
-                return None;
+                if self.peers.status_of(id).is_none() {
+                    self.known.set(id, None);
+                }
+                return self.known.get(id);
             }
         };
         match discover(&client).await {
-            Ok(doc) => Some(doc),
+            Ok(doc) => {
+                self.known.set(id, Some(doc.clone()));
+                Some(doc)
+            }
             Err(e) => {
                 tracing::warn!("outbound_discovery_failed peer={id} reason={e}");
-                None
+                self.known.get(id)
             }
         }
     }

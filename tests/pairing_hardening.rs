@@ -374,3 +374,65 @@ async fn a_refusal_by_the_tool_host_reaches_the_agent_as_the_tool_host_said_it()
     gw.shutdown().await;
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_revoked_tool_host_gets_the_same_answer_before_and_after_a_gateway_restart() {
+    let env = Env::new().await;
+    let (host, gw, dir) = tool_host_and_gateway(&env).await;
+    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
+    let (status, body) = request_pairing(&gw, &endpoint).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    let (status, _) = carapace::admin::request(
+        &gw.admin_socket,
+        http::Method::POST,
+        "/v1/peers/revoke",
+        Some(serde_json::json!({"component_id": "memory-east"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, http::StatusCode::OK);
+    let ask = || async {
+        let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
+        let reply = agent
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("memory.query", serde_json::json!({"query": "x"})),
+            )
+            .await
+            .unwrap();
+        let v = reply.json();
+        (
+            reply.status,
+            v["error"]["code"].clone(),
+            v["error"]["message"].clone(),
+        )
+    };
+    let before = ask().await;
+    assert_eq!(before.1, "FORBIDDEN", "{before:?}");
+    assert!(
+        before
+            .2
+            .as_str()
+            .unwrap()
+            .contains("memory-east is revoked"),
+        "{before:?}"
+    );
+    // A later discovery does not change it, nor does a restart.
+    gw.shared
+        .outbound
+        .get()
+        .unwrap()
+        .refresh(&gw.shared.config.load_full())
+        .await;
+    assert_eq!(ask().await, before);
+    gw.shutdown().await;
+    let gw = start_gateway(
+        &dir,
+        &gateway_yaml(&dir, env.app_addr, Some(host.tcp_address.unwrap())),
+    )
+    .await;
+    assert_eq!(ask().await, before);
+    gw.shutdown().await;
+    host.shutdown().await;
+}
