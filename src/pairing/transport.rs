@@ -22,6 +22,7 @@ use super::handshake::{
     RemoteHandshake,
 };
 use super::identity::{GatewayIdentity, HostIdentity};
+use super::wire::{PairError, WireMessage};
 
 /// Largest pairing message accepted (as crabstack: 64 KiB).
 pub use super::wire::MAX_MESSAGE_BYTES;
@@ -291,9 +292,9 @@ impl PairingEndpoint {
                 let _ = send_all(&mut ws, vec![hs.error_message(e)]).await;
             }
             Err(PairingError::Install(_)) => {
-                let e =
-                    HandshakeError::Protocol("the tool host could not install the pairing".into());
-                let _ = send_all(&mut ws, vec![hs.error_message(&e)]).await;
+                let refusal =
+                    PairError::handshake_failed("the tool host could not install the pairing");
+                let _ = send_all(&mut ws, vec![refusal.to_wire().unwrap_or_default()]).await;
             }
             _ => {}
         }
