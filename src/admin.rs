@@ -153,20 +153,8 @@ async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<
         component_id,
         endpoint,
     };
-    let recorder = shared.clone();
-    let stored = std::sync::Mutex::new(None);
-    let record = Box::new(|peer: &crate::pairing::handshake::PairedPeer| {
-        let r = record_peer(&recorder, peer).map_err(|e| format!("recording the peer: {e}"))?;
-        *stored.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        Ok(())
-    });
-    match crate::pairing::transport::pair(gateway, request, record).await {
-        Ok(peer) => {
-            let record = stored
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .expect("recorded before completion");
+    match crate::pairing::gateway::pair_peer(&shared, gateway, request).await {
+        Ok((peer, record)) => {
             tracing::info!(
                 "paired component_type={} component_id={} mtls_cert_fingerprint={}",
                 peer.component_type,
@@ -202,48 +190,6 @@ async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<
             text(StatusCode::BAD_GATEWAY, &e.to_string())
         }
     }
-}
-
-/// Write the paired peer into the peer store (replacing an earlier record of the same id).
-fn record_peer(
-    shared: &Shared,
-    peer: &crate::pairing::handshake::PairedPeer,
-) -> Result<crate::peers::PeerRecord, crate::peers::PeerStoreError> {
-    // Re-pairing an active peer must not change who it is: same key, or revoke it first.
-    if let Some(existing) = shared.peers.active(&peer.component_id) {
-        if existing.public_key_ed25519.as_deref() != Some(peer.public_key_ed25519.as_str()) {
-            return Err(crate::peers::PeerStoreError::Invalid {
-                path: shared.peers.path().to_path_buf(),
-                message: format!(
-                    "{} is paired with another key; revoke it before pairing it again",
-                    peer.component_id
-                ),
-            });
-        }
-    }
-    let record = crate::peers::PeerRecord {
-        component_type: peer.component_type.clone(),
-        component_id: peer.component_id.clone(),
-        role: None,
-        endpoint: Some(peer.endpoint.clone()),
-        public_key_ed25519: Some(peer.public_key_ed25519.clone()),
-        public_key_x25519: Some(peer.public_key_x25519.clone()),
-        mtls_cert_fingerprint: peer.mtls_cert_fingerprint.clone(),
-        mtls_ca_fingerprint: None,
-        status: "active".into(),
-        paired_at: Some(peer.paired_at.clone()),
-        last_seen_at: Some(peer.paired_at.clone()),
-        policy: None,
-    };
-    let stored = record.clone();
-    shared.peers.modify(move |f| {
-        f.version = 1;
-        f.peers.retain(|p| p.component_id != record.component_id);
-        f.peers.push(record);
-    })?;
-    shared.metrics.peers.set(shared.peers.len() as i64);
-    shared.request_outbound_discovery();
-    Ok(stored)
 }
 
 /// An admin request body: one JSON object with exactly the request's members (serde would

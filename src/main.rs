@@ -477,9 +477,18 @@ fn pair(what: PairCommand) -> ExitCode {
         .build()
         .expect("runtime");
     match rt.block_on(request_pairing(&t, kind, &endpoint, &name)) {
-        Ok(v) => {
+        // Complete only once the gateway has seen the peer activate it.
+        Ok(v) if v["peer"]["status"] == "active" => {
             print_paired("pairing complete", &v, kind);
             ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            eprintln!(
+                "carapace pair failed: the gateway did not confirm the pairing (peer status {}); \
+                 it is not usable",
+                v["peer"]["status"]
+            );
+            ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("carapace pair failed: {e}");

@@ -21,6 +21,14 @@ use carapace_filters::Rejection;
 /// Principal ids carapace gives callers itself; a peer may not use them.
 pub const RESERVED_IDS: [&str; 2] = ["local", "anonymous"];
 
+/// The status of a record that is accepted.
+pub const ACTIVE: &str = "active";
+/// The status of a record the gateway wrote during a pairing it has not yet seen the peer
+/// activate; never accepted, made `active` or removed when the pairing ends, removed at start.
+pub const PENDING: &str = "pending";
+/// The status of a revoked record; never accepted.
+pub const REVOKED: &str = "revoked";
+
 /// One paired peer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,7 +156,7 @@ impl PeerStore {
             .load()
             .all
             .iter()
-            .find(|e| e.0.component_id == component_id && e.0.status == "active")
+            .find(|e| e.0.component_id == component_id && e.0.status == ACTIVE)
             .map(|e| e.0.clone())
     }
 
@@ -187,6 +195,86 @@ impl PeerStore {
         Ok(out)
     }
 
+    /// The status that decides how `component_id` is treated: `active` if a record of it is,
+    /// else `revoked` if one is, else that of its other records (`pending`); `None` without
+    /// records.
+    pub fn status_of(&self, component_id: &str) -> Option<String> {
+        let snap = self.snapshot.load();
+        let statuses: Vec<&str> = snap
+            .all
+            .iter()
+            .filter(|e| e.0.component_id == component_id)
+            .map(|e| e.0.status.as_str())
+            .collect();
+        [ACTIVE, REVOKED]
+            .into_iter()
+            .find(|s| statuses.contains(s))
+            .or(statuses.first().copied())
+            .map(str::to_owned)
+    }
+
+    /// Add `record` as `pending`, replacing earlier pending records of its id; an active
+    /// record of the id stays in force until [`activate_pending`](Self::activate_pending).
+    pub fn add_pending(&self, mut record: PeerRecord) -> Result<(), PeerStoreError> {
+        record.status = PENDING.into();
+        self.modify(move |f| {
+            f.version = 1;
+            f.peers
+                .retain(|p| !(p.component_id == record.component_id && p.status == PENDING));
+            f.peers.push(record);
+        })
+    }
+
+    /// Make the pending record of `component_id` with `fingerprint` the peer's only record,
+    /// `active`. Returns it, or `None` if there is no such pending record (then nothing
+    /// changed).
+    pub fn activate_pending(
+        &self,
+        component_id: &str,
+        fingerprint: &str,
+    ) -> Result<Option<PeerRecord>, PeerStoreError> {
+        self.modify(|f| {
+            let is_it = |p: &PeerRecord| {
+                p.component_id == component_id
+                    && p.status == PENDING
+                    && p.mtls_cert_fingerprint.eq_ignore_ascii_case(fingerprint)
+            };
+            let mut record = f.peers.iter().find(|p| is_it(p)).cloned()?;
+            record.status = ACTIVE.into();
+            f.peers.retain(|p| p.component_id != component_id);
+            f.peers.push(record.clone());
+            Some(record)
+        })
+    }
+
+    /// Remove the pending record of `component_id` with `fingerprint` (a pairing that did not
+    /// complete); other records of the id are kept.
+    pub fn remove_pending(
+        &self,
+        component_id: &str,
+        fingerprint: &str,
+    ) -> Result<(), PeerStoreError> {
+        self.modify(|f| {
+            f.peers.retain(|p| {
+                !(p.component_id == component_id
+                    && p.status == PENDING
+                    && p.mtls_cert_fingerprint.eq_ignore_ascii_case(fingerprint))
+            })
+        })
+    }
+
+    /// Remove every pending record (at start: no pairing is running). Returns how many.
+    pub fn remove_all_pending(&self) -> Result<usize, PeerStoreError> {
+        if !self.records().iter().any(|p| p.status == PENDING) {
+            return Ok(0);
+        }
+        self.modify(|f| {
+            let before = f.peers.len();
+            f.peers.retain(|p| p.status != PENDING);
+            before - f.peers.len()
+        })
+    }
+
     /// Mark every record of `component_id` revoked; its next request fails. Returns how many
     /// records changed.
     pub fn revoke(&self, component_id: &str) -> Result<usize, PeerStoreError> {
@@ -197,8 +285,8 @@ impl PeerStore {
                 .iter_mut()
                 .filter(|p| p.component_id == component_id)
             {
-                if p.status != "revoked" {
-                    p.status = "revoked".into();
+                if p.status != REVOKED {
+                    p.status = REVOKED.into();
                     n += 1;
                 }
             }
@@ -342,7 +430,7 @@ impl PeerDirectory for PeerStore {
                 None => return Err(Rejection::PairingRequired),
             },
         };
-        if entry.0.status != "active" {
+        if entry.0.status != ACTIVE {
             return Err(Rejection::Forbidden(format!(
                 "peer {} is {}",
                 entry.0.component_id, entry.0.status
@@ -477,6 +565,66 @@ mod tests {
                 Err(Rejection::PairingRequired)
             ));
         }
+    }
+
+    fn record(fp: &str) -> PeerRecord {
+        PeerRecord {
+            component_type: "tool_host".into(),
+            component_id: "memory-east".into(),
+            role: None,
+            endpoint: None,
+            public_key_ed25519: None,
+            public_key_x25519: None,
+            mtls_cert_fingerprint: fp.into(),
+            mtls_ca_fingerprint: None,
+            status: ACTIVE.into(),
+            paired_at: None,
+            last_seen_at: None,
+            policy: None,
+        }
+    }
+
+    #[test]
+    fn a_pending_record_is_refused_until_activated_and_an_active_one_stays_until_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PeerStore::open(dir.path().join("peers.json")).unwrap();
+        let old = FP.replace("cb7f", "0001");
+        store.modify(|f| f.peers.push(record(&old))).unwrap();
+        store.add_pending(record(FP)).unwrap();
+        assert_eq!(store.records().len(), 2);
+        // The pending certificate is not accepted; the active one still is.
+        assert!(matches!(
+            store.resolve(&leaf(FP)),
+            Err(Rejection::Forbidden(_))
+        ));
+        assert!(store.resolve(&leaf(&old)).is_ok());
+        assert_eq!(
+            store.active("memory-east").unwrap().mtls_cert_fingerprint,
+            old
+        );
+        assert_eq!(store.status_of("memory-east").as_deref(), Some(ACTIVE));
+        // Activated: the only record of the id.
+        let upper = FP.to_ascii_uppercase().replace("SHA256", "sha256");
+        let active = store
+            .activate_pending("memory-east", &upper)
+            .unwrap()
+            .unwrap();
+        assert_eq!(active.status, ACTIVE);
+        assert_eq!(store.records(), vec![active]);
+        assert!(store.resolve(&leaf(FP)).is_ok());
+        assert!(store.activate_pending("memory-east", FP).unwrap().is_none());
+        // Rolled back: the pending record goes, nothing else.
+        store.add_pending(record(&old)).unwrap();
+        assert_eq!(store.records().len(), 2);
+        store.remove_pending("memory-east", &old).unwrap();
+        assert_eq!(store.records().len(), 1);
+        // At start every pending record is removed.
+        store.add_pending(record(&old)).unwrap();
+        assert_eq!(store.remove_all_pending().unwrap(), 1);
+        assert_eq!(store.remove_all_pending().unwrap(), 0);
+        assert_eq!(store.revoke("memory-east").unwrap(), 1);
+        assert_eq!(store.status_of("memory-east").as_deref(), Some(REVOKED));
+        assert_eq!(store.status_of("nobody"), None);
     }
 
     #[test]

@@ -107,6 +107,8 @@ pub struct Shared {
     load_shed: std::sync::Mutex<Option<(usize, LoadShedLayer)>>,
     /// Gateway role: its identity and pairing CA.
     pub gateway: Option<Arc<crate::pairing::identity::GatewayIdentity>>,
+    /// The outbound role, when configured (pairings confirm through it).
+    pub outbound: std::sync::OnceLock<Arc<Outbound>>,
 }
 
 impl Shared {
@@ -126,11 +128,6 @@ impl Shared {
     /// Run discovery again now (after a reload, or when the global kill-switch is released).
     pub fn request_discovery(&self) {
         self.rediscover.notify_one();
-        self.outbound_rediscover.notify_one();
-    }
-
-    /// Rediscover the outbound peers' tools now (after a pairing).
-    pub fn request_outbound_discovery(&self) {
         self.outbound_rediscover.notify_one();
     }
 
@@ -680,6 +677,12 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         None => None,
     };
     let peers = Arc::new(PeerStore::open(cfg.peers_file())?);
+    // No pairing runs yet: what unfinished ones left behind goes.
+    let stale = peers.remove_all_pending()?;
+    let unfinished = crate::tls::PairedFiles::remove_unfinished(&c.state_dir);
+    if stale + unfinished > 0 {
+        tracing::warn!("removed unfinished pairings: records={stale} directories={unfinished}");
+    }
     let tls = tls_acceptor(&cfg)?;
     let gateway = match &c.gateway {
         Some(g) => Some(Arc::new(GatewayIdentity::load_or_create(
@@ -725,11 +728,13 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         reload_lock: tokio::sync::Mutex::new(()),
         load_shed: std::sync::Mutex::new(None),
         gateway,
+        outbound: std::sync::OnceLock::new(),
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
     let outbound = match (&c.outbound, &shared.gateway) {
         (Some(o), Some(gateway)) => {
             let ob = Arc::new(Outbound::new(&cfg, gateway, shared.peers.clone())?);
+            let _ = shared.outbound.set(ob.clone());
             shared
                 .outbound_stack
                 .store(Arc::new(build_outbound_stack(&cfg, &shared, ob.clone())));
@@ -1041,7 +1046,8 @@ struct ToolHostInstaller {
 impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn install(&self, i: &Installed) -> Result<(), String> {
         let cfg = self.shared.config.load();
-        let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id);
+        let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id)
+            .map_err(|e| e.to_string())?;
         let write = |path: &Path, bytes: &[u8]| {
             carapace_filters::state_file::write_atomically(path, bytes)
                 .map_err(|e| format!("{}: {e}", path.display()))
@@ -1056,7 +1062,8 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn activate(&self, i: &Installed) -> Result<(), String> {
         let cfg = self.shared.config.load();
         let state_dir = &cfg.config.state_dir;
-        let files = crate::tls::PairedFiles::of(state_dir, &i.pairing_id);
+        let files =
+            crate::tls::PairedFiles::of(state_dir, &i.pairing_id).map_err(|e| e.to_string())?;
         // Check that the new TLS builds before anything changes.
         let tls_config = cfg
             .config
@@ -1108,5 +1115,10 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             .peers
             .set(self.shared.peers.len() as i64);
         Ok(())
+    }
+
+    fn abandon(&self, pairing_id: &str) {
+        let cfg = self.shared.config.load();
+        crate::tls::PairedFiles::discard(&cfg.config.state_dir, pairing_id);
     }
 }

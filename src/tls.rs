@@ -19,6 +19,8 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("client CA: {0}")]
     Verifier(String),
+    #[error("pairing id {0:?} is not a plain file name")]
+    PairingId(String),
 }
 
 /// The fingerprint of a certificate as the pairing handshake defines it: `sha256:` and the
@@ -84,30 +86,77 @@ pub struct PairedFiles {
     pub ca: PathBuf,
 }
 
+/// Whether `id` can name a pairing directory: one plain path component of 1 to 64
+/// characters `A-Z a-z 0-9 _ -` (no separator, no `.` or `..`, nothing absolute). Pairing ids
+/// are checked more strictly when they arrive; this guards the file system whatever the caller.
+pub fn is_plain_pairing_dir(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
 impl PairedFiles {
-    /// The files of pairing `pairing_id`.
-    pub fn of(state_dir: &Path, pairing_id: &str) -> Self {
-        let dir = state_dir.join("pairing").join(pairing_id);
-        PairedFiles {
+    /// The files of pairing `pairing_id`, refused unless the id is a plain file name (see
+    /// [`is_plain_pairing_dir`]), so they are always inside `state_dir/pairing/`.
+    pub fn of(state_dir: &Path, pairing_id: &str) -> Result<Self, TlsError> {
+        if !is_plain_pairing_dir(pairing_id) {
+            let shown: String = pairing_id.chars().take(80).collect();
+            return Err(TlsError::PairingId(shown));
+        }
+        let dir = Self::root(state_dir).join(pairing_id);
+        Ok(PairedFiles {
             cert: dir.join("mtls.crt"),
             key: dir.join("mtls.key"),
             ca: dir.join("gateway-ca.pem"),
             dir,
-        }
+        })
+    }
+
+    /// The directory holding every pairing's directory and the pointer to the current one.
+    pub fn root(state_dir: &Path) -> PathBuf {
+        state_dir.join("pairing")
     }
 
     /// The pointer to the current pairing.
     pub fn current_pointer(state_dir: &Path) -> PathBuf {
-        state_dir.join("pairing").join("current")
+        Self::root(state_dir).join("current")
+    }
+
+    /// Remove the directory of pairing `pairing_id` unless it is the current one. Returns
+    /// whether a directory was removed.
+    pub fn discard(state_dir: &Path, pairing_id: &str) -> bool {
+        let Ok(files) = Self::of(state_dir, pairing_id) else {
+            return false;
+        };
+        if Self::current(state_dir).is_some_and(|c| c.dir == files.dir) {
+            return false;
+        }
+        std::fs::remove_dir_all(&files.dir).is_ok()
+    }
+
+    /// Remove every pairing directory but the current one: pairings that never completed.
+    /// Returns how many were removed.
+    pub fn remove_unfinished(state_dir: &Path) -> usize {
+        let Ok(entries) = std::fs::read_dir(Self::root(state_dir)) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|id| Self::discard(state_dir, id))
+            })
+            .count()
     }
 
     /// The files of the current pairing, if a pairing completed.
     pub fn current(state_dir: &Path) -> Option<Self> {
         let id = carapace_filters::state_file::read_bounded(&Self::current_pointer(state_dir), 256)
             .ok()?;
-        let id = std::str::from_utf8(&id).ok()?.trim();
-        let valid = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
-        valid.then(|| Self::of(state_dir, id))
+        Self::of(state_dir, std::str::from_utf8(&id).ok()?.trim()).ok()
     }
 }
 
@@ -185,6 +234,53 @@ pub fn gateway_id(der: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_files_stay_inside_the_state_directory() {
+        let state = Path::new("/var/lib/carapace");
+        let ok = PairedFiles::of(state, "a3f3553b6b9b3861a24253b5cb7c43a7").unwrap();
+        assert_eq!(
+            ok.key,
+            state.join("pairing/a3f3553b6b9b3861a24253b5cb7c43a7/mtls.key")
+        );
+        let long = "a".repeat(65);
+        for bad in [
+            "../../x",
+            "..",
+            ".",
+            "",
+            "/etc",
+            "/tmp/x",
+            "a/b",
+            "a\\b",
+            "x\0",
+            "current\n",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(PairedFiles::of(state, bad), Err(TlsError::PairingId(_))),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_current_pairing_survives_a_cleanup() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        for id in ["aa", "bb", "cc"] {
+            let f = PairedFiles::of(state, id).unwrap();
+            std::fs::create_dir_all(&f.dir).unwrap();
+            std::fs::write(&f.key, "k").unwrap();
+        }
+        std::fs::write(PairedFiles::current_pointer(state), "bb").unwrap();
+        assert!(!PairedFiles::discard(state, "bb"));
+        assert!(PairedFiles::discard(state, "aa"));
+        assert_eq!(PairedFiles::remove_unfinished(state), 1);
+        assert_eq!(PairedFiles::remove_unfinished(state), 0);
+        assert!(PairedFiles::current(state).unwrap().key.exists());
+        assert!(!PairedFiles::root(state).join("cc").exists());
+    }
 
     #[test]
     fn fingerprint_is_sha256_prefix_and_lowercase_hex() {

@@ -720,7 +720,8 @@ async fn a_pairing_cut_off_after_the_certificate_was_issued_changes_nothing_on_r
         Box::new(|_| Ok(())),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .peer;
     assert_eq!(peer.component_id, "memory-east");
     assert!(carapace::tls::PairedFiles::current(&env.path().join("state")).is_some());
     again.shutdown().await;

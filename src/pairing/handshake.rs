@@ -60,11 +60,29 @@ pub enum HandshakeError {
 }
 
 /// Peer-supplied text for logs and errors: bounded, one line, no control characters.
-fn sanitized(text: &str) -> String {
+pub(crate) fn sanitized(text: &str) -> String {
     text.chars()
         .take(200)
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
+}
+
+/// Whether `id` has the form crabstack gives a pairing id: 32 lowercase hex characters (16
+/// random bytes). The tool host names a directory after it, so nothing else is accepted.
+pub fn is_valid_pairing_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Whether `id` can name a peer (a gateway id sent by a gateway): 1 to 64 of `A-Z a-z 0-9 . _
+/// -`, not `.` or `..`, and not one of the ids carapace gives its own principals.
+pub fn is_valid_peer_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && id != "."
+        && id != ".."
+        && !crate::peers::RESERVED_IDS.contains(&id)
 }
 
 fn violation(m: impl Into<String>) -> HandshakeError {
@@ -76,7 +94,8 @@ fn same_pairing(expected: &str, got: &str) -> Result<(), HandshakeError> {
         Ok(())
     } else {
         Err(violation(format!(
-            "pairing_id {got} does not match {expected}"
+            "pairing_id {} does not match {expected}",
+            sanitized(got)
         )))
     }
 }
@@ -241,7 +260,10 @@ impl RemoteHandshake {
             (RemoteState::AwaitComplete(installed), PairMessage::Complete(c)) => {
                 same_pairing(&self.pairing_id, &c.pairing_id)?;
                 if c.status != STATUS_OK {
-                    return Err(violation(format!("pair.complete status {}", c.status)));
+                    return Err(violation(format!(
+                        "pair.complete status {}",
+                        sanitized(&c.status)
+                    )));
                 }
                 Ok(Progress::Done(Vec::new(), *installed))
             }
@@ -259,6 +281,20 @@ impl RemoteHandshake {
     ) -> Result<Progress<Installed>, HandshakeError> {
         // Signature first: nothing about an unverified initiation is remembered.
         init.verify_from_gateway(&self.config.gateway_public_key_ed25519)?;
+        // The pairing id names a directory and the gateway id a peer record: refuse anything
+        // else than their documented forms before either is used.
+        if !is_valid_pairing_id(&init.pairing_id) {
+            return Err(violation(format!(
+                "pairing_id {:?} is not 32 lowercase hex characters",
+                sanitized(&init.pairing_id)
+            )));
+        }
+        if !is_valid_peer_id(&init.gateway.gateway_id) {
+            return Err(violation(format!(
+                "gateway_id {:?} is not a valid peer id",
+                sanitized(&init.gateway.gateway_id)
+            )));
+        }
         let issued = GoTime::parse_rfc3339(&init.gateway.issued_at)
             .and_then(|t| t.to_system_time())
             .ok_or_else(|| HandshakeError::StaleInit(init.gateway.issued_at.clone()))?;
@@ -334,7 +370,8 @@ impl RemoteHandshake {
         same_pairing(&self.pairing_id, &issued.pairing_id)?;
         issued.verify_with(&self.config.gateway_public_key_ed25519)?;
         let leaf = single_cert(&issued.certificate_pem)?;
-        if !fingerprints_match(&fingerprint_der(&leaf), &issued.mtls_cert_fingerprint) {
+        let fingerprint = fingerprint_der(&leaf);
+        if !fingerprints_match(&fingerprint, &issued.mtls_cert_fingerprint) {
             return Err(HandshakeError::FingerprintMismatch);
         }
         let key = self.csr_key.take().expect("set when the CSR was sent");
@@ -345,7 +382,8 @@ impl RemoteHandshake {
             certificate_pem: issued.certificate_pem.clone(),
             key_pem: Zeroizing::new(key.serialize_pem()),
             chain_pem: issued.certificate_chain_pem.clone(),
-            mtls_cert_fingerprint: issued.mtls_cert_fingerprint.clone(),
+            // Computed, not the gateway's text: it is logged and stored.
+            mtls_cert_fingerprint: fingerprint,
             pairing_id: self.pairing_id.clone(),
         };
         let mut confirm = PairCsrInstalled::new(&self.pairing_id, &issued.mtls_cert_fingerprint);
@@ -547,7 +585,9 @@ impl GatewayHandshake {
                     endpoint: self.request.endpoint.clone(),
                     public_key_ed25519: remote.public_key_ed25519,
                     public_key_x25519: remote.public_key_x25519,
-                    mtls_cert_fingerprint: m.mtls_cert_fingerprint.clone(),
+                    // The fingerprint of what was issued (equal, up to case, to what the
+                    // remote confirmed), in its canonical form.
+                    mtls_cert_fingerprint: self.issued_fingerprint.clone(),
                     paired_at: go_time(now)?,
                 };
                 let complete = PairComplete::ok(&self.pairing_id);
@@ -610,13 +650,15 @@ impl GatewayHandshake {
         if m.remote.component_type != self.request.component_type {
             return Err(violation(format!(
                 "remote is a {}, not a {}",
-                m.remote.component_type, self.request.component_type
+                sanitized(&m.remote.component_type),
+                self.request.component_type
             )));
         }
         if m.remote.component_id.is_empty() || m.remote.component_id != self.request.component_id {
             return Err(violation(format!(
                 "remote is `{}`, not `{}`",
-                m.remote.component_id, self.request.component_id
+                sanitized(&m.remote.component_id),
+                self.request.component_id
             )));
         }
         if let Some(seen) = &self.endpoint_tls_fingerprint {
@@ -658,7 +700,8 @@ impl GatewayHandshake {
         if cn.as_deref() != Some(self.request.component_id.as_str()) {
             return Err(HandshakeError::Certificate(format!(
                 "CSR is for {:?}, not {}",
-                cn, self.request.component_id
+                cn.as_deref().map(sanitized),
+                self.request.component_id
             )));
         }
         let issued = issue(&self.identity, csr, now)?;
@@ -883,6 +926,37 @@ mod tests {
                 .unwrap()
         );
         assert_eq!(installed.gateway_id, "gw-vectors");
+    }
+
+    #[test]
+    fn pairing_and_peer_ids_have_one_documented_form() {
+        assert!(is_valid_pairing_id("a3f3553b6b9b3861a24253b5cb7c43a7"));
+        for bad in [
+            "",
+            "../../x",
+            "/etc/x",
+            "A3F3553B6B9B3861A24253B5CB7C43A7",
+            "a3f3",
+        ] {
+            assert!(!is_valid_pairing_id(bad), "{bad:?}");
+        }
+        for good in ["gw_home", "gw-vectors", "gw.1"] {
+            assert!(is_valid_peer_id(good), "{good:?}");
+        }
+        let long = "g".repeat(65);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../gw",
+            "gw home",
+            "gw\n",
+            "local",
+            "anonymous",
+            &long,
+        ] {
+            assert!(!is_valid_peer_id(bad), "{bad:?}");
+        }
     }
 
     #[test]

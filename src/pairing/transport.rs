@@ -22,6 +22,7 @@ use super::handshake::{
     RemoteHandshake,
 };
 use super::identity::{GatewayIdentity, HostIdentity};
+use super::wire::{PairError, WireMessage};
 
 /// Largest pairing message accepted (as crabstack: 64 KiB).
 pub use super::wire::MAX_MESSAGE_BYTES;
@@ -51,6 +52,8 @@ pub enum PairingError {
     Handshake(#[from] HandshakeError),
     #[error("install: {0}")]
     Install(String),
+    #[error("pairing not confirmed, nothing recorded: {0}")]
+    Unconfirmed(String),
 }
 
 fn ws_config() -> WebSocketConfig {
@@ -107,6 +110,31 @@ where
 pub trait PairingSink: Send + Sync + 'static {
     fn install(&self, installed: &Installed) -> Result<(), String>;
     fn activate(&self, installed: &Installed) -> Result<(), String>;
+    /// The pairing `pairing_id` was installed but not activated (the gateway went away, a
+    /// step failed or timed out): remove what `install` wrote.
+    fn abandon(&self, _pairing_id: &str) {}
+}
+
+/// Abandons an installed pairing when dropped before [`Installing::activated`]: on failure,
+/// and when the connection's time runs out (the task is dropped).
+struct Installing<'a> {
+    sink: &'a dyn PairingSink,
+    pairing_id: Option<String>,
+}
+
+impl Installing<'_> {
+    fn activated(mut self) {
+        self.pairing_id = None;
+    }
+}
+
+impl Drop for Installing<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.pairing_id.take() {
+            tracing::warn!("pairing_id={id} abandoned before activation");
+            self.sink.abandon(&id);
+        }
+    }
 }
 
 /// The tool host's pairing endpoint.
@@ -257,8 +285,18 @@ impl PairingEndpoint {
             self.init_nonces.clone(),
         );
         let result = self.run(&mut ws, &mut hs).await;
-        if let Err(PairingError::Handshake(e)) = &result {
-            let _ = send_all(&mut ws, vec![hs.error_message(e)]).await;
+        // Say why, as crabstack's remote does; after `pair.complete` this tells the gateway
+        // that the pairing was not activated. Local install errors stay in the log.
+        match &result {
+            Err(PairingError::Handshake(e)) => {
+                let _ = send_all(&mut ws, vec![hs.error_message(e)]).await;
+            }
+            Err(PairingError::Install(_)) => {
+                let refusal =
+                    PairError::handshake_failed("the tool host could not install the pairing");
+                let _ = send_all(&mut ws, vec![refusal.to_wire().unwrap_or_default()]).await;
+            }
+            _ => {}
         }
         let _ = ws.close(None).await;
         result
@@ -272,20 +310,27 @@ impl PairingEndpoint {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let mut installed = false;
+        let mut installing: Option<Installing<'_>> = None;
         loop {
             let text = next_text(ws, self.step_timeout).await?;
             match hs.on_message(&text, SystemTime::now())? {
                 Progress::Continue(out) => {
-                    if let (Some(i), false) = (hs.installed(), installed) {
+                    if let (Some(i), None) = (hs.installed(), &installing) {
+                        // Armed first: a partial install is removed too.
+                        installing = Some(Installing {
+                            sink: self.sink.as_ref(),
+                            pairing_id: Some(i.pairing_id.clone()),
+                        });
                         self.sink.install(i).map_err(PairingError::Install)?;
-                        installed = true;
                     }
                     send_all(ws, out).await?;
                 }
                 Progress::Done(out, done) => {
                     send_all(ws, out).await?;
                     self.sink.activate(&done).map_err(PairingError::Install)?;
+                    if let Some(i) = installing.take() {
+                        i.activated();
+                    }
                     tracing::info!(
                         "paired gateway_id={} pairing_id={} mtls_cert_fingerprint={}",
                         done.gateway_id,
@@ -370,12 +415,43 @@ pub fn parse_endpoint(endpoint: &str) -> Result<Endpoint, PairingError> {
 /// the gateway could not record is never told it is paired.
 pub type RecordPeer<'a> = Box<dyn FnOnce(&PairedPeer) -> Result<(), String> + Send + 'a>;
 
+/// How the peer ended the connection after `pair.complete`: what the gateway knows of the
+/// activation from the pairing connection alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// A WebSocket close: a carapace tool host sends it once it has activated the pairing.
+    Closed,
+    /// `pair.error` (or anything else) instead: the peer did not activate the pairing.
+    Refused(String),
+    /// No close within the step timeout, a reset or EOF: the peer may have died before
+    /// handling `pair.complete` (crabstack's sdk remote also just drops the connection).
+    Vanished,
+}
+
+impl std::fmt::Display for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ending::Closed => f.write_str("the peer closed the connection after pair.complete"),
+            Ending::Refused(why) => write!(f, "the peer refused pair.complete: {why}"),
+            Ending::Vanished => f.write_str("the peer went away without confirming pair.complete"),
+        }
+    }
+}
+
+/// A handshake that reached `pair.complete`. The peer was recorded before it; whether the
+/// peer activated the pairing is not known from this alone (see [`Ending`]).
+#[derive(Debug)]
+pub struct Completed {
+    pub peer: PairedPeer,
+    pub ending: Ending,
+}
+
 /// Run a pairing from the gateway: dial, handshake, record the peer, complete.
 pub async fn pair(
     identity: Arc<GatewayIdentity>,
     request: PairRequest,
     record: RecordPeer<'_>,
-) -> Result<PairedPeer, PairingError> {
+) -> Result<Completed, PairingError> {
     let deadline = tokio::time::Instant::now() + PAIR_TIMEOUT;
     pair_inner(identity, request, record, deadline).await
 }
@@ -385,7 +461,7 @@ async fn pair_inner(
     request: PairRequest,
     record: RecordPeer<'_>,
     deadline: tokio::time::Instant,
-) -> Result<PairedPeer, PairingError> {
+) -> Result<Completed, PairingError> {
     let ep = parse_endpoint(&request.endpoint)?;
     let tcp = tokio::time::timeout_at(deadline, TcpStream::connect((ep.host.as_str(), ep.port)))
         .await
@@ -505,7 +581,7 @@ async fn run_gateway<S>(
     endpoint_fingerprint: Option<String>,
     record: RecordPeer<'_>,
     deadline: tokio::time::Instant,
-) -> Result<PairedPeer, PairingError>
+) -> Result<Completed, PairingError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -528,21 +604,40 @@ where
                 let record = record.take().expect("done once");
                 record(&peer).map_err(PairingError::Install)?;
                 send_all(&mut ws, out).await?;
-                // The tool host closes once it has activated the pairing: wait for that (the
-                // peer is recorded already, so this wait is not under the deadline).
-                let _ = tokio::time::timeout(STEP_TIMEOUT, async {
-                    while let Some(Ok(m)) = ws.next().await {
-                        if m.is_close() {
-                            break;
-                        }
-                    }
-                })
-                .await;
+                // The peer is recorded already, so this wait is not under the deadline.
+                let ending = ending(&mut ws).await;
                 let _ = ws.close(None).await;
-                return Ok(peer);
+                return Ok(Completed { peer, ending });
             }
         }
     }
+}
+
+/// Wait (one step at most) for how the peer ends the connection after `pair.complete`.
+async fn ending<S>(ws: &mut WebSocketStream<S>) -> Ending
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let wait = async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(_))) => return Ending::Closed,
+                Some(Ok(Message::Text(t))) => {
+                    return Ending::Refused(match super::wire::decode_message(t.as_str()) {
+                        Ok(super::wire::PairMessage::Error(e)) => {
+                            super::handshake::sanitized(&format!("{} {}", e.code, e.message))
+                        }
+                        _ => "a message after pair.complete".into(),
+                    })
+                }
+                Some(Ok(_)) => continue,
+                None | Some(Err(_)) => return Ending::Vanished,
+            }
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, wait)
+        .await
+        .unwrap_or(Ending::Vanished)
 }
 
 #[cfg(test)]
@@ -574,6 +669,9 @@ mod tests {
     struct Counting {
         installed: AtomicUsize,
         activated: AtomicUsize,
+        abandoned: AtomicUsize,
+        /// Activation fails (as when the listener's new TLS cannot be built).
+        refuse_activation: std::sync::atomic::AtomicBool,
     }
 
     impl PairingSink for Counting {
@@ -587,8 +685,14 @@ mod tests {
                 1,
                 "activated before install"
             );
+            if self.refuse_activation.load(Ordering::SeqCst) {
+                return Err("no TLS listener".into());
+            }
             self.activated.fetch_add(1, Ordering::SeqCst);
             Ok(())
+        }
+        fn abandon(&self, _: &str) {
+            self.abandoned.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -693,12 +797,31 @@ mod tests {
     #[tokio::test]
     async fn a_pairing_over_websocket_installs_before_confirming() {
         let s = setup().await;
-        let peer = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+        let done = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
             .await
             .unwrap();
-        assert_eq!(peer.component_id, "memory-east");
+        assert_eq!(done.peer.component_id, "memory-east");
+        // The tool host closes once it has activated: the gateway saw it.
+        assert_eq!(done.ending, Ending::Closed);
         assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
         assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
+        assert_eq!(s.sink.abandoned.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_tool_host_that_cannot_activate_says_so_after_pair_complete() {
+        let s = setup().await;
+        s.sink.refuse_activation.store(true, Ordering::SeqCst);
+        let done = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&done.ending, Ending::Refused(why) if why.contains("HANDSHAKE_FAILED")),
+            "{:?}",
+            done.ending
+        );
+        assert_eq!(s.sink.activated.load(Ordering::SeqCst), 0);
+        assert_eq!(s.sink.abandoned.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
@@ -706,10 +829,10 @@ mod tests {
         let ca = crate::pki::Authority::new("pairing endpoint CA");
         let s = setup_with(Some((ca.server(&["127.0.0.1"]), false))).await;
         assert!(s.url.starts_with("wss://"));
-        let peer = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+        let done = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
             .await
             .unwrap();
-        assert_eq!(peer.component_id, "memory-east");
+        assert_eq!(done.peer.component_id, "memory-east");
         assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
 
         let s = setup_with(Some((ca.server(&["127.0.0.1"]), true))).await;
@@ -791,6 +914,8 @@ mod tests {
                 usize::from(stop_after == 3),
                 "after {stop_after}"
             );
+            // What was installed is removed again.
+            assert_eq!(s.sink.abandoned.load(Ordering::SeqCst), installed);
         }
     }
 }
