@@ -409,6 +409,13 @@ pub fn skill_catalog(
                 continue;
             }
         };
+        if !skill.capabilities.iter().any(|c| c == name) {
+            tracing::warn!(
+                "capability_skipped skill_id={} capability={name} reason=not_in_registry",
+                skill.skill_id
+            );
+            continue;
+        }
         let (Some(input), Some(output)) = (input, output) else {
             tracing::warn!(
                 "capability_skipped skill_id={} capability={name} reason=missing_schema",
@@ -448,6 +455,16 @@ pub fn skill_catalog(
                 skill.skill_id
             );
         }
+    }
+    for missing in skill
+        .capabilities
+        .iter()
+        .filter(|c| !tools.contains_key(*c))
+    {
+        tracing::warn!(
+            "capability_unavailable skill_id={} capability={missing} reason=not_in_manifest",
+            skill.skill_id
+        );
     }
     tracing::info!("manifest_schema_ok skill_id={}", skill.skill_id);
     Ok(Catalog {

@@ -142,6 +142,8 @@ pub struct OutboundConfig {
 pub struct OutboundSkillConfig {
     /// `http://127.0.0.1:PORT` (loopback) or `https://IP:PORT` (with `ca_file`).
     pub url: String,
+    /// The capabilities routed to this skill (the registry's allow-list): only these.
+    pub capabilities: Vec<String>,
     /// PEM CA the skill's certificate must chain to (https).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
@@ -393,6 +395,9 @@ pub struct AppConfig {
 pub struct SkillAppConfig {
     /// The skill's id; its `/manifest` must say the same.
     pub skill_id: String,
+    /// The local registry's capabilities of this skill (`capability -> skill_id -> address`):
+    /// only these are served, whatever else the manifest offers.
+    pub capabilities: Vec<String>,
     /// How carapace authenticates its `/run` calls to the app, when the app checks itself.
     #[serde(default)]
     pub auth: Option<AppAuthConfig>,
@@ -468,6 +473,10 @@ pub struct PoolConfig {
     /// Seconds an idle connection is kept.
     #[serde(default = "default_pool_idle_timeout_s")]
     pub idle_timeout_s: u64,
+    /// Longest wait for a new connection to the app, in ms; then the call fails with
+    /// `DEPENDENCY_UNAVAILABLE` (retryable).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -475,8 +484,13 @@ impl Default for PoolConfig {
         PoolConfig {
             max_idle: default_pool_idle(),
             idle_timeout_s: default_pool_idle_timeout_s(),
+            connect_timeout_ms: default_connect_timeout_ms(),
         }
     }
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    2_000
 }
 
 fn default_pool_idle() -> usize {
@@ -507,12 +521,31 @@ pub struct KillSwitchConfig {
     pub tools: Vec<String>,
 }
 
-/// A sustained rate with a burst.
+/// A sustained rate (exactly one of `per_second`, `per_minute`, `per_hour`) with a burst:
+/// `{ per_minute: 3, burst: 3 }` is three calls a minute, all three at once if need be.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateConfig {
-    pub per_second: u32,
+    #[serde(default)]
+    pub per_second: Option<u32>,
+    #[serde(default)]
+    pub per_minute: Option<u32>,
+    #[serde(default)]
+    pub per_hour: Option<u32>,
     pub burst: u32,
+}
+
+impl RateConfig {
+    /// The count and the window it is counted over, when exactly one is given.
+    pub fn quota(&self) -> Option<(u32, std::time::Duration)> {
+        use std::time::Duration;
+        match (self.per_second, self.per_minute, self.per_hour) {
+            (Some(n), None, None) => Some((n, Duration::from_secs(1))),
+            (None, Some(n), None) => Some((n, Duration::from_secs(60))),
+            (None, None, Some(n)) => Some((n, Duration::from_secs(3600))),
+            _ => None,
+        }
+    }
 }
 
 /// Rate limits (none by default).
@@ -1605,6 +1638,12 @@ fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
             errors.push(err("/app/skill", "only for an app that speaks skill-v1"))
         }
         (Protocol::SkillV1, Some(skill)) => {
+            if skill.capabilities.is_empty() {
+                errors.push(err(
+                    "/app/skill/capabilities",
+                    "name at least one capability: only the registry's capabilities are served",
+                ));
+            }
             if skill.timeout_ms_default == 0 || skill.timeout_ms_default > skill.timeout_ms_max {
                 errors.push(err(
                     "/app/skill/timeout_ms_default",
@@ -1630,6 +1669,9 @@ fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
     }
     if a.discovery.timeout_ms == 0 {
         errors.push(err("/app/discovery/timeout_ms", "must be at least 1"));
+    }
+    if a.pool.connect_timeout_ms == 0 {
+        errors.push(err("/app/pool/connect_timeout_ms", "must be at least 1"));
     }
 }
 
@@ -1677,6 +1719,12 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
         }
         for (id, skill) in &o.skills {
             let at = |k: &str| format!("/outbound/skills/{id}/{k}");
+            if skill.capabilities.is_empty() {
+                errors.push(err(
+                    at("capabilities"),
+                    "name at least one capability: only the registry's capabilities are routed",
+                ));
+            }
             let (secure, rest) = match (
                 skill.url.strip_prefix("http://"),
                 skill.url.strip_prefix("https://"),
@@ -1736,9 +1784,16 @@ fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
             rates.push((format!("/rate_limits/tools/{name}"), *r));
         }
         for (path, r) in rates {
-            if r.per_second == 0 || r.burst == 0 {
-                errors.push(err(path, "per_second and burst must be at least 1"));
-            } else if r.per_second > 1_000_000
+            let Some((n, window)) = r.quota() else {
+                errors.push(err(
+                    path,
+                    "give exactly one of per_second, per_minute, per_hour",
+                ));
+                continue;
+            };
+            if n == 0 || r.burst == 0 {
+                errors.push(err(path, "the rate and burst must be at least 1"));
+            } else if window / n < std::time::Duration::from_micros(1)
                 && p.shared_state
                     .is_some_and(|s| s.backend == SharedStateBackend::Redis)
             {

@@ -190,7 +190,8 @@ impl MemoryApp {
         })
     }
 
-    fn serve_connection<S>(self: Arc<Self>, stream: S)
+    /// Serve one accepted connection.
+    pub fn serve_connection<S>(self: Arc<Self>, stream: S)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {

@@ -427,6 +427,7 @@ fn skill_routes(cfg: &Loaded) -> Result<BTreeMap<String, SkillRoute>, OutboundEr
         };
         let config = crate::config::SkillAppConfig {
             skill_id: id.clone(),
+            capabilities: skill.capabilities.clone(),
             auth: skill.auth.clone(),
             protocol_version: skill.protocol_version.clone(),
             timeout_ms_default: skill.timeout_ms_default,

@@ -138,10 +138,12 @@ impl Shared {
 }
 
 fn rate(r: RateConfig) -> Rate {
-    Rate {
-        per_second: NonZeroU32::new(r.per_second).expect("validated"),
-        burst: NonZeroU32::new(r.burst).expect("validated"),
-    }
+    let (n, window) = r.quota().expect("validated");
+    Rate::per(
+        NonZeroU32::new(n).expect("validated"),
+        window,
+        NonZeroU32::new(r.burst).expect("validated"),
+    )
 }
 
 /// Limits in this process, or in the shared store when there is one.
@@ -708,6 +710,12 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         tracing::warn!("registration_skipped reason=kill_switch_active");
     }
     tracing::info!("registry_loaded path={}", cfg.source.display());
+    if let Some(skill) = &c.app.skill {
+        tracing::info!(
+            "registry_summary skills=1 capabilities={}",
+            skill.capabilities.len()
+        );
+    }
 
     let shared = Arc::new_cyclic(|_| Shared {
         app: ArcSwap::from_pointee(app_client(&cfg)),
@@ -950,7 +958,6 @@ async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
     loop {
         let cfg = shared.config.load_full();
         let app = shared.app.load_full();
-        let first = !shared.catalog.discovered();
         let disabled = shared.kill_switch.global_engaged();
         let refreshed = tokio::select! {
             r = shared.catalog.refresh(&app, &cfg, disabled) => r,
@@ -959,9 +966,6 @@ async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
         let ok = match refreshed {
             Ok(n) => {
                 shared.metrics.tools.set(n as i64);
-                if first && cfg.config.app.skill.is_some() {
-                    tracing::info!("registry_summary skills=1 capabilities={n}");
-                }
                 failures = 0;
                 true
             }

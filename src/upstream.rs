@@ -25,6 +25,8 @@ use crate::config::{AppAddress, PoolConfig};
 #[derive(Debug, Clone)]
 pub struct AppConnector {
     target: Arc<Target>,
+    /// Longest wait for a connection (and, to a peer, its TLS handshake).
+    connect_timeout: Duration,
 }
 
 /// Where a connector connects.
@@ -116,27 +118,40 @@ impl tower::Service<http::Uri> for AppConnector {
 
     fn call(&mut self, _uri: http::Uri) -> Self::Future {
         let target = self.target.clone();
+        let limit = self.connect_timeout;
         Box::pin(async move {
-            Ok(TokioIo::new(match &*target {
-                Target::App(AppAddress::Tcp(a)) => {
-                    let s = TcpStream::connect(a).await?;
-                    s.set_nodelay(true)?;
-                    AppStream::Tcp(s)
-                }
-                Target::App(AppAddress::Unix(p)) => AppStream::Unix(UnixStream::connect(p).await?),
-                Target::Tls { address, config } => {
-                    let s = TcpStream::connect(address).await?;
-                    s.set_nodelay(true)?;
-                    // The peer is pinned by fingerprint, not by name (see the verifier).
-                    let name = rustls_pki_types::ServerName::from(address.ip());
-                    let tls = tokio_rustls::TlsConnector::from(config.clone())
-                        .connect(name, s)
-                        .await?;
-                    AppStream::Tls(Box::new(tls))
-                }
-            }))
+            let stream = tokio::time::timeout(limit, connect(&target))
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no connection within {} ms", limit.as_millis()),
+                    )
+                })??;
+            Ok(TokioIo::new(stream))
         })
     }
+}
+
+async fn connect(target: &Target) -> io::Result<AppStream> {
+    Ok(match target {
+        Target::App(AppAddress::Tcp(a)) => {
+            let s = TcpStream::connect(a).await?;
+            s.set_nodelay(true)?;
+            AppStream::Tcp(s)
+        }
+        Target::App(AppAddress::Unix(p)) => AppStream::Unix(UnixStream::connect(p).await?),
+        Target::Tls { address, config } => {
+            let s = TcpStream::connect(address).await?;
+            s.set_nodelay(true)?;
+            // The peer is pinned by fingerprint, not by name (see the verifier).
+            let name = rustls_pki_types::ServerName::from(address.ip());
+            let tls = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, s)
+                .await?;
+            AppStream::Tls(Box::new(tls))
+        }
+    })
 }
 
 /// Pooled client to the app.
@@ -195,6 +210,7 @@ impl AppClient {
             .pool_max_idle_per_host(pool.max_idle)
             .build(AppConnector {
                 target: Arc::new(target),
+                connect_timeout: Duration::from_millis(pool.connect_timeout_ms),
             });
         AppClient {
             client,

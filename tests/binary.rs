@@ -867,6 +867,7 @@ app:
   address: "http://{addr}"
   skill:
     skill_id: demo.echo
+    capabilities: [demo.echo]
     auth: {{ mode: hmac, header_name: X-Skill-Signature, secret: {{ file: {d}/skill.secret }} }}
 ops: {{ address: "" }}
 log: {{ format: text, level: info }}
@@ -887,13 +888,36 @@ fn assert_markers(log: &str, markers: &[String]) {
     assert!(missing.is_empty(), "markers missing: {missing:?}\n{log}");
 }
 
+/// The markers appear in this order (each first occurrence).
+fn assert_markers_in_order(log: &str, markers: &[String]) {
+    assert_markers(log, markers);
+    let at: Vec<usize> = markers
+        .iter()
+        .map(|m| log.find(m.as_str()).unwrap())
+        .collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "markers out of the text's order {markers:?}:\n{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skill_gateway_log_markers_are_spelled_as_the_text_gives_them() {
     let env = Env::new().await;
-    let (mut srv, cfg, addr) = skill_serve(&env, SkillApp::vagus_manifest(), "").await;
+    // The manifest offers one capability more than the registry names.
+    let mut manifest = SkillApp::vagus_manifest();
+    let mut extra = manifest["capabilities"][0].clone();
+    extra["capability"] = json!("demo.admin");
+    manifest["capabilities"].as_array_mut().unwrap().push(extra);
+    let (mut srv, cfg, addr) = skill_serve(&env, manifest, "").await;
     srv.wait_log("remote_tools_registered").await;
-    // registry_summary follows the first successful discovery; give it its moment.
-    srv.wait_log("registry_summary").await;
+    assert_markers(
+        &srv.log(),
+        &[
+            "capability_skipped skill_id=demo.echo capability=demo.admin reason=not_in_registry"
+                .to_string(),
+        ],
+    );
     let markers = [
         "remote_gateway enabled=true".to_string(),
         "remote_gateway kill_switch=false".to_string(),
@@ -904,7 +928,7 @@ async fn skill_gateway_log_markers_are_spelled_as_the_text_gives_them() {
         "manifest_schema_ok skill_id=demo.echo".to_string(),
         "remote_tools_registered count=1 tools=[demo.echo]".to_string(),
     ];
-    assert_markers(&srv.log(), &markers);
+    assert_markers_in_order(&srv.log(), &markers);
     assert!(addr.starts_with("127.0.0.1:"));
     let log = srv.log();
     assert!(!log.contains("GATEWAY_DISABLED"), "{log}");

@@ -752,6 +752,7 @@ outbound:
   skills:
     demo.echo:
       url: "http://{skill_addr}"
+      capabilities: [demo.echo]
       auth: {{ mode: hmac, header_name: X-Skill-Signature, secret: {{ file: {key} }} }}
 "#,
             d = d.display(),

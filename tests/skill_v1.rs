@@ -135,6 +135,7 @@ app:
   address: "http://{skill}"
   skill:
     skill_id: {SKILL}
+    capabilities: [{SKILL}]
     auth: {{ mode: hmac, header_name: X-Skill-Signature, secret: {{ file: {secret} }} }}
 peers: {{ file: {d}/peers.json }}
 ops: {{ address: "127.0.0.1:0" }}
@@ -977,5 +978,39 @@ async fn a_slow_or_failing_app_gets_the_skill_v1_codes() {
     let reply = run_signed(&r, &append(SECRET, "x", NOW)).await;
     assert_refused(&reply, StatusCode::BAD_GATEWAY, "SKILL_HTTP_ERROR");
     assert_eq!(env.app.received().len(), 2);
+    r.shutdown().await;
+}
+
+/// The local registry names the capabilities served: one the manifest adds is never served,
+/// and the log says why.
+#[tokio::test]
+async fn a_capability_the_registry_does_not_name_is_never_served() {
+    let env = Env::new().await;
+    let mut manifest = SkillApp::vagus_manifest();
+    let mut extra = manifest["capabilities"][0].clone();
+    extra["capability"] = json!("demo.admin");
+    manifest["capabilities"].as_array_mut().unwrap().push(extra);
+    let (skill, addr) = SkillApp::start(SECRET, manifest).await;
+    let secret = secret_file(env.path(), "skill-secret", SECRET);
+    let r = env.start(&back_yaml(&env, addr, &secret)).await;
+    let gw = env.gateway(&r);
+    let list = gw.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+    let names: Vec<String> = list.json()["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, [SKILL]);
+    let reply = gw
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("demo.admin", json!({"message": "hi"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "TOOL_NOT_FOUND", "{}", reply.json());
+    assert!(skill.received.lock().unwrap().is_empty());
     r.shutdown().await;
 }

@@ -1068,3 +1068,80 @@ async fn a_state_directory_open_to_others_is_made_private() {
     assert_eq!(mode, 0o700);
     r.shutdown().await;
 }
+
+/// Quotas per minute: three calls a minute, then the fourth waits for the next cell.
+#[tokio::test]
+async fn a_quota_per_minute_refuses_the_call_beyond_it() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("rate_limits: { per_tool: { per_minute: 3, burst: 3 } }"))
+        .await;
+    let gw = env.gateway(&r);
+    let query = call("memory.query", json!({"query": "x"}));
+    for _ in 0..3 {
+        let ok = gw.post_json("/v1/tools/call", &[], &query).await.unwrap();
+        assert_eq!(ok.json()["status"], "ok", "{}", ok.json());
+    }
+    let refused = gw.post_json("/v1/tools/call", &[], &query).await.unwrap();
+    assert_error(&refused, StatusCode::OK, "RATE_LIMITED");
+    let wait: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((19..=20).contains(&wait), "{wait}");
+    r.shutdown().await;
+}
+
+/// An app that stops taking connections: the call fails at the connect timeout as a
+/// retryable dependency failure, not at the call's own timeout.
+#[tokio::test]
+async fn an_app_that_takes_no_connection_fails_the_call_at_the_connect_timeout() {
+    let env = Env::new().await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = std::sync::Arc::new(socket.listen(1).unwrap());
+    let addr = listener.local_addr().unwrap();
+    let app = std::sync::Arc::new(carapace::memory_app::MemoryApp::default());
+    let accepting = {
+        let (listener, app) = (listener.clone(), app.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok((s, _)) = listener.accept().await {
+                    app.clone().serve_connection(s);
+                }
+            }
+        })
+    };
+    let yaml = env.tools_yaml("").replace(
+        &format!(r#"address: "http://{}" }}"#, env.app_addr),
+        &format!(
+            r#"address: "http://{addr}", pool: {{ max_idle: 0, connect_timeout_ms: 300 }} }}"#
+        ),
+    );
+    let r = env.start(&yaml).await;
+    // The app stops accepting; its backlog fills, and new connections hang.
+    accepting.abort();
+    let mut fillers = Vec::new();
+    for _ in 0..16 {
+        match tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => fillers.push(s),
+            _ => break,
+        }
+    }
+    let mut slow = call("memory.query", json!({"query": "x"}));
+    slow["timeout_ms"] = json!(20_000);
+    let reply = env
+        .gateway(&r)
+        .post_json("/v1/tools/call", &[], &slow)
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::OK, "DEPENDENCY_UNAVAILABLE");
+    assert_eq!(reply.json()["status"], "retryable_error");
+    r.shutdown().await;
+}

@@ -121,6 +121,7 @@ CASES: dict[str, dict[str, Any]] = {
                 "address": "http://127.0.0.1:4050",
                 "skill": {
                     "skillId": "demo.echo",
+                    "capabilities": ["demo.echo"],
                     "auth": {
                         "mode": "api_key",
                         "existingSecret": "echo-api-key",

@@ -23,18 +23,30 @@ use crate::{BoxFuture, Rejection};
 /// A sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
-    pub per_second: NonZeroU32,
+    /// Time between two cells at the sustained rate (1 s / 10 for 10 per second, 20 s for 3
+    /// per minute).
+    pub period: Duration,
     pub burst: NonZeroU32,
 }
 
 impl Rate {
+    /// `n` calls per `window` sustained, with `burst` at once.
+    pub fn per(n: NonZeroU32, window: Duration, burst: NonZeroU32) -> Rate {
+        Rate {
+            period: (window / n.get()).max(Duration::from_nanos(1)),
+            burst,
+        }
+    }
+
     /// Time between two cells at the sustained rate.
     pub fn emission_interval(self) -> Duration {
-        Duration::from_secs(1) / self.per_second.get()
+        self.period
     }
 
     fn quota(self) -> Quota {
-        Quota::per_second(self.per_second).allow_burst(self.burst)
+        Quota::with_period(self.period)
+            .expect("period is never zero")
+            .allow_burst(self.burst)
     }
 }
 
@@ -327,10 +339,11 @@ mod tests {
     }
 
     fn rate(per_second: u32, burst: u32) -> Rate {
-        Rate {
-            per_second: NonZeroU32::new(per_second).unwrap(),
-            burst: NonZeroU32::new(burst).unwrap(),
-        }
+        Rate::per(
+            NonZeroU32::new(per_second).unwrap(),
+            Duration::from_secs(1),
+            NonZeroU32::new(burst).unwrap(),
+        )
     }
 
     #[test]
@@ -342,6 +355,25 @@ mod tests {
         assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1));
         // Keys are independent.
         assert!(l.now("b").is_ok());
+    }
+
+    #[test]
+    fn a_quota_per_minute_refuses_the_fourth_of_three_with_the_wait_to_the_next() {
+        let three_a_minute = Rate::per(
+            NonZeroU32::new(3).unwrap(),
+            Duration::from_secs(60),
+            NonZeroU32::new(3).unwrap(),
+        );
+        assert_eq!(three_a_minute.emission_interval(), Duration::from_secs(20));
+        let l = KeyedLimits::new(Some(three_a_minute), []);
+        for _ in 0..3 {
+            assert!(l.now("a").is_ok());
+        }
+        let wait = l.now("a").unwrap_err();
+        assert!(
+            wait > Duration::from_secs(19) && wait <= Duration::from_secs(20),
+            "{wait:?}"
+        );
     }
 
     #[test]

@@ -161,7 +161,7 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- with $u.pool }}{{ $_ := set $app "pool" . }}{{ end }}
 {{- if eq $u.protocol "skill-v1" }}
 {{- $s := $u.skill }}
-{{- $skill := dict "skill_id" $s.skillId "protocol_version" $s.protocolVersion }}
+{{- $skill := dict "skill_id" $s.skillId "protocol_version" $s.protocolVersion "capabilities" $s.capabilities }}
 {{- if not (kindIs "invalid" $s.timeoutMsDefault) }}{{ $_ := set $skill "timeout_ms_default" $s.timeoutMsDefault }}{{ end }}
 {{- if not (kindIs "invalid" $s.timeoutMsMax) }}{{ $_ := set $skill "timeout_ms_max" $s.timeoutMsMax }}{{ end }}
 {{- if $s.auth.mode }}
