@@ -50,7 +50,7 @@ pub struct Activity {
     served: AtomicBool,
     /// Set when the table wants the connection closed.
     close: Notify,
-    /// Set when a request ends (the idle clock restarts).
+    /// Set when the first request ends (the idle deadline replaces the first-request one).
     ended: Notify,
     peer: Mutex<Option<String>>,
 }
@@ -254,9 +254,13 @@ impl Drop for RequestGuard {
         t.activity
             .last_active_ms
             .store(t.table.now_ms(), Ordering::Release);
-        t.activity.served.store(true, Ordering::Release);
         t.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
-        t.activity.ended.notify_one();
+        // Only the first request's end can bring the deadline closer (from the first-request
+        // deadline to the idle one); later ends only move it on, which the watcher finds when
+        // it wakes. No wake-up per request.
+        if !t.activity.served.swap(true, Ordering::AcqRel) {
+            t.activity.ended.notify_one();
+        }
     }
 }
 
