@@ -676,7 +676,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         )?)),
         None => None,
     };
-    let peers = Arc::new(PeerStore::open(cfg.peers_file())?);
+    let peers = Arc::new(PeerStore::open(cfg.peers_file())?.with_clock(clock.clone()));
     // No pairing runs yet: what unfinished ones left behind goes.
     let stale = peers.remove_all_pending()?;
     let unfinished = crate::tls::PairedFiles::remove_unfinished(&c.state_dir);
@@ -1033,6 +1033,18 @@ async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
             n.purge_expired((shared.clock)());
             shared.metrics.nonce_entries.set(n.len() as i64);
         }
+        peer_housekeeping(&shared);
+    }
+}
+
+/// Refresh the certificate expiry gauge and warn, once a day per peer, of certificates about
+/// to expire.
+fn peer_housekeeping(shared: &Shared) {
+    let now = (shared.clock)();
+    let days = shared.peers.certificate_expiry_days(now);
+    shared.metrics.peer_certificate_expiry(&days);
+    for (id, days) in shared.peers.expiry_warnings_due(&days, now) {
+        tracing::warn!("peer_certificate_expiring component_id={id} days={days}");
     }
 }
 
@@ -1090,6 +1102,7 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             public_key_x25519: None,
             mtls_cert_fingerprint: String::new(),
             mtls_ca_fingerprint: Some(ca_fingerprint),
+            mtls_cert_not_after: None,
             status: "active".into(),
             paired_at,
             last_seen_at: None,
