@@ -5,6 +5,10 @@
 //! identity layer reads the store: a certificate whose fingerprint is not an `active` record
 //! fails closed, and so does one whose record says it has expired (`mtls_cert_not_after`, by
 //! the store's clock).
+//!
+//! The store also keeps, in memory, when each peer last made an accepted call, and writes it
+//! to the records' `last_seen_at` at most once per peer per [`SEEN_WRITE_INTERVAL_MS`] (the
+//! housekeeping task calls [`PeerStore::flush_seen`]); never once per request.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -33,6 +37,8 @@ pub const PENDING: &str = "pending";
 /// The status of a revoked record; never accepted.
 pub const REVOKED: &str = "revoked";
 
+/// `last_seen_at` of a peer is written at most this often (Unix ms).
+pub const SEEN_WRITE_INTERVAL_MS: u64 = 60_000;
 /// A certificate this close to its expiry (days) is warned about.
 pub const EXPIRY_WARNING_DAYS: i64 = 14;
 /// The warning about a peer's certificate is repeated at most this often (Unix ms).
@@ -115,6 +121,15 @@ struct Snapshot {
     digest: Option<[u8; 32]>,
 }
 
+/// When peers made their last accepted call, and what of it was written.
+#[derive(Debug, Default)]
+struct SeenLog {
+    /// Latest accepted call per `component_id` (Unix ms).
+    seen: HashMap<String, u64>,
+    /// Per `component_id`: when its `last_seen_at` was last written, and the value written.
+    written: HashMap<String, (u64, u64)>,
+}
+
 /// The loaded peer store.
 pub struct PeerStore {
     path: PathBuf,
@@ -123,6 +138,7 @@ pub struct PeerStore {
     writer: Mutex<()>,
     /// Wall clock (Unix ms) for certificate expiry.
     clock: UnixClock,
+    seen: Mutex<SeenLog>,
     /// When each peer's certificate was last warned about (Unix ms).
     expiry_warned: Mutex<HashMap<String, u64>>,
 }
@@ -145,6 +161,7 @@ impl PeerStore {
             snapshot: ArcSwap::from_pointee(snapshot),
             writer: Mutex::new(()),
             clock: Arc::new(carapace_filters::unix_now_ms),
+            seen: Mutex::default(),
             expiry_warned: Mutex::default(),
         })
     }
@@ -337,6 +354,55 @@ impl PeerStore {
         self.len() == 0
     }
 
+    /// Note that the peer `principal` made an accepted call at `now_ms` (in memory only; see
+    /// [`flush_seen`](Self::flush_seen)). Callers that are not paired peers are ignored.
+    pub fn note_seen(&self, principal: &Principal, now_ms: u64) {
+        if principal.fingerprint.is_none() {
+            return;
+        }
+        let mut log = lock(&self.seen);
+        match log.seen.get_mut(&principal.id) {
+            Some(t) => *t = (*t).max(now_ms),
+            None => {
+                log.seen.insert(principal.id.clone(), now_ms);
+            }
+        }
+    }
+
+    /// Write `last_seen_at` of the peers seen since it was last written for them, unless
+    /// that was less than [`SEEN_WRITE_INTERVAL_MS`] before `now_ms`: one file write for all
+    /// of them, or none. Returns how many peers' times were written.
+    pub fn flush_seen(&self, now_ms: u64) -> Result<usize, PeerStoreError> {
+        let due: BTreeMap<String, u64> = {
+            let log = lock(&self.seen);
+            log.seen
+                .iter()
+                .filter(|(id, &t)| match log.written.get(*id) {
+                    None => true,
+                    Some(&(at, value)) => {
+                        t > value && now_ms.saturating_sub(at) >= SEEN_WRITE_INTERVAL_MS
+                    }
+                })
+                .map(|(id, &t)| (id.clone(), t))
+                .collect()
+        };
+        if due.is_empty() {
+            return Ok(0);
+        }
+        self.modify(|f| {
+            for p in f.peers.iter_mut().filter(|p| p.status == ACTIVE) {
+                if let Some(&t) = due.get(&p.component_id) {
+                    p.last_seen_at = rfc3339_ms(t);
+                }
+            }
+        })?;
+        let mut log = lock(&self.seen);
+        for (id, t) in &due {
+            log.written.insert(id.clone(), (now_ms, *t));
+        }
+        Ok(due.len())
+    }
+
     /// Days (rounded down, negative once expired) until the certificate of each active peer
     /// whose record gives its expiry, by `component_id` (the soonest if it has several).
     pub fn certificate_expiry_days(&self, now_ms: u64) -> BTreeMap<String, i64> {
@@ -380,6 +446,12 @@ impl PeerStore {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `ms` (Unix) as RFC 3339 in UTC.
+fn rfc3339_ms(ms: u64) -> Option<String> {
+    let secs = i64::try_from(ms / 1000).ok()?;
+    GoTime::from_unix(secs, (ms % 1000) as u32 * 1_000_000)?.to_rfc3339_nano()
 }
 
 fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
@@ -842,5 +914,52 @@ mod tests {
         // Revoked peers are no longer counted.
         store.revoke("memory-east").unwrap();
         assert!(store.certificate_expiry_days(t).is_empty());
+    }
+
+    fn principal(id: &str) -> Principal {
+        Principal {
+            id: id.into(),
+            kind: "tool_host".into(),
+            fingerprint: Some(FP.into()),
+            remote_ip: None,
+            permissions: None,
+        }
+    }
+
+    #[test]
+    fn last_seen_is_written_once_for_many_calls_and_again_a_minute_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = clocked(dir.path(), None);
+        let path = dir.path().join("peers.json");
+        let t0 = 1_900_000_000_000;
+        // Many accepted calls: nothing written per call.
+        let before = std::fs::read(&path).unwrap();
+        for i in 0..1_000 {
+            store.note_seen(&principal("memory-east"), t0 + i);
+        }
+        store.note_seen(&Principal::local(), t0);
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // One write, with the last call's time.
+        assert_eq!(store.flush_seen(t0 + 1_000).unwrap(), 1);
+        let written = std::fs::read(&path).unwrap();
+        let last_seen = store.records()[0].last_seen_at.clone().unwrap();
+        assert_eq!(unix_ms(&last_seen), Some(t0 as i64 + 999));
+        // More calls within the minute: held in memory, not written.
+        for i in 0..100 {
+            store.note_seen(&principal("memory-east"), t0 + 2_000 + i);
+        }
+        assert_eq!(store.flush_seen(t0 + 1_000).unwrap(), 0);
+        assert_eq!(store.flush_seen(t0 + 60_999).unwrap(), 0);
+        assert_eq!(std::fs::read(&path).unwrap(), written);
+        // A minute after the first write: the second.
+        assert_eq!(store.flush_seen(t0 + 61_000).unwrap(), 1);
+        let last_seen = store.records()[0].last_seen_at.clone().unwrap();
+        assert_eq!(unix_ms(&last_seen), Some(t0 as i64 + 2_099));
+        // Nothing new: nothing written, however long it waits.
+        assert_eq!(store.flush_seen(t0 + 10 * 60_000).unwrap(), 0);
+        // Peers without a record are not added.
+        store.note_seen(&principal("nobody"), t0 + 3_000_000);
+        store.flush_seen(t0 + 3_000_000).unwrap();
+        assert_eq!(store.records().len(), 1);
     }
 }

@@ -228,13 +228,19 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(ToolRateLimitLayer::new(tool_limits))
-            .layer(AuthorizationLayer::new(shared.clock.clone()))
+            .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
             .layer(InputSchemaLayer)
             .layer(CallTimeoutLayer)
             .layer(OutputSchemaLayer)
             .service(back),
     )
+}
+
+/// Notes each accepted call's peer in the peer store (`last_seen_at`).
+fn seen(shared: &Shared) -> carapace_filters::authorization::AllowedHook {
+    let peers = shared.peers.clone();
+    Arc::new(move |principal, now_ms| peers.note_seen(principal, now_ms))
 }
 
 /// The whole stack: identity, global kill-switch, per-peer rate limit, load shedding, body
@@ -1037,10 +1043,13 @@ async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
     }
 }
 
-/// Refresh the certificate expiry gauge and warn, once a day per peer, of certificates about
-/// to expire.
+/// Write when peers were last seen (throttled by the store), refresh the certificate expiry
+/// gauge and warn, once a day per peer, of certificates about to expire.
 fn peer_housekeeping(shared: &Shared) {
     let now = (shared.clock)();
+    if let Err(e) = shared.peers.flush_seen(now) {
+        tracing::error!("last_seen_at not written: {e}");
+    }
     let days = shared.peers.certificate_expiry_days(now);
     shared.metrics.peer_certificate_expiry(&days);
     for (id, days) in shared.peers.expiry_warnings_due(&days, now) {

@@ -1,7 +1,8 @@
 //! What carapace keeps of paired peers beyond who they are. Their certificates expire: the
 //! handshake refuses an expired one and says why, carapace refuses calls once the certificate
 //! its record names has expired (by its own clock, also on a connection opened before), and
-//! the expiry shows in `peers list`, in a metric and in a warning.
+//! the expiry shows in `peers list`, in a metric and in a warning. Their accepted calls are
+//! recorded as `last_seen_at`.
 
 mod common;
 
@@ -198,5 +199,47 @@ async fn certificate_expiry_shows_in_peers_list_in_a_metric_and_in_a_warning() {
         "{}",
         logs.text()
     );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_accepted_call_is_recorded_as_last_seen_and_a_refused_one_is_not() {
+    let env = Env::new().await;
+    let peers = json!({"version": 1, "peers": [
+        {"component_type": "gateway", "component_id": "gw_test",
+         "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active"},
+        {"component_type": "subscriber", "component_id": "sub_1",
+         "mtls_cert_fingerprint": env.pki.stranger.fingerprint, "status": "active"}
+    ]});
+    let path = env.path().join("peers.json");
+    std::fs::write(&path, peers.to_string()).unwrap();
+    let at = ms(whole(SystemTime::now()));
+    let r = env
+        .start_clocked(&env.tools_yaml(""), true, Arc::new(move || at))
+        .await;
+    let query = call("memory.query", json!({"query": "x"}));
+    let sub = client(&env, &r, &env.pki.stranger);
+    let reply = sub.post_json("/v1/tools/call", &[], &query).await.unwrap();
+    assert_eq!(code(&reply), "FORBIDDEN");
+    let gw = env.gateway(&r);
+    for _ in 0..5 {
+        let reply = gw.post_json("/v1/tools/call", &[], &query).await.unwrap();
+        assert_eq!(reply.json()["status"], "ok");
+    }
+    // Written by the housekeeping task, with the time of the call.
+    let record = |id: &str| {
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        file["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["component_id"] == id)
+            .cloned()
+            .unwrap()
+    };
+    let expected = rfc3339(UNIX_EPOCH + Duration::from_millis(at));
+    wait_until(|| record("gw_test")["last_seen_at"] == expected.as_str()).await;
+    assert!(record("sub_1")["last_seen_at"].is_null());
     r.shutdown().await;
 }

@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use serde::{Deserialize, Serialize};
 use tower::{Layer, Service};
 
-use crate::call::ToolCall;
+use crate::call::{Principal, ToolCall};
 use crate::future::ReadyOr;
 use crate::Rejection;
 
@@ -152,16 +152,29 @@ impl Permissions {
     }
 }
 
+/// Told of every call [`AuthorizationLayer`] lets through, with the time it decided at.
+pub type AllowedHook = Arc<dyn Fn(&Principal, u64) + Send + Sync>;
+
 /// Refuses tool calls the caller's permissions do not allow (`Forbidden`). A call whose
 /// principal carries no permissions is refused: default deny.
 #[derive(Clone)]
 pub struct AuthorizationLayer {
     clock: crate::signature::UnixClock,
+    on_allowed: Option<AllowedHook>,
 }
 
 impl AuthorizationLayer {
     pub fn new(clock: crate::signature::UnixClock) -> Self {
-        AuthorizationLayer { clock }
+        AuthorizationLayer {
+            clock,
+            on_allowed: None,
+        }
+    }
+
+    /// Call `hook` for every call that is allowed, before it goes on.
+    pub fn on_allowed(mut self, hook: AllowedHook) -> Self {
+        self.on_allowed = Some(hook);
+        self
     }
 }
 
@@ -177,6 +190,7 @@ impl<S> Layer<S> for AuthorizationLayer {
         Authorization {
             inner,
             clock: self.clock.clone(),
+            on_allowed: self.on_allowed.clone(),
         }
     }
 }
@@ -186,6 +200,7 @@ impl<S> Layer<S> for AuthorizationLayer {
 pub struct Authorization<S> {
     inner: S,
     clock: crate::signature::UnixClock,
+    on_allowed: Option<AllowedHook>,
 }
 
 impl<S> Service<ToolCall> for Authorization<S>
@@ -201,12 +216,16 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        let now_ms = (self.clock)();
         let allowed = call
             .principal
             .permissions
             .as_ref()
-            .is_some_and(|p| p.may_call(&call.tool.name, (self.clock)()));
+            .is_some_and(|p| p.may_call(&call.tool.name, now_ms));
         if allowed {
+            if let Some(hook) = &self.on_allowed {
+                hook(&call.principal, now_ms);
+            }
             ReadyOr::inner(self.inner.call(call))
         } else {
             ReadyOr::reject(Rejection::Forbidden(format!(
@@ -405,5 +424,35 @@ mod tests {
         let l: Lease =
             serde_json::from_str(r#"{"deny": ["tool.call:x"], "expires_at_ms": 5}"#).unwrap();
         assert!(l.allow.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_hook_hears_of_allowed_calls_only() {
+        use crate::call::testing;
+        use tower::ServiceExt;
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let layer = AuthorizationLayer::new(Arc::new(|| 7)).on_allowed(Arc::new(
+            move |p: &Principal, now| h.lock().unwrap().push((p.id.clone(), now)),
+        ));
+        let svc = layer.layer(tower::service_fn(|_: ToolCall| async {
+            Ok::<_, Rejection>(())
+        }));
+        let tool = testing::tool("memory.query", 10, 10);
+        svc.clone()
+            .oneshot(testing::call(tool.clone(), None))
+            .await
+            .unwrap();
+        let mut denied = testing::call(tool, None);
+        denied.principal = Arc::new(Principal {
+            id: "sub_1".into(),
+            permissions: Some(Arc::new(p("subscriber", &[], &[], vec![]))),
+            ..Principal::local()
+        });
+        assert!(matches!(
+            svc.oneshot(denied).await,
+            Err(Rejection::Forbidden(_))
+        ));
+        assert_eq!(*heard.lock().unwrap(), [("local".to_string(), 7)]);
     }
 }
