@@ -148,7 +148,8 @@ enum PairCommand {
 
 #[derive(Subcommand, Clone)]
 enum PeersAction {
-    /// Print every peer record.
+    /// Print every peer record, with when its certificate expires (`mtls_cert_not_after`)
+    /// where carapace knows it and when it last made an accepted call (`last_seen_at`).
     List,
     /// Revoke a peer: its next request fails.
     Revoke { component_id: String },

@@ -1,7 +1,9 @@
 //! Prometheus metrics: requests by front, tool, outcome (the code the caller got) and reason, latency
-//! histograms, and gauges for the stores.
+//! histograms, and gauges for the stores and the paired peers' certificates.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -28,6 +30,11 @@ struct LatencyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    component_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -47,6 +54,9 @@ pub struct Metrics {
     pub nonce_entries: Gauge<i64, AtomicI64>,
     pub tools: Gauge<i64, AtomicI64>,
     pub peers: Gauge<i64, AtomicI64>,
+    certificate_expiry: Family<PeerLabels, Gauge<i64, AtomicI64>>,
+    /// The peers `certificate_expiry` has a value for.
+    certificate_expiry_peers: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -97,6 +107,12 @@ impl Default for Metrics {
             "Records in the peer store",
             peers.clone(),
         );
+        let certificate_expiry = Family::<PeerLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "peer_certificate_expiry_days",
+            "Days until the certificate of a paired peer expires (negative once expired), for peers whose record gives its expiry",
+            certificate_expiry.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -106,6 +122,8 @@ impl Default for Metrics {
             nonce_entries,
             tools,
             peers,
+            certificate_expiry,
+            certificate_expiry_peers: Mutex::default(),
         }
     }
 }
@@ -152,6 +170,28 @@ impl Metrics {
         self.discoveries
             .get_or_create(&ResultLabels { result })
             .inc();
+    }
+
+    /// Set the days to expiry of every peer certificate, by `component_id`; peers no longer
+    /// listed are dropped.
+    pub fn peer_certificate_expiry(&self, days: &BTreeMap<String, i64>) {
+        let mut known = self
+            .certificate_expiry_peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for gone in known.iter().filter(|id| !days.contains_key(*id)) {
+            self.certificate_expiry.remove(&PeerLabels {
+                component_id: gone.clone(),
+            });
+        }
+        for (id, d) in days {
+            self.certificate_expiry
+                .get_or_create(&PeerLabels {
+                    component_id: id.clone(),
+                })
+                .set(*d);
+        }
+        *known = days.keys().cloned().collect();
     }
 
     /// The Prometheus text exposition.

@@ -3,11 +3,16 @@
 //! Until the pairing handshake writes it, the operator edits the file; the records carry the
 //! fields the Remote Tool Protocol's peer model lists so that pairing can fill them in. The
 //! identity layer reads the store: a certificate whose fingerprint is not an `active` record
-//! fails closed.
+//! fails closed, and so does one whose record says it has expired (`mtls_cert_not_after`, by
+//! the store's clock).
+//!
+//! The store also keeps, in memory, when each peer last made an accepted call, and writes it
+//! to the records' `last_seen_at` at most once per peer per [`SEEN_WRITE_INTERVAL_MS`] (the
+//! housekeeping task calls [`PeerStore::flush_seen`]); never once per request.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
@@ -16,7 +21,10 @@ use sha2::{Digest, Sha256};
 use carapace_filters::authorization::{default_role, Permissions, Policy};
 use carapace_filters::call::Principal;
 use carapace_filters::identity::{PeerCertificate, PeerDirectory};
+use carapace_filters::signature::UnixClock;
 use carapace_filters::Rejection;
+
+use crate::pairing::wire::GoTime;
 
 /// Principal ids carapace gives callers itself; a peer may not use them.
 pub const RESERVED_IDS: [&str; 2] = ["local", "anonymous"];
@@ -28,6 +36,14 @@ pub const ACTIVE: &str = "active";
 pub const PENDING: &str = "pending";
 /// The status of a revoked record; never accepted.
 pub const REVOKED: &str = "revoked";
+
+/// `last_seen_at` of a peer is written at most this often (Unix ms).
+pub const SEEN_WRITE_INTERVAL_MS: u64 = 60_000;
+/// A certificate this close to its expiry (days) is warned about.
+pub const EXPIRY_WARNING_DAYS: i64 = 14;
+/// The warning about a peer's certificate is repeated at most this often (Unix ms).
+pub const EXPIRY_WARNING_INTERVAL_MS: u64 = 24 * 3600 * 1000;
+const DAY_MS: i64 = 24 * 3600 * 1000;
 
 /// One paired peer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +71,11 @@ pub struct PeerRecord {
     /// certificate is not part of the handshake).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtls_ca_fingerprint: Option<String>,
+    /// RFC 3339 end of validity of the certificate `mtls_cert_fingerprint` names, when carapace
+    /// knows it (the gateway records it for the certificates it issues). Calls are refused
+    /// from then on, even on a connection opened before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtls_cert_not_after: Option<String>,
     /// `active` records are accepted; anything else (`revoked`, `pending`) is refused.
     pub status: String,
     #[serde(default)]
@@ -87,8 +108,8 @@ pub enum PeerStoreError {
     Invalid { path: PathBuf, message: String },
 }
 
-/// A record with the principal it makes.
-type Entry = Arc<(PeerRecord, Arc<Principal>)>;
+/// A record with the principal it makes and its certificate's end of validity (Unix ms).
+type Entry = Arc<(PeerRecord, Arc<Principal>, Option<i64>)>;
 
 #[derive(Debug, Default)]
 struct Snapshot {
@@ -100,13 +121,34 @@ struct Snapshot {
     digest: Option<[u8; 32]>,
 }
 
+/// When peers made their last accepted call, and what of it was written.
+#[derive(Debug, Default)]
+struct SeenLog {
+    /// Latest accepted call per `component_id` (Unix ms).
+    seen: HashMap<String, u64>,
+    /// Per `component_id`: when its `last_seen_at` was last written, and the value written.
+    written: HashMap<String, (u64, u64)>,
+}
+
 /// The loaded peer store.
-#[derive(Debug)]
 pub struct PeerStore {
     path: PathBuf,
     snapshot: ArcSwap<Snapshot>,
     /// Serializes read-modify-write changes of the file.
-    writer: std::sync::Mutex<()>,
+    writer: Mutex<()>,
+    /// Wall clock (Unix ms) for certificate expiry.
+    clock: UnixClock,
+    seen: Mutex<SeenLog>,
+    /// When each peer's certificate was last warned about (Unix ms).
+    expiry_warned: Mutex<HashMap<String, u64>>,
+}
+
+impl std::fmt::Debug for PeerStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PeerStore {
@@ -117,8 +159,17 @@ impl PeerStore {
         Ok(PeerStore {
             path,
             snapshot: ArcSwap::from_pointee(snapshot),
-            writer: std::sync::Mutex::new(()),
+            writer: Mutex::new(()),
+            clock: Arc::new(carapace_filters::unix_now_ms),
+            seen: Mutex::default(),
+            expiry_warned: Mutex::default(),
         })
+    }
+
+    /// The store with `clock` (Unix ms) instead of the system clock.
+    pub fn with_clock(mut self, clock: UnixClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -164,7 +215,7 @@ impl PeerStore {
     /// it atomically, then serve it. Changes are serialized; a change that would make the
     /// file invalid is refused and nothing is written.
     pub fn modify<T>(&self, change: impl FnOnce(&mut PeerFile) -> T) -> Result<T, PeerStoreError> {
-        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let _writer = lock(&self.writer);
         let mut file = match std::fs::read(&self.path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| PeerStoreError::Invalid {
                 path: self.path.clone(),
@@ -302,6 +353,105 @@ impl PeerStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Note that the peer `principal` made an accepted call at `now_ms` (in memory only; see
+    /// [`flush_seen`](Self::flush_seen)). Callers that are not paired peers are ignored.
+    pub fn note_seen(&self, principal: &Principal, now_ms: u64) {
+        if principal.fingerprint.is_none() {
+            return;
+        }
+        let mut log = lock(&self.seen);
+        match log.seen.get_mut(&principal.id) {
+            Some(t) => *t = (*t).max(now_ms),
+            None => {
+                log.seen.insert(principal.id.clone(), now_ms);
+            }
+        }
+    }
+
+    /// Write `last_seen_at` of the peers seen since it was last written for them, unless
+    /// that was less than [`SEEN_WRITE_INTERVAL_MS`] before `now_ms`: one file write for all
+    /// of them, or none. Returns how many peers' times were written.
+    pub fn flush_seen(&self, now_ms: u64) -> Result<usize, PeerStoreError> {
+        let due: BTreeMap<String, u64> = {
+            let log = lock(&self.seen);
+            log.seen
+                .iter()
+                .filter(|(id, &t)| match log.written.get(*id) {
+                    None => true,
+                    Some(&(at, value)) => {
+                        t > value && now_ms.saturating_sub(at) >= SEEN_WRITE_INTERVAL_MS
+                    }
+                })
+                .map(|(id, &t)| (id.clone(), t))
+                .collect()
+        };
+        if due.is_empty() {
+            return Ok(0);
+        }
+        self.modify(|f| {
+            for p in f.peers.iter_mut().filter(|p| p.status == ACTIVE) {
+                if let Some(&t) = due.get(&p.component_id) {
+                    p.last_seen_at = rfc3339_ms(t);
+                }
+            }
+        })?;
+        let mut log = lock(&self.seen);
+        for (id, t) in &due {
+            log.written.insert(id.clone(), (now_ms, *t));
+        }
+        Ok(due.len())
+    }
+
+    /// Days (rounded down, negative once expired) until the certificate of each active peer
+    /// whose record gives its expiry, by `component_id` (the soonest if it has several).
+    pub fn certificate_expiry_days(&self, now_ms: u64) -> BTreeMap<String, i64> {
+        let mut days = BTreeMap::new();
+        for e in self.snapshot.load().all.iter() {
+            let (Some(not_after), ACTIVE) = (e.2, e.0.status.as_str()) else {
+                continue;
+            };
+            let d = (not_after - now_ms as i64).div_euclid(DAY_MS);
+            let slot = days.entry(e.0.component_id.clone()).or_insert(d);
+            *slot = (*slot).min(d);
+        }
+        days
+    }
+
+    /// Of `days` (see [`certificate_expiry_days`](Self::certificate_expiry_days)), the peers
+    /// with fewer than [`EXPIRY_WARNING_DAYS`] left that were not warned about in the last
+    /// [`EXPIRY_WARNING_INTERVAL_MS`]; they count as warned from `now_ms`.
+    pub fn expiry_warnings_due(
+        &self,
+        days: &BTreeMap<String, i64>,
+        now_ms: u64,
+    ) -> Vec<(String, i64)> {
+        let mut warned = lock(&self.expiry_warned);
+        warned.retain(|id, _| days.contains_key(id));
+        days.iter()
+            .filter(|(_, &d)| d < EXPIRY_WARNING_DAYS)
+            .filter(|(id, _)| {
+                let due = warned
+                    .get(*id)
+                    .is_none_or(|&at| now_ms.saturating_sub(at) >= EXPIRY_WARNING_INTERVAL_MS);
+                if due {
+                    warned.insert((*id).clone(), now_ms);
+                }
+                due
+            })
+            .map(|(id, &d)| (id.clone(), d))
+            .collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `ms` (Unix) as RFC 3339 in UTC.
+fn rfc3339_ms(ms: u64) -> Option<String> {
+    let secs = i64::try_from(ms / 1000).ok()?;
+    GoTime::from_unix(secs, (ms % 1000) as u32 * 1_000_000)?.to_rfc3339_nano()
 }
 
 fn read(path: &Path) -> Result<Snapshot, PeerStoreError> {
@@ -376,6 +526,14 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
                 rec.component_id, rec.component_type
             )));
         }
+        let not_after = match &rec.mtls_cert_not_after {
+            None => None,
+            Some(t) => Some(unix_ms(t).ok_or_else(|| {
+                invalid(format!(
+                    "mtls_cert_not_after must be an RFC 3339 time, got `{t}`"
+                ))
+            })?),
+        };
         let principal = Arc::new(Principal {
             id: rec.component_id.clone(),
             kind: rec.component_type.clone(),
@@ -388,7 +546,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
                 rec.policy.clone().unwrap_or_default(),
             ))),
         });
-        let entry = Arc::new((rec, principal));
+        let entry = Arc::new((rec, principal, not_after));
         if !fp.is_empty() && by_fingerprint.insert(fp, entry.clone()).is_some() {
             return Err(invalid("fingerprint listed twice".into()));
         }
@@ -406,6 +564,13 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreError> {
         all,
         digest,
     })
+}
+
+/// An RFC 3339 time as Unix milliseconds.
+fn unix_ms(t: &str) -> Option<i64> {
+    let (secs, nanos) = GoTime::parse_rfc3339(t)?.unix_timestamp();
+    secs.checked_mul(1000)?
+        .checked_add(i64::from(nanos / 1_000_000))
 }
 
 impl PeerDirectory for PeerStore {
@@ -434,6 +599,14 @@ impl PeerDirectory for PeerStore {
             return Err(Rejection::Forbidden(format!(
                 "peer {} is {}",
                 entry.0.component_id, entry.0.status
+            )));
+        }
+        // Valid through its `notAfter` second, as X.509 has it.
+        if entry.2.is_some_and(|t| (self.clock)() as i64 > t) {
+            return Err(Rejection::Forbidden(format!(
+                "the certificate of peer {} expired at {}; pair it again",
+                entry.0.component_id,
+                entry.0.mtls_cert_not_after.as_deref().unwrap_or_default()
             )));
         }
         if pinned_ca {
@@ -577,6 +750,7 @@ mod tests {
             public_key_x25519: None,
             mtls_cert_fingerprint: fp.into(),
             mtls_ca_fingerprint: None,
+            mtls_cert_not_after: None,
             status: ACTIVE.into(),
             paired_at: None,
             last_seen_at: None,
@@ -642,5 +816,150 @@ mod tests {
             std::fs::write(&p, rec.to_string()).unwrap();
             assert!(PeerStore::open(&p).is_err(), "{id:?} accepted");
         }
+    }
+
+    /// A store of one active `memory-east` record whose certificate expires at `not_after`,
+    /// with a clock the test sets.
+    fn clocked(
+        dir: &Path,
+        not_after: Option<&str>,
+    ) -> (PeerStore, Arc<std::sync::atomic::AtomicU64>) {
+        let p = dir.join("peers.json");
+        let mut rec = record(FP);
+        rec.mtls_cert_not_after = not_after.map(str::to_owned);
+        let body = PeerFile {
+            version: 1,
+            peers: vec![rec],
+        };
+        std::fs::write(&p, serde_json::to_vec(&body).unwrap()).unwrap();
+        let now = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let n = now.clone();
+        let store = PeerStore::open(&p).unwrap().with_clock(Arc::new(move || {
+            n.load(std::sync::atomic::Ordering::SeqCst)
+        }));
+        (store, now)
+    }
+
+    const NOT_AFTER: &str = "2030-01-31T00:00:00Z";
+    const NOT_AFTER_MS: u64 = 1_896_048_000_000;
+
+    #[test]
+    fn a_peer_whose_certificate_expired_is_refused_and_told_when() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, now) = clocked(dir.path(), Some(NOT_AFTER));
+        now.store(NOT_AFTER_MS, SeqCst);
+        assert!(store.resolve(&leaf(FP)).is_ok(), "valid through notAfter");
+        now.store(NOT_AFTER_MS + 1, SeqCst);
+        match store.resolve(&leaf(FP)) {
+            Err(Rejection::Forbidden(m)) => {
+                assert!(m.contains("certificate") && m.contains("expired"), "{m}");
+                assert!(m.contains(NOT_AFTER), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without a known expiry nothing changes (older files stay valid as they were).
+        let dir = tempfile::tempdir().unwrap();
+        let (store, now) = clocked(dir.path(), None);
+        now.store(u64::MAX / 2, SeqCst);
+        assert!(store.resolve(&leaf(FP)).is_ok());
+        assert!(store.certificate_expiry_days(0).is_empty());
+        // The field is written only when known.
+        let text = std::fs::read_to_string(dir.path().join("peers.json")).unwrap();
+        assert!(!text.contains("mtls_cert_not_after"));
+    }
+
+    #[test]
+    fn a_malformed_certificate_expiry_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("peers.json");
+        let rec = serde_json::json!({"version": 1, "peers": [{
+            "component_type": "gateway", "component_id": "gw",
+            "mtls_cert_fingerprint": FP, "status": "active",
+            "mtls_cert_not_after": "next tuesday"}]});
+        std::fs::write(&p, rec.to_string()).unwrap();
+        let err = PeerStore::open(&p).unwrap_err().to_string();
+        assert!(err.contains("mtls_cert_not_after"), "{err}");
+    }
+
+    #[test]
+    fn certificate_expiry_is_counted_in_days_and_warned_about_once_a_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = clocked(dir.path(), Some(NOT_AFTER));
+        let day = DAY_MS as u64;
+        let at = |days_before: u64| NOT_AFTER_MS - days_before * day;
+        let days = store.certificate_expiry_days(at(20));
+        assert_eq!(days, BTreeMap::from([("memory-east".to_string(), 20)]));
+        assert!(store.expiry_warnings_due(&days, at(20)).is_empty());
+        // 13 days and a half left: 13, warned once.
+        let t = at(14) + day / 2;
+        let days = store.certificate_expiry_days(t);
+        assert_eq!(days["memory-east"], 13);
+        assert_eq!(
+            store.expiry_warnings_due(&days, t),
+            [("memory-east".to_string(), 13)]
+        );
+        assert!(store.expiry_warnings_due(&days, t + day - 1).is_empty());
+        let t = t + day;
+        let days = store.certificate_expiry_days(t);
+        assert_eq!(
+            store.expiry_warnings_due(&days, t),
+            [("memory-east".to_string(), 12)]
+        );
+        // Expired an hour ago: -1, still warned (daily).
+        let t = NOT_AFTER_MS + 3_600_000;
+        let days = store.certificate_expiry_days(t);
+        assert_eq!(days["memory-east"], -1);
+        assert_eq!(store.expiry_warnings_due(&days, t).len(), 1);
+        // Revoked peers are no longer counted.
+        store.revoke("memory-east").unwrap();
+        assert!(store.certificate_expiry_days(t).is_empty());
+    }
+
+    fn principal(id: &str) -> Principal {
+        Principal {
+            id: id.into(),
+            kind: "tool_host".into(),
+            fingerprint: Some(FP.into()),
+            remote_ip: None,
+            permissions: None,
+        }
+    }
+
+    #[test]
+    fn last_seen_is_written_once_for_many_calls_and_again_a_minute_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = clocked(dir.path(), None);
+        let path = dir.path().join("peers.json");
+        let t0 = 1_900_000_000_000;
+        // Many accepted calls: nothing written per call.
+        let before = std::fs::read(&path).unwrap();
+        for i in 0..1_000 {
+            store.note_seen(&principal("memory-east"), t0 + i);
+        }
+        store.note_seen(&Principal::local(), t0);
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // One write, with the last call's time.
+        assert_eq!(store.flush_seen(t0 + 1_000).unwrap(), 1);
+        let written = std::fs::read(&path).unwrap();
+        let last_seen = store.records()[0].last_seen_at.clone().unwrap();
+        assert_eq!(unix_ms(&last_seen), Some(t0 as i64 + 999));
+        // More calls within the minute: held in memory, not written.
+        for i in 0..100 {
+            store.note_seen(&principal("memory-east"), t0 + 2_000 + i);
+        }
+        assert_eq!(store.flush_seen(t0 + 1_000).unwrap(), 0);
+        assert_eq!(store.flush_seen(t0 + 60_999).unwrap(), 0);
+        assert_eq!(std::fs::read(&path).unwrap(), written);
+        // A minute after the first write: the second.
+        assert_eq!(store.flush_seen(t0 + 61_000).unwrap(), 1);
+        let last_seen = store.records()[0].last_seen_at.clone().unwrap();
+        assert_eq!(unix_ms(&last_seen), Some(t0 as i64 + 2_099));
+        // Nothing new: nothing written, however long it waits.
+        assert_eq!(store.flush_seen(t0 + 10 * 60_000).unwrap(), 0);
+        // Peers without a record are not added.
+        store.note_seen(&principal("nobody"), t0 + 3_000_000);
+        store.flush_seen(t0 + 3_000_000).unwrap();
+        assert_eq!(store.records().len(), 1);
     }
 }

@@ -49,9 +49,18 @@ impl Authority {
     }
 
     fn issue(&self, names: &[&str], cn: &str, usage: ExtendedKeyUsagePurpose) -> Issued {
-        let mut params =
+        let params =
             CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .expect("params");
+        self.sign(params, cn, usage)
+    }
+
+    fn sign(
+        &self,
+        mut params: CertificateParams,
+        cn: &str,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Issued {
         params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages = vec![usage];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -77,5 +86,18 @@ impl Authority {
     /// A client certificate with common name `cn`.
     pub fn client(&self, cn: &str) -> Issued {
         self.issue(&[], cn, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A client certificate with common name `cn`, valid from `not_before` to `not_after`.
+    pub fn client_valid(
+        &self,
+        cn: &str,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> Issued {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        self.sign(params, cn, ExtendedKeyUsagePurpose::ClientAuth)
     }
 }

@@ -230,13 +230,19 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(ToolRateLimitLayer::new(tool_limits))
-            .layer(AuthorizationLayer::new(shared.clock.clone()))
+            .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
             .layer(InputSchemaLayer)
             .layer(CallTimeoutLayer)
             .layer(OutputSchemaLayer)
             .service(back),
     )
+}
+
+/// Notes each accepted call's peer in the peer store (`last_seen_at`).
+fn seen(shared: &Shared) -> carapace_filters::authorization::AllowedHook {
+    let peers = shared.peers.clone();
+    Arc::new(move |principal, now_ms| peers.note_seen(principal, now_ms))
 }
 
 /// The whole stack: identity, global kill-switch, per-peer rate limit, load shedding, body
@@ -678,7 +684,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         )?)),
         None => None,
     };
-    let peers = Arc::new(PeerStore::open(cfg.peers_file())?);
+    let peers = Arc::new(PeerStore::open(cfg.peers_file())?.with_clock(clock.clone()));
     // No pairing runs yet: what unfinished ones left behind goes.
     let stale = peers.remove_all_pending()?;
     let unfinished = crate::tls::PairedFiles::remove_unfinished(&c.state_dir);
@@ -1037,6 +1043,21 @@ async fn housekeeping(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
             n.purge_expired((shared.clock)());
             shared.metrics.nonce_entries.set(n.len() as i64);
         }
+        peer_housekeeping(&shared);
+    }
+}
+
+/// Write when peers were last seen (throttled by the store), refresh the certificate expiry
+/// gauge and warn, once a day per peer, of certificates about to expire.
+fn peer_housekeeping(shared: &Shared) {
+    let now = (shared.clock)();
+    if let Err(e) = shared.peers.flush_seen(now) {
+        tracing::error!("last_seen_at not written: {e}");
+    }
+    let days = shared.peers.certificate_expiry_days(now);
+    shared.metrics.peer_certificate_expiry(&days);
+    for (id, days) in shared.peers.expiry_warnings_due(&days, now) {
+        tracing::warn!("peer_certificate_expiring component_id={id} days={days}");
     }
 }
 
@@ -1094,6 +1115,7 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             public_key_x25519: None,
             mtls_cert_fingerprint: String::new(),
             mtls_ca_fingerprint: Some(ca_fingerprint),
+            mtls_cert_not_after: None,
             status: "active".into(),
             paired_at,
             last_seen_at: None,

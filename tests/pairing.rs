@@ -9,6 +9,7 @@ use carapace::pki::Issued;
 use common::{call, code, write_peers, Env};
 use http::{Method, StatusCode};
 use serde_json::json;
+use x509_parser::prelude::FromDer;
 
 fn issued(cert_pem: String, key_pem: String) -> Issued {
     use rustls_pki_types::pem::PemObject;
@@ -104,6 +105,19 @@ gateway: {{ id: gw_home }}
     let installed_cert = std::fs::read_to_string(&paired.cert).unwrap();
     let installed = issued(installed_cert, String::new());
     assert_eq!(installed.fingerprint, fingerprint);
+    // ... and when the certificate it issued expires.
+    let (_, parsed) =
+        x509_parser::certificate::X509Certificate::from_der(installed.der.as_ref()).unwrap();
+    let recorded = carapace::pairing::wire::GoTime::parse_rfc3339(
+        gw_peers["peers"][0]["mtls_cert_not_after"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        recorded.unix_timestamp(),
+        (parsed.validity().not_after.timestamp(), 0)
+    );
 
     // The tool host now serves its issued certificate and trusts only the gateway's CA: the
     // gateway's client certificate gets through, and the app sees who called.

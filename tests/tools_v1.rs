@@ -866,13 +866,19 @@ async fn revoking_a_peer_through_the_admin_socket_fails_its_next_request() {
 async fn authorization_applies_roles_overrides_and_leases_to_calls_and_discovery() {
     let env = Env::new().await;
     const NOW: u64 = 1_900_000_000_000;
+    let until = NOW + 60_000;
+    // The gateway: its role grants every tool, its policy denies one, a lease denies another
+    // for a minute. The subscriber: no tool by role, one by policy, every memory tool by a
+    // lease for a minute, but never memory.delete.
     let peers = json!({"version": 1, "peers": [
         {"component_type": "gateway", "component_id": "gw_test", "role": "gateway",
          "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active",
          "policy": {"deny": ["tool.call:memory.delete"],
-                    "leases": [{"allow": ["tool.call:memory.query"], "expires_at_ms": NOW + 60_000}]}},
+                    "leases": [{"allow": [], "deny": ["tool.call:memory.append"], "expires_at_ms": until}]}},
         {"component_type": "subscriber", "component_id": "sub_1",
-         "mtls_cert_fingerprint": env.pki.stranger.fingerprint, "status": "active"}
+         "mtls_cert_fingerprint": env.pki.stranger.fingerprint, "status": "active",
+         "policy": {"allow": ["tool.call:memory.append"], "deny": ["tool.call:memory.delete"],
+                    "leases": [{"allow": ["tool.call:memory.*"], "expires_at_ms": until}]}}
     ]});
     std::fs::write(env.path().join("peers.json"), peers.to_string()).unwrap();
     let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(NOW));
@@ -885,78 +891,60 @@ async fn authorization_applies_roles_overrides_and_leases_to_calls_and_discovery
         )
         .await;
     let gw = env.gateway(&r);
-    let names = |reply: &Reply| -> Vec<String> {
-        reply.json()["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["name"].as_str().unwrap().to_string())
-            .collect()
+    let sub = env.tls_client(&r, Some(&env.pki.stranger), false);
+    let args = |tool: &str| match tool {
+        "memory.append" => json!({"text": "x"}),
+        "memory.query" => json!({"query": "x"}),
+        _ => json!({"id": "m1"}),
+    };
+    // Discovery lists exactly what may be called: every listed tool is accepted, every other
+    // one refused.
+    let check = |client: &'static str, expected: &'static [&'static str]| {
+        let c = if client == "gw" { &gw } else { &sub };
+        async move {
+            let list = c.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+            let names: Vec<String> = list.json()["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(names, expected, "{client} discovery");
+            for tool in ["memory.append", "memory.delete", "memory.query"] {
+                let reply = c
+                    .post_json("/v1/tools/call", &[], &call(tool, args(tool)))
+                    .await
+                    .unwrap();
+                if expected.contains(&tool) {
+                    assert_eq!(reply.json()["status"], "ok", "{client} {tool}");
+                } else {
+                    assert_error(&reply, StatusCode::OK, "FORBIDDEN");
+                }
+            }
+        }
     };
 
-    // While the lease is in force the gateway may only query; discovery shows just that.
-    let list = gw.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
-    assert_eq!(names(&list), ["memory.query"]);
-    let reply = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.append", json!({"text": "x"})),
-        )
-        .await
-        .unwrap();
-    assert_error(&reply, StatusCode::OK, "FORBIDDEN");
-    let reply = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.query", json!({"query": "x"})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(reply.json()["status"], "ok");
+    // While the leases are in force: the gateway's lease denies append over its role, the
+    // subscriber's lease adds query, its policy deny still beats the lease for delete.
+    check("gw", &["memory.query"]).await;
+    check("sub", &["memory.append", "memory.query"]).await;
 
-    // The lease lapses: role defaults apply again, but the deny still wins.
-    now.store(NOW + 60_000, std::sync::atomic::Ordering::SeqCst);
-    let list = gw.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
-    assert_eq!(names(&list), ["memory.append", "memory.query"]);
-    let reply = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.append", json!({"text": "x"})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(reply.json()["status"], "ok");
-    let reply = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.delete", json!({"id": "m1"})),
-        )
-        .await
-        .unwrap();
-    assert_error(&reply, StatusCode::OK, "FORBIDDEN");
-
-    // A subscriber may call no tool by default and sees none.
-    let sub = env.tls_client(&r, Some(&env.pki.stranger), false);
-    let list = sub.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
-    assert!(names(&list).is_empty());
-    let reply = sub
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.query", json!({"query": "x"})),
-        )
-        .await
-        .unwrap();
-    assert_error(&reply, StatusCode::OK, "FORBIDDEN");
+    // The leases lapse: they grant and deny nothing any more.
+    now.store(until, std::sync::atomic::Ordering::SeqCst);
+    check("gw", &["memory.append", "memory.query"]).await;
+    check("sub", &["memory.append"]).await;
 
     let tools: Vec<String> = env.app.received().iter().map(|c| c.tool.clone()).collect();
     assert_eq!(
         tools,
-        ["memory.query", "memory.append"],
+        [
+            "memory.query",
+            "memory.append",
+            "memory.query",
+            "memory.append",
+            "memory.query",
+            "memory.append"
+        ],
         "refused calls reached the app"
     );
     r.shutdown().await;

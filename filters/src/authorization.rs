@@ -1,22 +1,23 @@
 //! Authorization: what a paired peer may do, per action.
 //!
-//! Effective permissions are the peer's **role defaults**, plus its **policy** overrides, cut
-//! down by any **lease** in force, with **deny** always winning and anything not granted
-//! denied:
+//! Effective permissions are, as the Remote Tool Protocol's pairing text puts it, **role
+//! defaults + peer policy overrides + temporary lease scope, with deny precedence**: a grant
+//! from any of the three allows an action, a deny from anywhere refuses it, and anything not
+//! granted is denied:
 //!
 //! ```text
-//! allowed(action) = (role grants it  or  policy.allow grants it)
-//!                   and not policy.deny matches it
-//!                   and every unexpired lease grants it
+//! allowed(action) = (role grants it  or  policy.allow grants it  or  an unexpired lease grants it)
+//!                   and not (policy.deny matches it  or  an unexpired lease's deny matches it)
 //! ```
 //!
-//! A lease is temporary and can only narrow: while it is in force the peer may do only what
-//! the lease lists (and what it was already allowed); once it expires it no longer applies.
+//! A lease is temporary scope: while it is in force (until `expires_at_ms`) its `allow` adds
+//! to what the peer may do and its `deny` takes away from it; once it expires it contributes
+//! nothing, neither grant nor deny.
 //!
 //! Actions are strings: `tool.call:<tool name>` for tool calls, `event.subscribe:<topic>` and
 //! `event.publish:<topic>` for events, `control:<action>` for control-plane requests, and
-//! `pair.start`, which no role grants remotely and no policy can grant either. A pattern is an
-//! exact action or a prefix ending in `*` (`tool.call:memory.*`, `tool.call:*`).
+//! `pair.start`, which no role grants remotely and no policy or lease can grant either. A
+//! pattern is an exact action or a prefix ending in `*` (`tool.call:memory.*`, `tool.call:*`).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -24,7 +25,7 @@ use std::task::{Context, Poll};
 use serde::{Deserialize, Serialize};
 use tower::{Layer, Service};
 
-use crate::call::ToolCall;
+use crate::call::{Principal, ToolCall};
 use crate::future::ReadyOr;
 use crate::Rejection;
 
@@ -62,14 +63,25 @@ pub fn default_role(component_type: &str) -> &'static str {
     }
 }
 
-/// A temporary narrowing of a peer's permissions.
+/// Temporary scope: grants (and denies) that hold only until the lease expires.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lease {
-    /// What the peer may still do while the lease is in force.
+    /// What the peer may also do while the lease is in force.
+    #[serde(default)]
     pub allow: Vec<String>,
-    /// Unix time in milliseconds after which the lease no longer applies.
+    /// What the peer may not do while the lease is in force, whatever grants it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+    /// Unix time in milliseconds from which the lease no longer applies.
     pub expires_at_ms: u64,
+}
+
+impl Lease {
+    /// Whether the lease is in force at `now_ms`.
+    fn in_force(&self, now_ms: u64) -> bool {
+        self.expires_at_ms > now_ms
+    }
 }
 
 /// Per-peer overrides, stored in the peer record's `policy`.
@@ -119,21 +131,19 @@ impl Permissions {
         )
     }
 
-    /// Whether `action` is allowed at `now_ms`.
+    /// Whether `action` is allowed at `now_ms`: granted by the role, the policy or a lease in
+    /// force, and denied by neither the policy nor a lease in force.
     pub fn allows(&self, action: &str, now_ms: u64) -> bool {
         if action == PAIR_START {
             return false;
         }
+        let any = |patterns: &[String]| patterns.iter().any(|p| matches(p, action));
+        let mut leases = self.policy.leases.iter().filter(|l| l.in_force(now_ms));
         let granted = role_defaults(&self.role).iter().any(|p| matches(p, action))
-            || self.policy.allow.iter().any(|p| matches(p, action));
-        let denied = self.policy.deny.iter().any(|p| matches(p, action));
-        let leases_ok = self
-            .policy
-            .leases
-            .iter()
-            .filter(|l| l.expires_at_ms > now_ms)
-            .all(|l| l.allow.iter().any(|p| matches(p, action)));
-        granted && !denied && leases_ok
+            || any(&self.policy.allow)
+            || leases.clone().any(|l| any(&l.allow));
+        let denied = any(&self.policy.deny) || leases.any(|l| any(&l.deny));
+        granted && !denied
     }
 
     /// Whether the peer may call `tool`.
@@ -142,16 +152,29 @@ impl Permissions {
     }
 }
 
+/// Told of every call [`AuthorizationLayer`] lets through, with the time it decided at.
+pub type AllowedHook = Arc<dyn Fn(&Principal, u64) + Send + Sync>;
+
 /// Refuses tool calls the caller's permissions do not allow (`Forbidden`). A call whose
 /// principal carries no permissions is refused: default deny.
 #[derive(Clone)]
 pub struct AuthorizationLayer {
     clock: crate::signature::UnixClock,
+    on_allowed: Option<AllowedHook>,
 }
 
 impl AuthorizationLayer {
     pub fn new(clock: crate::signature::UnixClock) -> Self {
-        AuthorizationLayer { clock }
+        AuthorizationLayer {
+            clock,
+            on_allowed: None,
+        }
+    }
+
+    /// Call `hook` for every call that is allowed, before it goes on.
+    pub fn on_allowed(mut self, hook: AllowedHook) -> Self {
+        self.on_allowed = Some(hook);
+        self
     }
 }
 
@@ -167,6 +190,7 @@ impl<S> Layer<S> for AuthorizationLayer {
         Authorization {
             inner,
             clock: self.clock.clone(),
+            on_allowed: self.on_allowed.clone(),
         }
     }
 }
@@ -176,6 +200,7 @@ impl<S> Layer<S> for AuthorizationLayer {
 pub struct Authorization<S> {
     inner: S,
     clock: crate::signature::UnixClock,
+    on_allowed: Option<AllowedHook>,
 }
 
 impl<S> Service<ToolCall> for Authorization<S>
@@ -191,12 +216,16 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        let now_ms = (self.clock)();
         let allowed = call
             .principal
             .permissions
             .as_ref()
-            .is_some_and(|p| p.may_call(&call.tool.name, (self.clock)()));
+            .is_some_and(|p| p.may_call(&call.tool.name, now_ms));
         if allowed {
+            if let Some(hook) = &self.on_allowed {
+                hook(&call.principal, now_ms);
+            }
             ReadyOr::inner(self.inner.call(call))
         } else {
             ReadyOr::reject(Rejection::Forbidden(format!(
@@ -271,26 +300,159 @@ mod tests {
         );
     }
 
+    fn lease(allow: &[&str], deny: &[&str], expires_at_ms: u64) -> Lease {
+        Lease {
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+            expires_at_ms,
+        }
+    }
+
     #[test]
-    fn leases_narrow_while_in_force_and_lapse() {
-        let lease = Lease {
-            allow: vec!["tool.call:memory.query".into(), "tool.call:cron.*".into()],
-            expires_at_ms: 1_000,
-        };
-        let g = p("gateway", &[], &[], vec![lease]);
-        assert!(g.may_call("memory.query", 999));
-        assert!(!g.may_call("memory.delete", 999), "narrowed by the lease");
-        assert!(g.may_call("memory.delete", 1_000), "lease expired");
-        // A lease never widens.
+    fn the_role_alone_grants_its_defaults() {
+        let g = p("gateway", &[], &[], vec![]);
+        assert!(g.may_call("memory.delete", 0));
+        let s = p("subscriber", &[], &[], vec![]);
+        assert!(!s.may_call("memory.query", 0));
+        assert!(s.allows("event.publish:channel.general", 0));
+    }
+
+    #[test]
+    fn a_policy_deny_beats_the_role() {
+        let g = p("gateway", &[], &["tool.call:memory.delete"], vec![]);
+        assert!(!g.may_call("memory.delete", 0));
+        assert!(g.may_call("memory.query", 0));
+    }
+
+    #[test]
+    fn a_lease_grants_extra_scope_while_in_force() {
+        let s = p(
+            "subscriber",
+            &["tool.call:cron.list"],
+            &[],
+            vec![lease(&["tool.call:memory.*"], &[], 1_000)],
+        );
+        assert!(
+            s.may_call("memory.query", 999),
+            "the lease adds to the role"
+        );
+        assert!(
+            s.may_call("cron.list", 999),
+            "and does not narrow the policy"
+        );
+        assert!(!s.may_call("files.read", 999));
+        assert!(
+            s.allows("event.subscribe:channel.x", 999),
+            "nor the role defaults"
+        );
+        // A lease on a peer whose role already grants everything takes nothing away.
+        let g = p(
+            "gateway",
+            &[],
+            &[],
+            vec![lease(&["tool.call:cron.list"], &[], 1_000)],
+        );
+        assert!(g.may_call("memory.delete", 999));
+    }
+
+    #[test]
+    fn an_expired_lease_grants_nothing() {
         let s = p(
             "subscriber",
             &[],
             &[],
-            vec![Lease {
-                allow: vec!["tool.call:*".into()],
-                expires_at_ms: u64::MAX,
-            }],
+            vec![lease(&["tool.call:memory.*"], &[], 1_000)],
         );
-        assert!(!s.may_call("memory.query", 0));
+        assert!(
+            !s.may_call("memory.query", 1_000),
+            "expired at expires_at_ms"
+        );
+        assert!(!s.may_call("memory.query", 5_000));
+    }
+
+    #[test]
+    fn a_deny_beats_a_lease() {
+        let s = p(
+            "subscriber",
+            &[],
+            &["tool.call:memory.delete"],
+            vec![lease(&["tool.call:memory.*"], &[], 1_000)],
+        );
+        assert!(s.may_call("memory.query", 0));
+        assert!(
+            !s.may_call("memory.delete", 0),
+            "policy deny over lease allow"
+        );
+        let s = p(
+            "subscriber",
+            &[],
+            &[],
+            vec![lease(&["tool.call:*", PAIR_START], &[], u64::MAX)],
+        );
+        assert!(!s.allows(PAIR_START, 0), "no lease grants remote pairing");
+    }
+
+    #[test]
+    fn a_lease_deny_holds_for_the_lease_lifetime_only() {
+        let g = p(
+            "gateway",
+            &["tool.call:memory.delete"],
+            &[],
+            vec![
+                lease(&[], &["tool.call:memory.delete"], 1_000),
+                lease(&["tool.call:memory.delete"], &[], 2_000),
+            ],
+        );
+        // Over the role, the policy allow and another lease's allow.
+        assert!(!g.may_call("memory.delete", 999));
+        assert!(g.may_call("memory.query", 999));
+        assert!(
+            g.may_call("memory.delete", 1_000),
+            "the denying lease expired"
+        );
+    }
+
+    #[test]
+    fn lease_deny_is_optional_and_absent_when_empty() {
+        let l: Lease =
+            serde_json::from_str(r#"{"allow": ["tool.call:x"], "expires_at_ms": 5}"#).unwrap();
+        assert!(l.deny.is_empty());
+        assert_eq!(
+            serde_json::to_value(&l).unwrap(),
+            serde_json::json!({"allow": ["tool.call:x"], "expires_at_ms": 5})
+        );
+        let l: Lease =
+            serde_json::from_str(r#"{"deny": ["tool.call:x"], "expires_at_ms": 5}"#).unwrap();
+        assert!(l.allow.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_hook_hears_of_allowed_calls_only() {
+        use crate::call::testing;
+        use tower::ServiceExt;
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let layer = AuthorizationLayer::new(Arc::new(|| 7)).on_allowed(Arc::new(
+            move |p: &Principal, now| h.lock().unwrap().push((p.id.clone(), now)),
+        ));
+        let svc = layer.layer(tower::service_fn(|_: ToolCall| async {
+            Ok::<_, Rejection>(())
+        }));
+        let tool = testing::tool("memory.query", 10, 10);
+        svc.clone()
+            .oneshot(testing::call(tool.clone(), None))
+            .await
+            .unwrap();
+        let mut denied = testing::call(tool, None);
+        denied.principal = Arc::new(Principal {
+            id: "sub_1".into(),
+            permissions: Some(Arc::new(p("subscriber", &[], &[], vec![]))),
+            ..Principal::local()
+        });
+        assert!(matches!(
+            svc.oneshot(denied).await,
+            Err(Rejection::Forbidden(_))
+        ));
+        assert_eq!(*heard.lock().unwrap(), [("local".to_string(), 7)]);
     }
 }

@@ -74,6 +74,7 @@ fn pending_record(shared: &Shared, peer: &PairedPeer) -> Result<PeerRecord, Stri
         public_key_x25519: Some(peer.public_key_x25519.clone()),
         mtls_cert_fingerprint: peer.mtls_cert_fingerprint.clone(),
         mtls_ca_fingerprint: None,
+        mtls_cert_not_after: Some(peer.mtls_cert_not_after.clone()),
         status: crate::peers::PENDING.into(),
         paired_at: Some(peer.paired_at.clone()),
         last_seen_at: Some(peer.paired_at.clone()),

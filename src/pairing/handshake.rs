@@ -473,6 +473,8 @@ pub struct PairedPeer {
     pub public_key_x25519: String,
     /// Fingerprint of the certificate the gateway issued (what the peer presents on mTLS).
     pub mtls_cert_fingerprint: String,
+    /// RFC 3339 end of validity of that certificate.
+    pub mtls_cert_not_after: String,
     pub paired_at: String,
 }
 
@@ -495,6 +497,8 @@ pub struct GatewayHandshake {
     challenge_id: String,
     challenge_plaintext: String,
     issued_fingerprint: String,
+    /// `not_after` of the certificate issued, RFC 3339.
+    issued_not_after: String,
     state: GatewayState,
 }
 
@@ -538,6 +542,7 @@ impl GatewayHandshake {
                 challenge_id: String::new(),
                 challenge_plaintext: String::new(),
                 issued_fingerprint: String::new(),
+                issued_not_after: String::new(),
                 state: GatewayState::AwaitIdentity,
             },
             text,
@@ -588,6 +593,7 @@ impl GatewayHandshake {
                     // The fingerprint of what was issued (equal, up to case, to what the
                     // remote confirmed), in its canonical form.
                     mtls_cert_fingerprint: self.issued_fingerprint.clone(),
+                    mtls_cert_not_after: self.issued_not_after.clone(),
                     paired_at: go_time(now)?,
                 };
                 let complete = PairComplete::ok(&self.pairing_id);
@@ -628,6 +634,7 @@ impl GatewayHandshake {
             challenge_id: resp.challenge_id,
             challenge_plaintext: resp.challenge_plaintext,
             issued_fingerprint: issued.mtls_cert_fingerprint,
+            issued_not_after: issued.not_after,
             state: match step {
                 "response" => GatewayState::AwaitResponse,
                 "csr" => GatewayState::AwaitCsr,
@@ -706,6 +713,7 @@ impl GatewayHandshake {
         }
         let issued = issue(&self.identity, csr, now)?;
         self.issued_fingerprint = issued.mtls_cert_fingerprint.clone();
+        self.issued_not_after = issued.not_after.clone();
         let mut msg = PairCsrIssued::new(
             &self.pairing_id,
             issued.certificate_pem,
