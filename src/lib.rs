@@ -11,6 +11,7 @@ pub mod config;
 pub mod connections;
 pub mod control;
 pub mod demo;
+pub mod edge;
 pub mod errors;
 pub mod front;
 pub mod listener;

@@ -543,7 +543,7 @@ impl Outbound {
 async fn call_peer(client: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
     let body = serde_json::to_vec(&crate::tools_v1::encode_request(call)).expect("serializes");
     let mut headers = http::HeaderMap::new();
-    carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+    carapace_filters::call::set_call_headers(&mut headers, call);
     headers.insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
@@ -706,6 +706,7 @@ mod tests {
             timeout_ms: None,
             idempotency_key: None,
             principal: Arc::new(Principal::local()),
+            request_id: None,
             credential: Credential::None,
         }
     }

@@ -2,7 +2,6 @@
 //! listeners, discovery, reload and drain.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -36,6 +35,7 @@ use carapace_filters::Rejection;
 
 use crate::catalog::CatalogHandle;
 use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig, SharedStateBackend};
+use crate::edge::{edge, PanicAnswer};
 use crate::errors::ToolsV1Answers;
 use crate::front::{CallStack, Envelope, Resp};
 use crate::metrics::Metrics;
@@ -49,7 +49,7 @@ use crate::tools_v1::{ToolsV1Back, ToolsV1Front};
 use crate::upstream::AppClient;
 
 /// The service every listener hands requests to.
-pub type HttpStack = BoxCloneSyncService<Request<Incoming>, Resp, Infallible>;
+pub use crate::edge::HttpStack;
 
 /// Starting failed; nothing is left listening.
 #[derive(Debug, thiserror::Error)]
@@ -269,33 +269,44 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         .layer(PeerRateLimitLayer::new(peer_limits))
         .layer(shared.load_shed_layer(c.limits.max_in_flight))
         .layer(BodyLimitLayer::new(body));
+    let answers = c.front.answers.unwrap_or_default();
+    let panic = PanicAnswer {
+        front: c.front.protocol,
+        answers,
+    };
     match c.front.protocol {
-        Protocol::ToolsV1 => BoxCloneSyncService::new(Envelope::new(
-            http.service(ToolsV1Front::new(
-                shared.catalog.clone(),
-                calls,
-                shared.clock.clone(),
-                c.front.answers.unwrap_or_default(),
-            )),
-            Protocol::ToolsV1,
-            c.front.answers.unwrap_or_default(),
-            shared.metrics.clone(),
-        )),
-        Protocol::SkillV1 => {
-            let auth = c.front.auth.as_ref().expect("validated");
-            BoxCloneSyncService::new(Envelope::new(
-                http.service(SkillV1Front::new(
-                    cfg.front_skill_id.as_deref().expect("validated"),
-                    auth_mode(auth.mode),
-                    auth.header_name.as_deref(),
+        Protocol::ToolsV1 => edge(
+            Envelope::new(
+                http.service(ToolsV1Front::new(
                     shared.catalog.clone(),
                     calls,
                     shared.clock.clone(),
+                    answers,
                 )),
-                Protocol::SkillV1,
-                ToolsV1Answers::default(),
+                Protocol::ToolsV1,
+                answers,
                 shared.metrics.clone(),
-            ))
+            ),
+            panic,
+        ),
+        Protocol::SkillV1 => {
+            let auth = c.front.auth.as_ref().expect("validated");
+            edge(
+                Envelope::new(
+                    http.service(SkillV1Front::new(
+                        cfg.front_skill_id.as_deref().expect("validated"),
+                        auth_mode(auth.mode),
+                        auth.header_name.as_deref(),
+                        shared.catalog.clone(),
+                        calls,
+                        shared.clock.clone(),
+                    )),
+                    Protocol::SkillV1,
+                    ToolsV1Answers::default(),
+                    shared.metrics.clone(),
+                ),
+                panic,
+            )
         }
     }
 }
@@ -338,24 +349,36 @@ fn build_outbound_stack(cfg: &Loaded, shared: &Shared, outbound: Arc<Outbound>) 
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         .layer(shared.load_shed_layer(c.limits.max_in_flight))
         .layer(BodyLimitLayer::new(body));
-    BoxCloneSyncService::new(Envelope::new(
-        http.service(ToolsV1Front::new(
-            outbound.catalog.clone(),
-            calls,
-            shared.clock.clone(),
-            answers,
-        )),
-        Protocol::ToolsV1,
+    let panic = PanicAnswer {
+        front: Protocol::ToolsV1,
         answers,
-        shared.metrics.clone(),
-    ))
+    };
+    edge(
+        Envelope::new(
+            http.service(ToolsV1Front::new(
+                outbound.catalog.clone(),
+                calls,
+                shared.clock.clone(),
+                answers,
+            )),
+            Protocol::ToolsV1,
+            answers,
+            shared.metrics.clone(),
+        ),
+        panic,
+    )
 }
 
 /// Stands in until the real stack is built, before anything listens.
 fn placeholder_stack() -> HttpStack {
-    BoxCloneSyncService::new(tower::service_fn(|_: Request<Incoming>| async {
+    let never = tower::service_fn(|_: Request<Incoming>| async {
         unreachable!("replaced before listening")
-    }))
+    });
+    let panic = PanicAnswer {
+        front: Protocol::ToolsV1,
+        answers: ToolsV1Answers::default(),
+    };
+    edge::<_>(tower::util::MapResponse::new(never, |r: Resp| r), panic)
 }
 
 fn app_client(cfg: &Loaded) -> AppClient {

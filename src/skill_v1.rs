@@ -267,6 +267,7 @@ impl SkillV1Front {
             timeout_ms: None,
             idempotency_key: None,
             principal,
+            request_id: None,
             credential: Credential::Skill(SkillCredential {
                 api_key,
                 header_signature,
@@ -337,7 +338,11 @@ impl Service<Request<Bytes>> for SkillV1Front {
                 (&Method::GET, "/manifest") => Ok(this.manifest(&*front::principal(&req)?)),
                 (&Method::POST, "/run") => {
                     let started = Instant::now();
-                    match this.decode(&req, front::principal(&req)?) {
+                    let decoded = this.decode(&req, front::principal(&req)?).map(|mut call| {
+                        call.request_id = crate::edge::request_id(&req);
+                        call
+                    });
+                    match decoded {
                         Ok(call) => Ok(front::run_call(
                             &this.calls,
                             call,
@@ -407,7 +412,7 @@ pub fn encode_run(
         "nonce": nonce,
     });
     let mut headers = http::HeaderMap::new();
-    carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+    carapace_filters::call::set_call_headers(&mut headers, call);
     headers.insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),

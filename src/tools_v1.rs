@@ -222,6 +222,7 @@ fn decode(
             .remove("idempotency_key")
             .and_then(|v| v.as_str().map(str::to_owned)),
         principal,
+        request_id: None,
         credential: Credential::None,
     })
 }
@@ -295,7 +296,13 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                 }
                 (&Method::POST, "/v1/tools/call") => {
                     let started = Instant::now();
-                    match decode(req.body(), &this.catalog, front::principal(&req)?) {
+                    let decoded = decode(req.body(), &this.catalog, front::principal(&req)?).map(
+                        |mut call| {
+                            call.request_id = crate::edge::request_id(&req);
+                            call
+                        },
+                    );
+                    match decoded {
                         Ok(call) => Ok(front::run_call(
                             &this.calls,
                             call,
@@ -458,7 +465,7 @@ impl Service<ToolCall> for ToolsV1Back {
 pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
     let body = serde_json::to_vec(&encode_request(call)).expect("serializes");
     let mut headers = http::HeaderMap::new();
-    carapace_filters::identity::set_identity_headers(&mut headers, &call.principal);
+    carapace_filters::call::set_call_headers(&mut headers, call);
     headers.insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
@@ -498,6 +505,7 @@ mod tests {
             timeout_ms: Some(2_000),
             idempotency_key: idempotency_key.map(str::to_owned),
             principal: Arc::new(Principal::local()),
+            request_id: None,
             credential: Credential::None,
         }
     }

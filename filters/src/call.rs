@@ -127,6 +127,26 @@ pub struct ToolCall {
     pub idempotency_key: Option<String>,
     pub principal: Arc<Principal>,
     pub credential: Credential,
+    /// The call's request id (`x-request-id`: the caller's when sane, else one carapace
+    /// made), sent on to the app.
+    pub request_id: Option<http::HeaderValue>,
+}
+
+/// The request id header carapace reads from callers, returns to them and sends to apps.
+pub const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+/// Set the headers every back sends to its app for `call`: who called (see
+/// [`crate::identity::set_identity_headers`]) and the call's request id.
+pub fn set_call_headers(headers: &mut http::HeaderMap, call: &ToolCall) {
+    crate::identity::set_identity_headers(headers, &call.principal);
+    match &call.request_id {
+        Some(id) => {
+            headers.insert(REQUEST_ID, id.clone());
+        }
+        None => {
+            headers.remove(REQUEST_ID);
+        }
+    }
 }
 
 /// What the app answered for a call that reached it.
@@ -180,6 +200,7 @@ pub(crate) mod testing {
             timeout_ms,
             idempotency_key: None,
             principal: Arc::new(Principal::local()),
+            request_id: None,
             credential: Credential::None,
         }
     }
