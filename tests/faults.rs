@@ -74,6 +74,8 @@ enum Fault {
     ContinueThenSilent,
     /// The headers of a correct answer, then a reset (`SO_LINGER` 0 and close).
     ResetAfterHead,
+    /// Part of the status line, then a reset.
+    ResetInHead,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +257,11 @@ impl FaultApp {
                     let _ = s.set_zero_linger();
                     false
                 }
+                Fault::ResetInHead => {
+                    write(&mut s, b"HTTP/1.1 2").await;
+                    let _ = s.set_zero_linger();
+                    false
+                }
             };
             if !keep_alive {
                 return;
@@ -346,6 +353,7 @@ const CASES: &[(Fault, Expect)] = &[
     (Fault::Http10, Expect::Ok),
     (Fault::ContinueThenSilent, Expect::Timeout),
     (Fault::ResetAfterHead, Expect::Broken),
+    (Fault::ResetInHead, Expect::Broken),
 ];
 
 /// A front and the app behind it.
@@ -496,7 +504,7 @@ app: {{ protocol: tools-v1, address: "http://{addr}", {pool} }}
         let body = String::from_utf8_lossy(&reply.body);
         let v = reply.json();
         let tools = self.setup.front() == "tools-v1";
-        let Some((want_code, want_status, _)) = self.setup.expected(expect) else {
+        let Some((want_code, want_status, want_reason)) = self.setup.expected(expect) else {
             let ok = if tools {
                 reply.status == StatusCode::OK
                     && v["status"] == "ok"
@@ -530,6 +538,17 @@ app: {{ protocol: tools-v1, address: "http://{addr}", {pool} }}
             return Err(format!(
                 "expected {want_code} / {want_status}, got {} / {got_status}: {body}",
                 code(reply)
+            ));
+        }
+        let details = if tools {
+            &v["error"]["details"]
+        } else {
+            &v["details"]
+        };
+        if details["reason"] != want_reason {
+            return Err(format!(
+                "details.reason is {}, expected {want_reason}: {body}",
+                details["reason"]
             ));
         }
         if tools {
