@@ -244,7 +244,7 @@ impl AppClient {
             .client
             .request(req)
             .await
-            .map_err(|e| Rejection::AppUnavailable(error_chain(&e)))?;
+            .map_err(|e| request_failure(&e))?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), self.max_response_bytes)
             .collect()
@@ -252,6 +252,22 @@ impl AppClient {
             .map_err(|e| Rejection::AppInvalid(format!("reading answer: {e}")))?
             .to_bytes();
         Ok(AppResponse { status, body })
+    }
+}
+
+/// A request that failed before it was written (no connection, or hyper gave it back unsent)
+/// never reached the app: `AppUnavailable`, retryable. Once it was written the app may have
+/// acted on it, whatever came back (a close or reset before or inside the answer, a malformed
+/// head): `AppInvalid`, which a caller must not retry blindly.
+fn request_failure(e: &hyper_util::client::legacy::Error) -> Rejection {
+    let unsent = e.is_connect()
+        || std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<hyper::Error>())
+            .is_some_and(hyper::Error::is_canceled);
+    if unsent {
+        Rejection::AppUnavailable(error_chain(e))
+    } else {
+        Rejection::AppInvalid(format!("after the request was sent: {}", error_chain(e)))
     }
 }
 
