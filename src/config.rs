@@ -66,6 +66,9 @@ pub struct Config {
     /// Where nonces and rate limits live: this process, or a store every replica shares.
     #[serde(default)]
     pub shared_state: SharedStateConfig,
+    /// Distributed tracing: spans exported over OTLP (off unless configured).
+    #[serde(default)]
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
 }
 
 /// Where nonces and rate limits live.
@@ -1008,6 +1011,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     // Pass 3: meaning.
     let mut errors = Vec::new();
     let d = check_meaning(&Parts::of(&config), &mut errors);
+    check_telemetry(config.telemetry.as_ref(), &mut errors);
     match d.app_address {
         Some(app_address) if errors.is_empty() => Ok(Loaded {
             config,
@@ -1025,6 +1029,24 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             redis_password: d.redis_password,
         }),
         _ => Err(ConfigErrors(errors)),
+    }
+}
+
+fn check_telemetry(t: Option<&crate::telemetry::TelemetryConfig>, errors: &mut Vec<ConfigError>) {
+    let Some(otlp) = t.and_then(|t| t.otlp.as_ref()) else {
+        return;
+    };
+    if !otlp.endpoint.starts_with("http://") || otlp.endpoint.parse::<http::Uri>().is_err() {
+        errors.push(err(
+            "/telemetry/otlp/endpoint",
+            "must be http://HOST:PORT/v1/traces (OTLP over HTTP; TLS is not built in)",
+        ));
+    }
+    if otlp.export_interval_ms == 0 {
+        errors.push(err(
+            "/telemetry/otlp/export_interval_ms",
+            "must be at least 1",
+        ));
     }
 }
 

@@ -121,7 +121,9 @@ where
 {
     let svc = ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(panic))
-        .layer(SetSensitiveHeadersLayer::new(SENSITIVE_HEADERS.iter().cloned()))
+        .layer(SetSensitiveHeadersLayer::new(
+            SENSITIVE_HEADERS.iter().cloned(),
+        ))
         .map_request(drop_unusable_request_id)
         .layer(SetRequestIdLayer::new(REQUEST_ID, RandomRequestId))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
@@ -133,7 +135,16 @@ where
                         .get(REQUEST_ID)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("");
-                    tracing::info_span!("call", request_id = id, method = %req.method(), path = req.uri().path())
+                    let span = tracing::info_span!(
+                        "call",
+                        request_id = id,
+                        method = %req.method(),
+                        path = req.uri().path(),
+                        tool = tracing::field::Empty,
+                        context_trace_id = tracing::field::Empty,
+                    );
+                    crate::telemetry::adopt_caller_context(&span, req.headers());
+                    span
                 })
                 .on_request(())
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG))

@@ -25,6 +25,7 @@ pub mod pki;
 pub mod server;
 pub mod shared_state;
 pub mod skill_v1;
+pub mod telemetry;
 pub mod tls;
 pub mod tools_v1;
 pub mod upstream;

@@ -179,15 +179,35 @@ fn print_config_errors(path: &Path, errors: &config::ConfigErrors) {
 }
 
 fn init_logging(format: LogFormat, level: &str) {
+    init_tracing(format, level, None);
+}
+
+/// Logs on stderr, and spans over OTLP when `otlp` is set (its handle flushes at the end).
+fn init_tracing(
+    format: LogFormat,
+    level: &str,
+    otlp: Option<&carapace::telemetry::OtlpConfig>,
+) -> Option<carapace::telemetry::Exporter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
+        LogFormat::Text => fmt.with_ansi(false).with_filter(filter).boxed(),
+    };
+    let (spans, exporter) = match otlp.map(carapace::telemetry::otlp_layer) {
+        Some(Ok((layer, exporter))) => (Some(layer), Some(exporter)),
+        Some(Err(e)) => {
+            eprintln!("spans are not exported: {e}");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry().with(fmt).with(spans).init();
+    exporter
 }
 
 fn runtime(threads: Option<usize>) -> tokio::runtime::Runtime {
@@ -223,9 +243,18 @@ fn serve(path: &Path) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    init_logging(loaded.config.log.format, &loaded.config.log.level);
+    let otlp = loaded
+        .config
+        .telemetry
+        .as_ref()
+        .and_then(|t| t.otlp.clone());
+    let exporter = init_tracing(
+        loaded.config.log.format,
+        &loaded.config.log.level,
+        otlp.as_ref(),
+    );
     let rt = runtime(loaded.config.runtime.worker_threads);
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         // Handlers first, so a signal during start-up is not fatal.
         use tokio::signal::unix::{signal, SignalKind};
         let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
@@ -248,7 +277,11 @@ fn serve(path: &Path) -> ExitCode {
         tracing::info!("draining");
         running.shutdown().await;
         ExitCode::SUCCESS
-    })
+    });
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
+    code
 }
 
 fn main() -> ExitCode {

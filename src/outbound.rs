@@ -707,6 +707,7 @@ mod tests {
             idempotency_key: None,
             principal: Arc::new(Principal::local()),
             request_id: None,
+            trace_context: Vec::new(),
             credential: Credential::None,
         }
     }

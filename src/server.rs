@@ -564,6 +564,11 @@ fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
             n.limits.max_connections.to_string(),
         ),
         (
+            "telemetry",
+            format!("{:?}", o.telemetry),
+            format!("{:?}", n.telemetry),
+        ),
+        (
             "limits.max_connections_per_peer",
             o.limits.max_connections_per_peer.to_string(),
             n.limits.max_connections_per_peer.to_string(),

@@ -268,6 +268,7 @@ impl SkillV1Front {
             idempotency_key: None,
             principal,
             request_id: None,
+            trace_context: Vec::new(),
             credential: Credential::Skill(SkillCredential {
                 api_key,
                 header_signature,
@@ -340,6 +341,8 @@ impl Service<Request<Bytes>> for SkillV1Front {
                     let started = Instant::now();
                     let decoded = this.decode(&req, front::principal(&req)?).map(|mut call| {
                         call.request_id = crate::edge::request_id(&req);
+                        tracing::Span::current().record("tool", call.tool.name.as_str());
+                        call.trace_context = crate::telemetry::outgoing_context(req.headers());
                         call
                     });
                     match decoded {

@@ -223,6 +223,7 @@ fn decode(
             .and_then(|v| v.as_str().map(str::to_owned)),
         principal,
         request_id: None,
+        trace_context: Vec::new(),
         credential: Credential::None,
     })
 }
@@ -299,6 +300,17 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                     let decoded = decode(req.body(), &this.catalog, front::principal(&req)?).map(
                         |mut call| {
                             call.request_id = crate::edge::request_id(&req);
+                            let span = tracing::Span::current();
+                            span.record("tool", call.tool.name.as_str());
+                            if let Some(id) = call
+                                .context
+                                .as_ref()
+                                .and_then(|c| c.get("trace_id"))
+                                .and_then(Value::as_str)
+                            {
+                                span.record("context_trace_id", id);
+                            }
+                            call.trace_context = crate::telemetry::outgoing_context(req.headers());
                             call
                         },
                     );
@@ -506,6 +518,7 @@ mod tests {
             idempotency_key: idempotency_key.map(str::to_owned),
             principal: Arc::new(Principal::local()),
             request_id: None,
+            trace_context: Vec::new(),
             credential: Credential::None,
         }
     }

@@ -233,6 +233,20 @@ impl AppClient {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<AppResponse, Rejection> {
+        use tracing::Instrument;
+        let span = tracing::debug_span!("upstream", path);
+        self.send_inner(method, path, headers, body)
+            .instrument(span)
+            .await
+    }
+
+    async fn send_inner(
+        &self,
+        method: Method,
+        path: &str,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<AppResponse, Rejection> {
         let uri = format!("http://{}{}", self.authority, path);
         let mut req = Request::builder()
             .method(method)

@@ -130,6 +130,8 @@ pub struct ToolCall {
     /// The call's request id (`x-request-id`: the caller's when sane, else one carapace
     /// made), sent on to the app.
     pub request_id: Option<http::HeaderValue>,
+    /// Trace context headers (`traceparent`, `tracestate`) sent on to the app.
+    pub trace_context: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 /// The request id header carapace reads from callers, returns to them and sends to apps.
@@ -146,6 +148,9 @@ pub fn set_call_headers(headers: &mut http::HeaderMap, call: &ToolCall) {
         None => {
             headers.remove(REQUEST_ID);
         }
+    }
+    for (name, value) in &call.trace_context {
+        headers.insert(name.clone(), value.clone());
     }
 }
 
@@ -201,6 +206,7 @@ pub(crate) mod testing {
             idempotency_key: None,
             principal: Arc::new(Principal::local()),
             request_id: None,
+            trace_context: Vec::new(),
             credential: Credential::None,
         }
     }

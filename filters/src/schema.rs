@@ -114,7 +114,9 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        match call.tool.input.validate(&call.args) {
+        let checked =
+            tracing::debug_span!("input_schema").in_scope(|| call.tool.input.validate(&call.args));
+        match checked {
             Ok(()) => crate::future::ReadyOr::inner(self.inner.call(call)),
             Err(v) => crate::future::ReadyOr::reject(Rejection::InputSchema(v)),
         }
@@ -158,8 +160,8 @@ where
         Box::pin(async move {
             let outcome = fut.await?;
             if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, &tool.output) {
-                schema
-                    .validate_redacted(output)
+                tracing::debug_span!("output_schema")
+                    .in_scope(|| schema.validate_redacted(output))
                     .map_err(Rejection::OutputSchema)?;
             }
             Ok(outcome)

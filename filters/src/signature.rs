@@ -251,7 +251,9 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        match self.verifier.verify(&call.credential) {
+        let span = tracing::debug_span!("signature");
+        let verified = span.in_scope(|| self.verifier.verify(&call.credential));
+        match verified {
             Ok(Verified::Now(key_id)) => {
                 tracing::debug!(call_id = %call.call_id, key_id = %key_id, "signature verified");
                 Gated::inner(self.inner.call(call))
