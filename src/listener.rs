@@ -193,10 +193,16 @@ pub async fn accept_tcp(
             }
         };
         let _ = stream.set_nodelay(true);
-        let Some(watcher) = watcher(&graceful).await else {
+        if graceful.lock().await.is_none() {
             return;
-        };
-        tokio::spawn(serve_tcp(stream, peer, slot, shared.clone(), watcher));
+        }
+        tokio::spawn(serve_tcp(
+            stream,
+            peer,
+            slot,
+            shared.clone(),
+            graceful.clone(),
+        ));
     }
 }
 
@@ -206,7 +212,7 @@ async fn serve_tcp(
     peer: std::net::SocketAddr,
     slot: Slot,
     shared: Arc<Shared>,
-    watcher: hyper_util::server::graceful::Watcher,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
 ) {
     let mut lifetime = Lifetime::of(&shared.config.load());
     let parts = (shared.clone(), shared.stack.clone());
@@ -218,6 +224,9 @@ async fn serve_tcp(
         }
         let identity = ConnectionIdentity::Anonymous {
             remote_ip: Some(peer.ip()),
+        };
+        let Some(watcher) = watcher(&graceful).await else {
+            return;
         };
         return serve_connection(stream, identity, false, slot, lifetime, parts, watcher).await;
     };
@@ -263,5 +272,9 @@ async fn serve_tcp(
         lifetime.single_answer = true;
     }
     let h2 = conn.alpn_protocol() == Some(b"h2");
+    // Watched for the drain only from here: a handshake never holds a shutdown up.
+    let Some(watcher) = watcher(&graceful).await else {
+        return;
+    };
     serve_connection(tls, identity, h2, slot, lifetime, parts, watcher).await
 }
