@@ -13,6 +13,7 @@ use carapace_filters::canonical::{canonical_string, parse_strict, verify_hmac_sh
 use carapace_filters::signature::AuthMode;
 use carapace_filters::Rejection;
 use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
 
 static FRONT: LazyLock<SkillV1Front> = LazyLock::new(|| {
     let cfg = carapace_fuzz::config();
@@ -32,6 +33,22 @@ static FRONT: LazyLock<SkillV1Front> = LazyLock::new(|| {
     )
 });
 
+/// Equal as JavaScript reads them: numbers compare as doubles (`0.0` is signed as `0`).
+fn same_numbers(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_numbers(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_numbers(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 fuzz_target!(|body: &[u8]| {
     let req = http::Request::post("/run")
         .header("content-type", "application/json")
@@ -50,9 +67,11 @@ fuzz_target!(|body: &[u8]| {
         canonical_string(&reparsed).as_deref(),
         Ok(cred.canonical.as_str())
     );
-    assert_eq!(
-        reparsed["input"], call.args,
-        "the app gets the signed input"
+    assert!(
+        same_numbers(&reparsed["input"], &call.args),
+        "the app gets the signed input: signed {}, sent {}",
+        reparsed["input"],
+        call.args
     );
     assert_eq!(reparsed["nonce"].as_str(), Some(cred.nonce.as_str()));
     assert!(cred.timestamp_ms >= 0);
