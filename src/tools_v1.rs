@@ -568,4 +568,38 @@ mod tests {
             );
         }
     }
+
+    /// The body alone decodes into the call's fields; what is not tools-v1 is refused.
+    #[test]
+    fn decode_request_reads_the_fields_without_a_catalog() {
+        let req = decode_request(
+            br#"{"version":"v1","call_id":" c1 ","tool_name":"echo ","tenant_id":"t","args":{"x":1},"context":{"agent_id":"a","session_id":"s"},"timeout_ms":5}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (req.call_id.as_str(), req.tool_name.as_str()),
+            ("c1", "echo")
+        );
+        assert_eq!(req.tenant_id.as_deref(), Some("t"));
+        assert_eq!(
+            (req.args, req.context, req.timeout_ms),
+            (
+                json!({"x": 1}),
+                Some(json!({"agent_id": "a", "session_id": "s"})),
+                Some(5)
+            )
+        );
+
+        let refused = decode_request(br#"{"version":"v1","call_id":"c1","x":1}"#).unwrap_err();
+        assert!(refused.malformed);
+        let refused = decode_request(
+            br#"{"version":"v2","call_id":"c1","tool_name":"echo","tenant_id":"t"}"#,
+        )
+        .unwrap_err();
+        assert!(!refused.malformed);
+        assert_eq!(
+            (refused.call_id.as_str(), refused.tool_name.as_str()),
+            ("c1", "echo")
+        );
+    }
 }
