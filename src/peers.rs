@@ -156,14 +156,26 @@ impl PeerStore {
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, PeerStoreError> {
         let path = path.into();
         let snapshot = read(&path)?;
-        Ok(PeerStore {
+        Ok(Self::with_snapshot(path, snapshot))
+    }
+
+    /// The store the file `bytes` hold, checked as [`PeerStore::open`] checks the file at
+    /// `path` (which is not read; changes would be written there).
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: &[u8]) -> Result<Self, PeerStoreError> {
+        let path = path.into();
+        let snapshot = parse(&path, bytes)?;
+        Ok(Self::with_snapshot(path, snapshot))
+    }
+
+    fn with_snapshot(path: PathBuf, snapshot: Snapshot) -> Self {
+        PeerStore {
             path,
             snapshot: ArcSwap::from_pointee(snapshot),
             writer: Mutex::new(()),
             clock: Arc::new(carapace_filters::unix_now_ms),
             seen: Mutex::default(),
             expiry_warned: Mutex::default(),
-        })
+        }
     }
 
     /// The store with `clock` (Unix ms) instead of the system clock.

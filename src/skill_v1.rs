@@ -156,7 +156,10 @@ impl SkillV1Front {
         json_response(StatusCode::OK, &m)
     }
 
-    fn decode(
+    /// Decode a `POST /run` request into a call: the body must be one strict JSON object of
+    /// the signed fields and `signature`, for this skill and a capability of the catalog. The
+    /// call carries the canonical string and the credentials; the call stack checks them.
+    pub fn decode(
         &self,
         req: &Request<Bytes>,
         principal: Arc<Principal>,

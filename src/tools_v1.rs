@@ -116,12 +116,28 @@ impl ToolsV1Front {
 }
 
 /// Why a call request could not be decoded, with what could be read of it for the envelope.
-struct Refused {
-    rejection: Rejection,
-    call_id: String,
-    tool_name: String,
+#[derive(Debug)]
+pub struct Refused {
+    pub rejection: Rejection,
+    pub call_id: String,
+    pub tool_name: String,
     /// Not one JSON document of the request's shape (the reference answers those 400).
-    malformed: bool,
+    pub malformed: bool,
+}
+
+/// A call request that follows tools-v1, before its tool is looked up in the catalog.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRequest {
+    /// Trimmed, non-blank.
+    pub call_id: String,
+    /// Trimmed, non-blank.
+    pub tool_name: String,
+    pub tenant_id: Option<String>,
+    /// `{}` when absent.
+    pub args: Value,
+    pub context: Option<Value>,
+    pub timeout_ms: Option<u64>,
+    pub idempotency_key: Option<String>,
 }
 
 /// The first member of `doc` (or of its `context`) that the request schema does not name.
@@ -150,12 +166,10 @@ fn unknown_member(doc: &Value) -> Option<String> {
 /// checks them.
 const REQUIRED_IDS: [&str; 4] = ["version", "call_id", "tool_name", "tenant_id"];
 
-/// Decode a call request. The ids are trimmed as the reference tool host trims them.
-fn decode(
-    body: &[u8],
-    catalog: &CatalogHandle,
-    principal: Arc<carapace_filters::call::Principal>,
-) -> Result<ToolCall, Refused> {
+/// Decode the body of a `POST /v1/tools/call` request: one strict JSON document following the
+/// request schema, with no member tools-v1 does not define, and non-blank ids (trimmed as
+/// the reference tool host trims them). The tool is not looked up.
+pub fn decode_request(body: &[u8]) -> Result<CallRequest, Refused> {
     let malformed = |rejection| Refused {
         rejection,
         call_id: String::new(),
@@ -196,22 +210,12 @@ fn decode(
             path: Some(first.path.clone()),
         }));
     }
-    if !catalog.discovered() {
-        return Err(fail(Rejection::AppUnavailable(
-            "tool discovery has not succeeded yet".into(),
-        )));
-    }
-    let tool = catalog
-        .load()
-        .get(&tool_name)
-        .cloned()
-        .ok_or_else(|| fail(Rejection::ToolNotFound(tool_name.clone())))?;
     let Value::Object(mut m) = doc else {
         unreachable!("schema requires an object")
     };
-    Ok(ToolCall {
-        call_id: call_id.clone(),
-        tool,
+    Ok(CallRequest {
+        call_id,
+        tool_name,
         tenant_id: m
             .remove("tenant_id")
             .and_then(|v| v.as_str().map(str::to_owned)),
@@ -221,6 +225,40 @@ fn decode(
         idempotency_key: m
             .remove("idempotency_key")
             .and_then(|v| v.as_str().map(str::to_owned)),
+    })
+}
+
+/// Decode a call request and look its tool up in `catalog`.
+fn decode(
+    body: &[u8],
+    catalog: &CatalogHandle,
+    principal: Arc<carapace_filters::call::Principal>,
+) -> Result<ToolCall, Refused> {
+    let req = decode_request(body)?;
+    let fail = |rejection| Refused {
+        rejection,
+        call_id: req.call_id.clone(),
+        tool_name: req.tool_name.clone(),
+        malformed: false,
+    };
+    if !catalog.discovered() {
+        return Err(fail(Rejection::AppUnavailable(
+            "tool discovery has not succeeded yet".into(),
+        )));
+    }
+    let tool = catalog
+        .load()
+        .get(&req.tool_name)
+        .cloned()
+        .ok_or_else(|| fail(Rejection::ToolNotFound(req.tool_name.clone())))?;
+    Ok(ToolCall {
+        call_id: req.call_id,
+        tool,
+        tenant_id: req.tenant_id,
+        args: req.args,
+        context: req.context,
+        timeout_ms: req.timeout_ms,
+        idempotency_key: req.idempotency_key,
         principal,
         request_id: None,
         trace_context: Vec::new(),
@@ -550,5 +588,39 @@ mod tests {
                 serde_json::to_string(&value).unwrap()
             );
         }
+    }
+
+    /// The body alone decodes into the call's fields; what is not tools-v1 is refused.
+    #[test]
+    fn decode_request_reads_the_fields_without_a_catalog() {
+        let req = decode_request(
+            br#"{"version":"v1","call_id":" c1 ","tool_name":"echo ","tenant_id":"t","args":{"x":1},"context":{"agent_id":"a","session_id":"s"},"timeout_ms":5}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (req.call_id.as_str(), req.tool_name.as_str()),
+            ("c1", "echo")
+        );
+        assert_eq!(req.tenant_id.as_deref(), Some("t"));
+        assert_eq!(
+            (req.args, req.context, req.timeout_ms),
+            (
+                json!({"x": 1}),
+                Some(json!({"agent_id": "a", "session_id": "s"})),
+                Some(5)
+            )
+        );
+
+        let refused = decode_request(br#"{"version":"v1","call_id":"c1","x":1}"#).unwrap_err();
+        assert!(refused.malformed);
+        let refused = decode_request(
+            br#"{"version":"v2","call_id":"c1","tool_name":"echo","tenant_id":"t"}"#,
+        )
+        .unwrap_err();
+        assert!(!refused.malformed);
+        assert_eq!(
+            (refused.call_id.as_str(), refused.tool_name.as_str()),
+            ("c1", "echo")
+        );
     }
 }

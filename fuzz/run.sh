@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Run every fuzz target for SECONDS (default 30) on a copy of its seed corpus, so that the
+# checkout is never written to. Installs the nightly toolchain and cargo-fuzz when missing.
+# A crash (or leak, timeout, out-of-memory) fails the run; the input is kept under
+# fuzz/artifacts/<target>/ and printed. Usage: fuzz/run.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-30}
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  # One line per target: the target's file is fuzz/fuzz_targets/<name>.rs, its seeds
+  # fuzz/corpus/<name>/.
+  targets=(
+    tools_v1_request
+    skill_v1_request
+    canonical_hmac
+    pairing_wire
+    peer_store
+    config
+    app_responses
+  )
+fi
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked
+fi
+
+cargo +nightly fuzz build
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for t in "${targets[@]}"; do
+  echo "== fuzz $t (${seconds}s)"
+  mkdir -p "$work/$t"
+  cp -r "fuzz/corpus/$t/." "$work/$t/"
+  # -print_final_stats gives the executions per second; the summary line is kept.
+  if ! cargo +nightly fuzz run "$t" "$work/$t" -- -max_total_time="$seconds" \
+      -rss_limit_mb=2048 -print_final_stats=1 >"$work/$t.log" 2>&1; then
+    tail -n 60 "$work/$t.log"
+    echo "fuzz target $t failed (input under fuzz/artifacts/$t/)" >&2
+    exit 1
+  fi
+  grep -E '^(Done|stat::number_of_executed_units|stat::average_exec_per_sec)' "$work/$t.log" || true
+  echo "corpus: $(find "$work/$t" -type f | wc -l) files"
+done

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Regenerate the seed corpora of the fuzz targets (fuzz/corpus/<target>/) from the protocol
+vectors (../shared/vectors/ beside this checkout) and the example configurations.
+
+Usage: python3 fuzz/seed.py [VECTORS_DIR]
+
+Each seed is one file named by the SHA-1 of its bytes (as libFuzzer names corpus entries), so
+running the script twice gives the same files. The corpus directories are emptied first.
+"""
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+FUZZ = Path(__file__).resolve().parent
+ROOT = FUZZ.parent
+VECTORS = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "vectors"
+CORPUS = FUZZ / "corpus"
+
+# app_responses: the first byte picks the decoder, the second the HTTP status (index into the
+# target's STATUSES: 0 is 200, 4 is 400, 6 is 500).
+TOOLS_V1_RESPONSE, SKILL_RUN_RESPONSE, TOOLS_V1_DISCOVERY, SKILL_MANIFEST = range(4)
+STATUS_INDEX = {200: 0, 201: 1, 204: 2, 302: 3, 400: 4, 404: 5, 500: 6, 503: 7}
+
+
+def load(rel):
+    return json.loads((VECTORS / rel).read_text(encoding="utf-8"))
+
+
+def tools_v1_request():
+    for case in load("crabstack/toolhost_http.json")["cases"]:
+        if case["path"] == "/v1/tools/call" and case["method"] == "POST":
+            yield case.get("request_body", "")
+
+
+def skill_v1_request():
+    for v in load("vagus/canonical_hmac_vectors.json")["vectors"]:
+        yield v["wire_body"]
+
+
+def canonical_hmac():
+    for v in load("vagus/canonical_hmac_vectors.json")["vectors"]:
+        yield v["wire_body"]
+        yield v["canonical"]
+
+
+def pairing_wire():
+    for line in (VECTORS / "crabstack/pairing_transcript.jsonl").read_text().splitlines():
+        frame = json.loads(line)
+        if frame.get("kind") == "ws" and frame.get("text"):
+            yield frame["text"]
+    negative = load("crabstack/pairing_negative.json")
+    for v in negative["vectors"] + negative["accepted_variants"]["vectors"]:
+        yield v["wire_text"]
+
+
+FP = "sha256:cb7fcdc361abd781db9c3bb64306d58140bdafd6a9ccfca45f465f5261169cdf"
+CA = "sha256:" + "ab" * 32
+
+
+def peer_store():
+    # The README's example, then one record of each kind the store knows.
+    gateway = {
+        "component_type": "gateway", "component_id": "gw_home", "role": "gateway",
+        "endpoint": None, "public_key_ed25519": None, "public_key_x25519": None,
+        "mtls_cert_fingerprint": FP, "status": "active", "paired_at": "2026-11-21T10:00:00Z",
+        "last_seen_at": None, "policy": None,
+    }
+    yield json.dumps({"version": 1, "peers": [gateway]}, indent=2)
+    yield json.dumps({"version": 1, "peers": []})
+    yield json.dumps({"version": 0})
+    yield json.dumps({"version": 1, "peers": [
+        dict(gateway, mtls_cert_not_after="2027-11-21T10:00:00.123456789+02:00",
+             last_seen_at="2026-11-22T08:30:00Z"),
+        {"component_type": "gateway", "component_id": "gw_ca", "mtls_ca_fingerprint": CA,
+         "status": "active"},
+        {"component_type": "tool_host", "component_id": "th1",
+         "mtls_cert_fingerprint": "SHA256:" + "0F" * 32, "status": "revoked"},
+        {"component_type": "operator", "component_id": "op", "role": "cli_admin",
+         "mtls_cert_fingerprint": "sha256:" + "01" * 32, "status": "pending",
+         "policy": {"allow": ["tools.call:memory.*"], "deny": ["tools.call:memory.delete"],
+                    "leases": [{"allow": ["tools.call:*"], "deny": ["admin.*"],
+                                "expires_at_ms": 1767225600000}]}},
+    ]})
+
+
+def config():
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        yield path.read_text(encoding="utf-8")
+
+
+def app_responses():
+    def framed(which, status, body):
+        return bytes([which, STATUS_INDEX.get(status, STATUS_INDEX[400])]) + body.encode()
+
+    for case in load("crabstack/toolhost_http.json")["cases"]:
+        if case["path"] == "/v1/tools/call" and case.get("response_body"):
+            yield framed(TOOLS_V1_RESPONSE, case["status"], case["response_body"])
+        if case["id"] == "discovery":
+            yield framed(TOOLS_V1_DISCOVERY, 200, case["response_body"])
+    # `/run` answers the Vagus harness captured, and the demo server's error bodies.
+    seen = set()
+    for path in sorted((VECTORS / "vagus/captured").glob("*.json")):
+        for call in json.loads(path.read_text()).get("calls", []):
+            result = call.get("result")
+            if isinstance(result, dict):
+                result = {k: v for k, v in result.items() if not k.startswith("__")}
+                text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+                if text not in seen:
+                    seen.add(text)
+                    yield framed(SKILL_RUN_RESPONSE, 200, text)
+    wire = load("vagus/wire_contract.json")
+    for key, body in wire["demo_server_error_bodies"].items():
+        if isinstance(body, dict):
+            status = int(key.split("_")[0])
+            yield framed(SKILL_RUN_RESPONSE, status if status in STATUS_INDEX else 400,
+                         json.dumps(body))
+    manifest = wire["discovery"]["example_manifest_demo_server"]
+    yield framed(SKILL_MANIFEST, 200, json.dumps(manifest))
+    # The protocol text's shape: capabilities as strings, schemas at the top.
+    caps = manifest["capabilities"]
+    text_shape = {k: v for k, v in manifest.items() if k != "capabilities"}
+    text_shape.update(capabilities=[c["capability"] for c in caps],
+                      input_schema=caps[0]["input_schema"],
+                      output_schema=caps[0]["output_schema"])
+    yield framed(SKILL_MANIFEST, 200, json.dumps(text_shape))
+
+
+TARGETS = {
+    "tools_v1_request": tools_v1_request,
+    "skill_v1_request": skill_v1_request,
+    "canonical_hmac": canonical_hmac,
+    "pairing_wire": pairing_wire,
+    "peer_store": peer_store,
+    "config": config,
+    "app_responses": app_responses,
+}
+
+
+def main():
+    total = 0
+    for target, seeds in TARGETS.items():
+        out = CORPUS / target
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for seed in seeds():
+            data = seed if isinstance(seed, bytes) else seed.encode("utf-8")
+            (out / hashlib.sha1(data).hexdigest()).write_bytes(data)
+        files = list(out.iterdir())
+        size = sum(f.stat().st_size for f in files)
+        total += size
+        print(f"{target}: {len(files)} files, {size} bytes")
+    print(f"total: {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
