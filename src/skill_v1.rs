@@ -360,6 +360,8 @@ impl Service<Request<Bytes>> for SkillV1Front {
                         Err(r) => Ok(front::refused(&r, error_response)),
                     }
                 }
+                (_, "/manifest") => Err(Rejection::MethodNotAllowed("GET".into())),
+                (_, "/run") => Err(Rejection::MethodNotAllowed("POST".into())),
                 (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
             }
         })

@@ -382,6 +382,13 @@ async fn requests_failing_a_check_never_reach_the_app() {
         "SKILL_AUTH_FAILED",
     );
 
+    // A wrong method on a known route.
+    let reply = Client::new(Transport::Tcp(r.tcp_address.unwrap()))
+        .send(Method::GET, "/run", &[], "")
+        .await
+        .unwrap();
+    refused(reply, StatusCode::METHOD_NOT_ALLOWED, "ROUTING_FAILED");
+
     // Outside the ±120 s window, either way.
     for ts in [NOW - 121_000, NOW + 121_000] {
         let reply = refused(
