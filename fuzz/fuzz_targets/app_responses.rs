@@ -38,6 +38,8 @@ static CALL: LazyLock<ToolCall> = LazyLock::new(|| ToolCall {
     idempotency_key: None,
     principal: Arc::new(Principal::local()),
     credential: Credential::None,
+    request_id: None,
+    trace_context: Vec::new(),
 });
 
 fuzz_target!(|data: &[u8]| {
