@@ -7,7 +7,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -107,8 +106,24 @@ pub fn component_type(raw: &str) -> Option<&'static str> {
     }
 }
 
+/// A request body the admin handlers read: hyper's on the admin socket, the caller's on the
+/// control plane.
+pub trait AdminBody:
+    http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + 'static
+{
+}
+
+impl<B> AdminBody for B where
+    B: http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static
+{
+}
+
 /// Run a pairing requested on the admin socket and record the peer.
-async fn pairings(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn pairings<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Response<Full<Bytes>> {
     if req.method() != Method::POST {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
     }
@@ -202,7 +217,7 @@ fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String>
 }
 
 /// Serve one admin request (the admin socket, and the control plane after authorization).
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Response<Full<Bytes>> {
     if req.uri().path() == "/v1/pairings" {
         return pairings(shared, req).await;
     }

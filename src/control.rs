@@ -9,8 +9,8 @@
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
+use crate::caller_body::CallerBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::Service;
 
 use carapace_filters::authorization::PAIR_START;
@@ -68,9 +68,9 @@ impl<S> ControlPlane<S> {
     }
 }
 
-impl<S> Service<Request<Incoming>> for ControlPlane<S>
+impl<S> Service<Request<CallerBody>> for ControlPlane<S>
 where
-    S: Service<Request<Incoming>, Response = Resp, Error = Rejection> + Clone + Send + 'static,
+    S: Service<Request<CallerBody>, Response = Resp, Error = Rejection> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     type Response = Resp;
@@ -81,7 +81,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, mut req: Request<CallerBody>) -> Self::Future {
         if !req.uri().path().starts_with(PREFIX) {
             let clone = self.inner.clone();
             let mut inner = std::mem::replace(&mut self.inner, clone);

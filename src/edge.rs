@@ -11,9 +11,9 @@
 
 use std::convert::Infallible;
 
+use crate::caller_body::CallerBody;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response};
-use hyper::body::Incoming;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::{CatchPanicLayer, ResponseForPanic};
@@ -35,7 +35,7 @@ use crate::front::Resp;
 pub type EdgeBody = tower_http::body::UnsyncBoxBody<Bytes, tower_http::BoxError>;
 
 /// A listener's whole stack, edge included.
-pub type HttpStack = BoxCloneSyncService<Request<Incoming>, Response<EdgeBody>, Infallible>;
+pub type HttpStack = BoxCloneSyncService<Request<CallerBody>, Response<EdgeBody>, Infallible>;
 
 /// Headers whose values never appear in a log line or a trace (`Sensitive` instead).
 pub static SENSITIVE_HEADERS: [HeaderName; 6] = [
@@ -72,7 +72,7 @@ pub fn is_usable_request_id(v: &HeaderValue) -> bool {
 }
 
 /// A caller's request id is kept only when usable and single; otherwise carapace makes one.
-fn drop_unusable_request_id(mut req: Request<Incoming>) -> Request<Incoming> {
+fn drop_unusable_request_id(mut req: Request<CallerBody>) -> Request<CallerBody> {
     let values = req.headers().get_all(REQUEST_ID);
     let mut it = values.iter();
     let keep = matches!((it.next(), it.next()), (Some(v), None) if is_usable_request_id(v));
@@ -112,7 +112,7 @@ impl ResponseForPanic for PanicAnswer {
 /// Wrap a front's stack in the edge.
 pub fn edge<S>(inner: S, panic: PanicAnswer) -> HttpStack
 where
-    S: Service<Request<Incoming>, Response = Resp, Error = Infallible>
+    S: Service<Request<CallerBody>, Response = Resp, Error = Infallible>
         + Clone
         + Send
         + Sync
@@ -129,7 +129,7 @@ where
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(|req: &Request<Incoming>| {
+                .make_span_with(|req: &Request<CallerBody>| {
                     let id = req
                         .headers()
                         .get(REQUEST_ID)

@@ -5,6 +5,7 @@
 //! listeners, discovery, the peer store, the admin socket and operations endpoints.
 
 pub mod admin;
+pub mod caller_body;
 pub mod catalog;
 pub mod client;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod demo;
 pub mod edge;
 pub mod errors;
 pub mod front;
+pub mod lingering;
 pub mod listener;
 pub mod memory_app;
 pub mod metrics;

@@ -24,8 +24,10 @@ use tower::ServiceExt;
 
 use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirectory};
 
+use crate::caller_body::{self, BodyExpectation, CallerBody, Unread};
 use crate::config::Loaded;
 use crate::connections::{ConnectionTable, Slot};
+use crate::lingering::Lingering;
 use crate::server::{HttpStack, Shared};
 
 /// Streams per HTTP/2 connection, at most (and never more than the in-flight limit).
@@ -90,17 +92,25 @@ async fn serve_connection<IO>(
     let cfg = shared.config.load_full();
     let builder = http_builder(&cfg, h2_only, lifetime.single_answer);
     let requests = slot.requests();
-    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(identity.clone());
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let expectation = BodyExpectation::of(&req);
+        let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(identity.clone());
+        let (body, unread) = CallerBody::new(body);
+        let req = Request::from_parts(parts, body);
         let stack = stacks.load_full();
         let guard = requests.start();
         async move {
-            let resp = stack.as_ref().clone().oneshot(req).await;
+            let mut resp = stack.as_ref().clone().oneshot(req).await;
+            if let (Ok(resp), Some(rest)) = (&mut resp, unread.and_then(Unread::take)) {
+                caller_body::settle(rest, expectation, resp);
+            }
             drop(guard);
             resp
         }
     });
-    let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+    let io = TokioIo::new(Lingering::new(io));
+    let conn = builder.serve_connection(io, svc).into_owned();
     let idle = if lifetime.single_answer {
         lifetime.first_request
     } else {

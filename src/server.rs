@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::caller_body::CallerBody;
 use arc_swap::ArcSwap;
 use http::Request;
-use hyper::body::Incoming;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -371,7 +371,7 @@ fn build_outbound_stack(cfg: &Loaded, shared: &Shared, outbound: Arc<Outbound>) 
 
 /// Stands in until the real stack is built, before anything listens.
 fn placeholder_stack() -> HttpStack {
-    let never = tower::service_fn(|_: Request<Incoming>| async {
+    let never = tower::service_fn(|_: Request<CallerBody>| async {
         unreachable!("replaced before listening")
     });
     let panic = PanicAnswer {

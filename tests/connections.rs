@@ -144,6 +144,7 @@ async fn an_unpaired_certificate_gets_its_answer_and_the_connection_closes() {
         answer.to_ascii_lowercase().contains("connection: close"),
         "{answer}"
     );
+    drop(conn);
     r.shutdown().await;
 }
 
@@ -161,4 +162,147 @@ async fn one_peer_holds_at_most_its_share_of_connections() {
     let mut third = tls_connect(&env, &r, &env.pki.gateway).await;
     assert!(closed_within(&mut third, CLOSE_WITHIN).await);
     r.shutdown().await;
+}
+
+/// The head of an HTTP/1.1 answer read from `s` (through the blank line), and its body.
+async fn read_answer<S: AsyncReadExt + Unpin>(s: &mut S) -> (String, String) {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(CLOSE_WITHIN, s.read(&mut buf))
+            .await
+            .expect("an answer in time")
+            .expect("the answer is readable");
+        assert!(n > 0, "closed before the answer's head");
+        raw.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .expect("a content-length")
+        .trim()
+        .parse()
+        .unwrap();
+    while raw.len() < head_end + len {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed inside the answer's body");
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let body = String::from_utf8_lossy(&raw[head_end..head_end + len]).into_owned();
+    (head, body)
+}
+
+fn oversized_head(len: usize, extra: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/tools/call HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {len}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn a_caller_that_sends_its_whole_oversized_body_first_still_reads_the_413() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { max_body_bytes: 1024 }"))
+        .await;
+    let mut s = tls_connect(&env, &r, &env.pki.gateway).await;
+    // As most HTTP/1 clients do: the whole request first (far more than the socket buffers
+    // hold while carapace reads none of it), then the answer.
+    let len = 4 << 20;
+    s.write_all(&oversized_head(len, "")).await.unwrap();
+    let body = vec![b' '; len];
+    tokio::time::timeout(CLOSE_WITHIN, s.write_all(&body))
+        .await
+        .expect("the upload is read (and discarded) while the connection closes")
+        .expect("the upload is not cut off by a reset");
+    s.flush().await.unwrap();
+    let (head, body) = read_answer(&mut s).await;
+    assert!(head.starts_with("http/1.1 413"), "{head}");
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert!(body.contains("INVALID_ARGS"), "{body}");
+    assert!(closed_within(&mut s, CLOSE_WITHIN).await);
+    assert!(env.app.received().is_empty());
+}
+
+#[tokio::test]
+async fn a_small_refused_body_is_discarded_and_the_connection_serves_the_next_call() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { max_body_bytes: 1024 }"))
+        .await;
+    let mut s = tls_connect(&env, &r, &env.pki.gateway).await;
+    // The refusal comes from the head alone; the body follows it.
+    s.write_all(&oversized_head(2000, "")).await.unwrap();
+    let (head, _) = read_answer(&mut s).await;
+    assert!(head.starts_with("http/1.1 413"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    s.write_all(&[b' '; 2000]).await.unwrap();
+    // The same connection carries the next call.
+    s.write_all(&request_bytes()).await.unwrap();
+    let (head, body) = read_answer(&mut s).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(body.contains("\"ok\""), "{body}");
+    assert_eq!(env.app.received().len(), 1);
+}
+
+#[tokio::test]
+async fn a_caller_waiting_for_100_continue_gets_the_refusal_and_is_never_asked_for_the_body() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { max_body_bytes: 1024 }"))
+        .await;
+    let mut s = tls_connect(&env, &r, &env.pki.gateway).await;
+    s.write_all(&oversized_head(2000, "expect: 100-continue\r\n"))
+        .await
+        .unwrap();
+    let (head, _) = read_answer(&mut s).await;
+    assert!(
+        head.starts_with("http/1.1 413"),
+        "no 100 Continue first: {head}"
+    );
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert!(closed_within(&mut s, CLOSE_WITHIN).await);
+}
+
+#[tokio::test]
+async fn on_http2_a_refused_upload_resets_only_its_stream() {
+    use http_body_util::{BodyExt, Full};
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { max_body_bytes: 1024 }"))
+        .await;
+    let addr = r.tcp_address.unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let config = tls_config(&env.pki.ca.cert_pem(), Some(&env.pki.gateway), true);
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::from(addr.ip()), tcp)
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let post = |body: Vec<u8>| {
+        http::Request::post(format!("https://{addr}/v1/tools/call"))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    let big = send.send_request(post(vec![b' '; 1 << 20])).await.unwrap();
+    assert_eq!(big.status(), 413);
+    let good = call("memory.query", json!({"query": "x"})).to_string();
+    let next = send
+        .send_request(post(good.into_bytes()))
+        .await
+        .expect("the connection lives on");
+    assert_eq!(next.status(), 200);
+    let body = next.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("\"ok\""));
 }
