@@ -175,6 +175,7 @@ async fn discover(
     let path = match cfg.config.app.protocol {
         Protocol::ToolsV1 => "/v1/tools",
         Protocol::SkillV1 => "/manifest",
+        Protocol::Mcp => unreachable!("refused by the configuration check"),
     };
     let skill = cfg.config.app.skill.as_ref();
     if let Some(skill) = skill {

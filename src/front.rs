@@ -153,6 +153,7 @@ pub fn rejection_response(front: Protocol, answers: ToolsV1Answers, r: &Rejectio
     match front {
         Protocol::ToolsV1 => crate::tools_v1::error_response(r, ("", ""), 0, answers, false),
         Protocol::SkillV1 => crate::skill_v1::error_response(r),
+        Protocol::Mcp => crate::mcp::refusal_response(r),
     }
 }
 

@@ -17,6 +17,7 @@ pub mod errors;
 pub mod front;
 pub mod lingering;
 pub mod listener;
+pub mod mcp;
 pub mod memory_app;
 pub mod metrics;
 pub mod ops;

@@ -132,6 +132,7 @@ fn front_label(front: Protocol) -> &'static str {
     match front {
         Protocol::ToolsV1 => "tools-v1",
         Protocol::SkillV1 => "skill-v1",
+        Protocol::Mcp => "mcp",
     }
 }
 

@@ -73,6 +73,8 @@ pub enum StartError {
     Identity(#[from] crate::pairing::identity::IdentityError),
     #[error(transparent)]
     Outbound(#[from] crate::outbound::OutboundError),
+    #[error("MCP session key: {0}")]
+    McpSessionKey(std::io::Error),
     #[error("cannot bind {what} {address}: {source}")]
     Bind {
         what: &'static str,
@@ -109,6 +111,8 @@ pub struct Shared {
     pub gateway: Option<Arc<crate::pairing::identity::GatewayIdentity>>,
     /// The outbound role, when configured (pairings confirm through it).
     pub outbound: std::sync::OnceLock<Arc<Outbound>>,
+    /// The MCP front's sessions (older protocol era), when the front is MCP.
+    pub mcp_sessions: Option<Arc<crate::mcp::session::Sessions>>,
 }
 
 impl Shared {
@@ -174,6 +178,7 @@ fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
     let c = &cfg.config;
     let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match c.app.protocol {
         Protocol::ToolsV1 => BoxCloneSyncService::new(ToolsV1Back::new(app)),
+        Protocol::Mcp => unreachable!("refused by the configuration check"),
         Protocol::SkillV1 => {
             let skill = c.app.skill.as_ref().expect("validated");
             let signing = skill.auth.as_ref().map(|a| AppSigning {
@@ -308,6 +313,24 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                 panic,
             )
         }
+        Protocol::Mcp => edge(
+            Envelope::new(
+                http.service(crate::mcp::McpFront::new(
+                    shared.catalog.clone(),
+                    calls,
+                    shared.clock.clone(),
+                    Arc::new(c.front.mcp.clone().unwrap_or_default()),
+                    shared
+                        .mcp_sessions
+                        .clone()
+                        .expect("made at start for an mcp front"),
+                )),
+                Protocol::Mcp,
+                answers,
+                shared.metrics.clone(),
+            ),
+            panic,
+        ),
     }
 }
 
@@ -733,6 +756,18 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
     };
     let metrics = Arc::new(Metrics::default());
     metrics.peers.set(peers.len() as i64);
+    let mcp_sessions = match c.front.protocol {
+        Protocol::Mcp => {
+            let key = match &cfg.mcp_session_key {
+                Some(k) => k.bytes().to_vec(),
+                None => crate::mcp::session::load_or_create_key(&c.state_dir)
+                    .map_err(StartError::McpSessionKey)?,
+            };
+            let mcp = c.front.mcp.clone().unwrap_or_default();
+            Some(Arc::new(crate::mcp::session::Sessions::new(&key, &mcp)))
+        }
+        _ => None,
+    };
 
     tracing::info!("remote_gateway enabled=true");
     tracing::info!(
@@ -771,6 +806,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         load_shed: std::sync::Mutex::new(None),
         gateway,
         outbound: std::sync::OnceLock::new(),
+        mcp_sessions,
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
     let outbound = match (&c.outbound, &shared.gateway) {

@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod mcp;
+
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -227,6 +229,9 @@ pub enum Protocol {
     /// Skill Gateway v1: `GET /manifest`, `POST /run`.
     #[serde(rename = "skill-v1")]
     SkillV1,
+    /// Model Context Protocol over Streamable HTTP (a front only, for now).
+    #[serde(rename = "mcp")]
+    Mcp,
 }
 
 impl fmt::Display for Protocol {
@@ -234,6 +239,7 @@ impl fmt::Display for Protocol {
         f.write_str(match self {
             Protocol::ToolsV1 => "tools-v1",
             Protocol::SkillV1 => "skill-v1",
+            Protocol::Mcp => "mcp",
         })
     }
 }
@@ -254,6 +260,9 @@ pub struct FrontConfig {
     /// the reference tool host answers) or `http_status` (refusals carry an HTTP error status).
     #[serde(default)]
     pub answers: Option<crate::errors::ToolsV1Answers>,
+    /// mcp only: the endpoint, origins, caching and sessions.
+    #[serde(default)]
+    pub mcp: Option<mcp::McpFrontConfig>,
 }
 
 /// Skill Gateway v1 caller authentication.
@@ -809,6 +818,8 @@ pub struct Loaded {
     pub app_secret: Option<Secret>,
     /// skill-v1 front: the skill id served and expected.
     pub front_skill_id: Option<String>,
+    /// mcp front: the configured session key (else one in the state directory).
+    pub mcp_session_key: Option<Secret>,
     /// The pairing endpoint's address.
     pub pairing_address: Option<SocketAddr>,
     /// Outbound peers' tool listener addresses, by component id.
@@ -1023,6 +1034,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             caller_keys: d.caller_keys,
             app_secret: d.app_secret,
             front_skill_id: d.front_skill_id,
+            mcp_session_key: d.mcp_session_key,
             pairing_address: d.pairing_address,
             outbound_peers: d.outbound_peers,
             outbound_skills: d.outbound_skills,
@@ -1371,6 +1383,7 @@ struct Derived {
     caller_keys: Vec<(String, Secret)>,
     app_secret: Option<Secret>,
     front_skill_id: Option<String>,
+    mcp_session_key: Option<Secret>,
     pairing_address: Option<SocketAddr>,
     outbound_peers: BTreeMap<String, SocketAddr>,
     outbound_skills: BTreeMap<String, OutboundSkill>,
@@ -1488,14 +1501,20 @@ fn check_listeners(
         )),
     }
     match (&t.tls, front) {
-        (None, Some(Protocol::ToolsV1)) => errors.push(err(
+        (None, Some(p @ (Protocol::ToolsV1 | Protocol::Mcp))) => errors.push(err(
             "/listeners/tcp/tls",
-            "a tools-v1 front on TCP requires mTLS (remote mode is mTLS only)",
+            format!("a {p} front on TCP requires mTLS (remote mode is mTLS only)"),
         )),
-        (Some(tls), Some(Protocol::ToolsV1)) if tls.client_ca_file.is_none() => errors.push(err(
-            "/listeners/tcp/tls/client_ca_file",
-            "a tools-v1 front on TCP requires client certificates (remote mode is mTLS only)",
-        )),
+        (Some(tls), Some(p @ (Protocol::ToolsV1 | Protocol::Mcp)))
+            if tls.client_ca_file.is_none() =>
+        {
+            errors.push(err(
+                "/listeners/tcp/tls/client_ca_file",
+                format!(
+                    "a {p} front on TCP requires client certificates (remote mode is mTLS only)"
+                ),
+            ))
+        }
         (None, Some(Protocol::SkillV1)) if !d.tcp_address.is_some_and(|a| a.ip().is_loopback()) => {
             errors.push(err(
                 "/listeners/tcp/tls",
@@ -1528,7 +1547,25 @@ fn check_front(
     d: &mut Derived,
     errors: &mut Vec<ConfigError>,
 ) {
+    if f.mcp.is_some() && f.protocol != Protocol::Mcp {
+        errors.push(err("/front/mcp", "only an mcp front has this section"));
+    }
     match f.protocol {
+        Protocol::Mcp => {
+            for (set, key) in [
+                (f.auth.is_some(), "auth"),
+                (f.skill_id.is_some(), "skill_id"),
+                (f.answers.is_some(), "answers"),
+            ] {
+                if set {
+                    errors.push(err(
+                        format!("/front/{key}"),
+                        "not used by an mcp front (callers are paired peers or local)",
+                    ));
+                }
+            }
+            d.mcp_session_key = mcp::check(&f.mcp.clone().unwrap_or_default(), errors);
+        }
         Protocol::ToolsV1 => {
             if f.auth.is_some() {
                 errors.push(err(
@@ -1653,6 +1690,10 @@ fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
         None
     };
     match (&a.protocol, &a.skill) {
+        (Protocol::Mcp, _) => errors.push(err(
+            "/app/protocol",
+            "an app speaking MCP is not supported behind carapace; the app must speak tools-v1 or skill-v1",
+        )),
         (Protocol::SkillV1, None) => {
             errors.push(err("/app/skill", "required when the app speaks skill-v1"))
         }

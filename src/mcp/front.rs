@@ -1,0 +1,540 @@
+//! The MCP front: one endpoint (`front.mcp.path`, default `/mcp`) taking JSON-RPC over
+//! `POST`, in the era each request asks for (see the [module docs](super)).
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http_body_util::Full;
+use serde_json::{json, Map, Value};
+use tower::Service;
+
+use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall, ToolSpec};
+use carapace_filters::signature::UnixClock;
+use carapace_filters::{BoxFuture, Rejection};
+
+use super::jsonrpc::{self, error_response, result_response, McpError, Message, ERROR_META};
+use super::session::{SessionRefused, Sessions};
+use super::{LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
+use crate::catalog::CatalogHandle;
+use crate::config::mcp::McpFrontConfig;
+use crate::front::{self, CallStack, Resp};
+
+const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+const METHOD_HEADER: &str = "mcp-method";
+const NAME_HEADER: &str = "mcp-name";
+const SESSION_HEADER: &str = "mcp-session-id";
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// Which protocol era a request is served in.
+enum Era {
+    /// 2026-07-28: stateless, checked per request.
+    Modern,
+    /// A handshake-era request in a live session, at the session's version.
+    Legacy { version: String },
+}
+
+/// The MCP front service; see the module docs.
+#[derive(Clone)]
+pub struct McpFront {
+    catalog: Arc<CatalogHandle>,
+    calls: CallStack,
+    clock: UnixClock,
+    cfg: Arc<McpFrontConfig>,
+    sessions: Arc<Sessions>,
+}
+
+impl McpFront {
+    pub fn new(
+        catalog: Arc<CatalogHandle>,
+        calls: CallStack,
+        clock: UnixClock,
+        cfg: Arc<McpFrontConfig>,
+        sessions: Arc<Sessions>,
+    ) -> Self {
+        McpFront {
+            catalog,
+            calls,
+            clock,
+            cfg,
+            sessions,
+        }
+    }
+
+    async fn handle(&self, req: Request<Bytes>) -> Result<Resp, Rejection> {
+        if req.uri().path() != self.cfg.path {
+            return Err(Rejection::NoRoute(req.uri().path().to_string()));
+        }
+        if let Some(origin) = req.headers().get(http::header::ORIGIN) {
+            if !self
+                .cfg
+                .allowed_origins
+                .iter()
+                .any(|o| o.as_bytes() == origin.as_bytes())
+            {
+                let e = McpError::Origin(String::from_utf8_lossy(origin.as_bytes()).into());
+                return Ok(refused(None, &e));
+            }
+        }
+        let principal = front::principal(&req)?;
+        match *req.method() {
+            Method::POST => {}
+            Method::DELETE => return Ok(self.end_session(&req, &principal)),
+            _ => return Ok(refused(None, &McpError::HttpMethod("POST, DELETE"))),
+        }
+        let (id, method, params) = match jsonrpc::decode(req.body()) {
+            Err((id, e)) => return Ok(refused(id.as_ref(), &e)),
+            Ok(Message::Response) | Ok(Message::Notification { .. }) => {
+                return Ok(match self.session_of(&req, &principal) {
+                    Err(e @ McpError::SessionNotFound) => refused(None, &e),
+                    _ => accepted(),
+                });
+            }
+            Ok(Message::Request { id, method, params }) => (id, method, params),
+        };
+        if method == "initialize" {
+            return Ok(self.initialize(&id, &params, &principal));
+        }
+        let era = match self.era(&req, &method, &params, &principal) {
+            Ok(era) => era,
+            Err(e) => return Ok(refused(Some(&id), &e)),
+        };
+        let version = match &era {
+            Era::Modern => MODERN_VERSION,
+            Era::Legacy { version } => version.as_str(),
+        };
+        let result = match method.as_str() {
+            "ping" => Ok(json!({})),
+            "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
+            "tools/list" => self.list(&params, &principal, version),
+            "tools/call" => {
+                return Ok(self.call(&req, id, &params, principal, version).await);
+            }
+            other => Err(McpError::MethodNotFound(other.into())),
+        };
+        Ok(match result {
+            Ok(r) => result_response(&id, complete(r, version)),
+            Err(e) => refused(Some(&id), &e),
+        })
+    }
+
+    /// Decide the era, and check the request's metadata for it.
+    fn era(
+        &self,
+        req: &Request<Bytes>,
+        method: &str,
+        params: &Map<String, Value>,
+        principal: &Principal,
+    ) -> Result<Era, McpError> {
+        let meta = params.get("_meta").and_then(Value::as_object);
+        let modern = meta.is_some_and(|m| m.contains_key(META_VERSION))
+            || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION);
+        if !modern {
+            return match self.session_of(req, principal)? {
+                Some(version) => Ok(Era::Legacy { version }),
+                None => Err(McpError::Session(format!(
+                    "send `initialize` first and then `{SESSION_HEADER}` (2025 revisions), or \
+                     `params._meta` with `{META_VERSION}` ({MODERN_VERSION})"
+                ))),
+            };
+        }
+        let meta =
+            meta.ok_or_else(|| McpError::MissingMeta("`params._meta` is required".into()))?;
+        let version = meta
+            .get(META_VERSION)
+            .and_then(Value::as_str)
+            .ok_or_else(|| McpError::MissingMeta(format!("`_meta.{META_VERSION}` is required")))?;
+        agree(req.headers(), PROTOCOL_VERSION_HEADER, version)?;
+        if version != MODERN_VERSION {
+            return Err(McpError::UnsupportedVersion(version.into()));
+        }
+        if !meta.get(META_CAPABILITIES).is_some_and(Value::is_object) {
+            return Err(McpError::MissingMeta(format!(
+                "`_meta.{META_CAPABILITIES}` (an object) is required"
+            )));
+        }
+        agree(req.headers(), METHOD_HEADER, method)?;
+        if method == "tools/call" {
+            let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+            agree(req.headers(), NAME_HEADER, name)?;
+        }
+        Ok(Era::Modern)
+    }
+
+    /// The version of the live session named in the request, if it names one.
+    fn session_of(
+        &self,
+        req: &Request<Bytes>,
+        principal: &Principal,
+    ) -> Result<Option<String>, McpError> {
+        let Some(id) = req.headers().get(SESSION_HEADER) else {
+            return Ok(None);
+        };
+        let id = id.to_str().map_err(|_| McpError::SessionNotFound)?;
+        let claims = self
+            .sessions
+            .resume(id, &principal.id, (self.clock)())
+            .map_err(session_error)?;
+        match header(req.headers(), PROTOCOL_VERSION_HEADER) {
+            Some(v) if v != claims.version => Err(McpError::Session(format!(
+                "{PROTOCOL_VERSION_HEADER} `{v}` is not the session's `{}`",
+                claims.version
+            ))),
+            _ => Ok(Some(claims.version)),
+        }
+    }
+
+    /// `initialize`: negotiate a handshake-era version and open a session.
+    fn initialize(&self, id: &Value, params: &Map<String, Value>, principal: &Principal) -> Resp {
+        let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
+            let e = McpError::InvalidParams("`protocolVersion` is required".into());
+            return refused(Some(id), &e);
+        };
+        let version = LEGACY_VERSIONS
+            .iter()
+            .find(|v| **v == requested)
+            .unwrap_or(&LEGACY_VERSIONS[0]);
+        let session = match self.sessions.open(version, &principal.id, (self.clock)()) {
+            Ok(s) => s,
+            Err(e) => return refused(Some(id), &session_error(e)),
+        };
+        let result = json!({
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": server_info(),
+        });
+        let mut resp = result_response(id, result);
+        resp.headers_mut().insert(
+            SESSION_HEADER,
+            HeaderValue::from_str(&session).expect("session ids are visible ASCII"),
+        );
+        resp
+    }
+
+    fn end_session(&self, req: &Request<Bytes>, principal: &Principal) -> Resp {
+        let Some(id) = req
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            let e = McpError::Session(format!(
+                "`DELETE` ends a session: `{SESSION_HEADER}` is required"
+            ));
+            return refused(None, &e);
+        };
+        match self.sessions.end(id, &principal.id, (self.clock)()) {
+            Ok(()) => {
+                let mut r = Resp::new(Full::new(Bytes::new()));
+                *r.status_mut() = StatusCode::OK;
+                r
+            }
+            Err(e) => refused(None, &session_error(e)),
+        }
+    }
+
+    fn discover(&self) -> Value {
+        json!({
+            "supportedVersions": SUPPORTED_VERSIONS,
+            "capabilities": {"tools": {}},
+            "ttlMs": self.cfg.list_ttl_ms,
+            "cacheScope": "public",
+        })
+    }
+
+    /// `tools/list`: the tools the caller may call, by name, a page at a time.
+    fn list(
+        &self,
+        params: &Map<String, Value>,
+        principal: &Principal,
+        version: &str,
+    ) -> Result<Value, McpError> {
+        let after = match params.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => Some(decode_cursor(c)?),
+            Some(_) => return Err(McpError::InvalidParams("`cursor` must be a string".into())),
+        };
+        let catalog = self.catalog.load();
+        let visible = front::visible_tools(&catalog, principal, (self.clock)());
+        let filtered = visible.len() < catalog.tools.len();
+        let start = match &after {
+            None => 0,
+            Some(name) => visible.partition_point(|t| t.name.as_str() <= name.as_str()),
+        };
+        let page: Vec<Value> = visible
+            .iter()
+            .skip(start)
+            .take(self.cfg.page_size)
+            .map(|t| tool_definition(t, version))
+            .collect();
+        let mut result = json!({ "tools": page });
+        if start + self.cfg.page_size < visible.len() {
+            let last = &visible[start + self.cfg.page_size - 1].name;
+            result["nextCursor"] = Value::from(URL_SAFE_NO_PAD.encode(last.as_bytes()));
+        }
+        if version == MODERN_VERSION {
+            result["ttlMs"] = Value::from(self.cfg.list_ttl_ms);
+            result["cacheScope"] = Value::from(if filtered { "private" } else { "public" });
+        }
+        Ok(result)
+    }
+
+    /// `tools/call`: decode into the internal call, run it through the call stage.
+    async fn call(
+        &self,
+        req: &Request<Bytes>,
+        id: Value,
+        params: &Map<String, Value>,
+        principal: Arc<Principal>,
+        version: &str,
+    ) -> Resp {
+        let started = Instant::now();
+        let call = match self.decode_call(req, params, principal) {
+            Ok(call) => call,
+            Err(e) => return refused(Some(&id), &e),
+        };
+        tracing::Span::current().record("tool", call.tool.name.as_str());
+        let legacy_structured = version != LEGACY_VERSIONS[2];
+        front::run_call(
+            &self.calls,
+            call,
+            started,
+            |outcome, _, _, _| {
+                result_response(
+                    &id,
+                    complete(tool_result(outcome, version, legacy_structured), version),
+                )
+            },
+            |r, _, _, _| result_response(&id, complete(refusal_result(r), version)),
+        )
+        .await
+    }
+
+    fn decode_call(
+        &self,
+        req: &Request<Bytes>,
+        params: &Map<String, Value>,
+        principal: Arc<Principal>,
+    ) -> Result<ToolCall, McpError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
+        let args = match params.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(a @ Value::Object(_)) => a.clone(),
+            Some(_) => {
+                return Err(McpError::InvalidParams(
+                    "`arguments` must be an object".into(),
+                ))
+            }
+        };
+        if !self.catalog.discovered() {
+            return Err(McpError::Refused(Rejection::AppUnavailable(
+                "tool discovery has not succeeded yet".into(),
+            )));
+        }
+        let tool = self
+            .catalog
+            .load()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| McpError::InvalidParams(format!("Unknown tool: {name}")))?;
+        Ok(ToolCall {
+            call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
+            tool,
+            tenant_id: None,
+            args,
+            context: None,
+            timeout_ms: None,
+            idempotency_key: None,
+            principal,
+            credential: Credential::None,
+            request_id: crate::edge::request_id(req),
+            trace_context: crate::telemetry::outgoing_context(req.headers()),
+        })
+    }
+}
+
+impl Service<Request<Bytes>> for McpFront {
+    type Response = Resp;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<Resp, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.handle(req).await })
+    }
+}
+
+/// An error answer, recorded for the metrics under its reason.
+fn refused(id: Option<&Value>, e: &McpError) -> Resp {
+    let reason = match e {
+        McpError::Refused(r) => r.reason(),
+        McpError::SessionNotFound | McpError::Session(_) => "mcp_session",
+        McpError::HeaderMismatch(_) => "mcp_header_mismatch",
+        McpError::UnsupportedVersion(_) => "protocol_version",
+        McpError::Origin(_) => "forbidden_origin",
+        McpError::MethodNotFound(_) => "no_route",
+        McpError::HttpMethod(_) => "method_not_allowed",
+        McpError::InvalidParams(_) | McpError::MissingMeta(_) => "invalid_params",
+        McpError::Parse(_) | McpError::InvalidRequest(_) => "invalid_request",
+    };
+    front::recorded(error_response(id, e), None, reason)
+}
+
+fn session_error(e: SessionRefused) -> McpError {
+    match e {
+        SessionRefused::NotFound => McpError::SessionNotFound,
+        SessionRefused::Full => McpError::Refused(Rejection::Overloaded),
+    }
+}
+
+/// `202 Accepted`, no body: a notification or a response.
+fn accepted() -> Resp {
+    let mut r = Resp::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::ACCEPTED;
+    r
+}
+
+fn server_info() -> Value {
+    json!({"name": "carapace", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// A 2026-07-28 result carries `resultType` and the server's identity; older ones do not.
+fn complete(mut result: Value, version: &str) -> Value {
+    if version == MODERN_VERSION {
+        result["resultType"] = Value::from("complete");
+        let meta = result
+            .as_object_mut()
+            .expect("results are objects")
+            .entry("_meta")
+            .or_insert_with(|| json!({}));
+        meta[META_SERVER_INFO] = server_info();
+    }
+    result
+}
+
+/// A header's value when present and text.
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A 2026-07-28 mirrored header must be present and, decoded, equal the body's value.
+fn agree(h: &HeaderMap, name: &str, body: &str) -> Result<(), McpError> {
+    let Some(raw) = h.get(name) else {
+        return Err(McpError::HeaderMismatch(format!(
+            "the `{name}` header is required"
+        )));
+    };
+    let value = raw
+        .to_str()
+        .ok()
+        .and_then(decode_header_value)
+        .ok_or_else(|| McpError::HeaderMismatch(format!("the `{name}` header is malformed")))?;
+    if value != body {
+        return Err(McpError::HeaderMismatch(format!(
+            "the `{name}` header does not match the body"
+        )));
+    }
+    Ok(())
+}
+
+/// A header value, with the `=?base64?…?=` form decoded.
+fn decode_header_value(v: &str) -> Option<String> {
+    match v
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        Some(b64) => String::from_utf8(STANDARD.decode(b64).ok()?).ok(),
+        None => Some(v.to_owned()),
+    }
+}
+
+fn decode_cursor(c: &str) -> Result<String, McpError> {
+    URL_SAFE_NO_PAD
+        .decode(c)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| McpError::InvalidParams("`cursor` is not one this server gave".into()))
+}
+
+/// A tool as `tools/list` shows it.
+fn tool_definition(t: &ToolSpec, version: &str) -> Value {
+    let mut input = match t.input.source().as_ref() {
+        Value::Object(m) => Value::Object(m.clone()),
+        _ => json!({}),
+    };
+    if input.get("type").is_none() {
+        input["type"] = Value::from("object");
+    }
+    let mut d = json!({
+        "name": t.name,
+        "description": t.description,
+        "inputSchema": input,
+        "annotations": {"readOnlyHint": !t.side_effects, "idempotentHint": t.idempotent},
+    });
+    if version != LEGACY_VERSIONS[2] {
+        if let Some(out) = &t.output {
+            if out.source().is_object() {
+                d["outputSchema"] = out.source().as_ref().clone();
+            }
+        }
+    }
+    d
+}
+
+/// A tool's answer as a `CallToolResult`.
+fn tool_result(outcome: &CallOutcome, version: &str, structured: bool) -> Value {
+    match outcome {
+        CallOutcome::Ok { output, .. } => {
+            let text = serde_json::to_string(output).expect("JSON values serialize");
+            let mut r = json!({"content": [{"type": "text", "text": text}], "isError": false});
+            // Before 2026-07-28 structured content is an object.
+            if structured && (version == MODERN_VERSION || output.is_object()) {
+                r["structuredContent"] = output.clone();
+            }
+            r
+        }
+        CallOutcome::AppError {
+            code,
+            message,
+            details,
+            retryable,
+        } => {
+            let mut error = json!({"code": code, "retryable": retryable});
+            if let Some(d) = details {
+                error["details"] = d.clone();
+            }
+            json!({
+                "content": [{"type": "text", "text": format!("{code}: {message}")}],
+                "isError": true,
+                "_meta": {ERROR_META: error},
+            })
+        }
+    }
+}
+
+/// A refusal of the call stage as a `CallToolResult` with `isError`, so a model can see it.
+fn refusal_result(r: &Rejection) -> Value {
+    let error = jsonrpc::carapace_error(r);
+    let text = format!(
+        "{}: {}",
+        error["code"].as_str().unwrap_or(""),
+        crate::errors::message(r)
+    );
+    json!({
+        "content": [{"type": "text", "text": text}],
+        "isError": true,
+        "_meta": {ERROR_META: error},
+    })
+}

@@ -1,0 +1,29 @@
+//! Model Context Protocol over Streamable HTTP: the front, in both protocol eras.
+//!
+//! - **2026-07-28** (modern, stateless): every request carries its version and client
+//!   capabilities in `params._meta`, and mirrors `method` and the tool name into the
+//!   `Mcp-Method` and `Mcp-Name` headers, which must agree with the body.
+//! - **2025-03-26, 2025-06-18, 2025-11-25** (legacy): `initialize` negotiates a version and
+//!   opens a session ([`session`]); later requests name it in `Mcp-Session-Id`.
+//!
+//! `tools/call` becomes the same internal call as on every other front, so the whole call
+//! stage applies (authorization, rate limits, kill-switch, schemas, timeout).
+
+pub mod front;
+pub mod jsonrpc;
+pub mod session;
+
+pub use front::McpFront;
+pub use jsonrpc::refusal_response;
+
+/// The stateless revision.
+pub const MODERN_VERSION: &str = "2026-07-28";
+/// The handshake revisions served, newest first.
+pub const LEGACY_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// Every revision served, newest first.
+pub const SUPPORTED_VERSIONS: [&str; 4] = [
+    MODERN_VERSION,
+    LEGACY_VERSIONS[0],
+    LEGACY_VERSIONS[1],
+    LEGACY_VERSIONS[2],
+];

@@ -1,0 +1,362 @@
+//! The MCP front, both protocol eras, through carapace in front of the memory app.
+
+mod common;
+
+use carapace::client::{Client, Reply};
+use carapace::server::Running;
+use common::Env;
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const MODERN: &str = "2026-07-28";
+
+fn mcp_yaml(env: &Env, extra_front: &str, extra: &str) -> String {
+    env.tools_yaml(extra).replace(
+        "front: { protocol: tools-v1 }",
+        &format!("front: {{ protocol: mcp{extra_front} }}"),
+    )
+}
+
+/// A 2026-07-28 request body with its `_meta`.
+fn modern_body(id: i64, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// Send a 2026-07-28 request with the headers mirrored from `body`.
+async fn modern(client: &Client, body: &Value) -> Reply {
+    let method = body["method"].as_str().unwrap();
+    let mut headers = vec![
+        ("mcp-protocol-version", MODERN.to_string()),
+        ("mcp-method", method.to_string()),
+    ];
+    if let Some(name) = body["params"]["name"].as_str() {
+        headers.push(("mcp-name", name.to_string()));
+    }
+    send(client, body, &headers).await
+}
+
+async fn send(client: &Client, body: &Value, headers: &[(&str, String)]) -> Reply {
+    let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    client.post_json("/mcp", &h, body).await.unwrap()
+}
+
+fn error_code(r: &Reply) -> i64 {
+    r.json()["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{:?}", r.json()))
+}
+
+async fn start(env: &Env, front: &str) -> Running {
+    env.start(&mcp_yaml(env, front, "")).await
+}
+
+#[tokio::test]
+async fn a_modern_client_discovers_lists_and_calls() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+
+    let d = modern(&gw, &modern_body(1, "server/discover", json!({}))).await;
+    assert_eq!(d.status, StatusCode::OK);
+    let result = &d.json()["result"];
+    assert_eq!(result["supportedVersions"][0], MODERN);
+    assert_eq!(result["resultType"], "complete");
+    assert!(result["ttlMs"].is_u64());
+    assert_eq!(
+        result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "carapace"
+    );
+
+    let l = modern(&gw, &modern_body(2, "tools/list", json!({}))).await;
+    let tools = l.json()["result"]["tools"].as_array().unwrap().clone();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(
+        names.contains(&"memory.append") && names.contains(&"memory.query"),
+        "{names:?}"
+    );
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "deterministic order");
+    assert!(tools.iter().all(|t| t["inputSchema"]["type"] == "object"));
+    assert!(["public", "private"].contains(&l.json()["result"]["cacheScope"].as_str().unwrap()));
+
+    let call = modern_body(
+        3,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": "hello"}}),
+    );
+    let c = modern(&gw, &call).await;
+    assert_eq!(c.status, StatusCode::OK);
+    let result = &c.json()["result"];
+    assert_eq!(result["isError"], false, "{result}");
+    assert!(result["structuredContent"].is_object(), "{result}");
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(text).unwrap(),
+        result["structuredContent"]
+    );
+    assert_eq!(env.app.received().len(), 1);
+    assert_eq!(env.app.received()[0].body["args"], json!({"text": "hello"}));
+}
+
+#[tokio::test]
+async fn bad_arguments_come_back_as_a_tool_error_and_never_reach_the_app() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+    let call = modern_body(
+        1,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": 5}}),
+    );
+    let c = modern(&gw, &call).await;
+    assert_eq!(c.status, StatusCode::OK);
+    let result = &c.json()["result"];
+    assert_eq!(result["isError"], true);
+    assert_eq!(
+        result["_meta"]["dev.carapace/error"]["code"],
+        "INVALID_ARGS"
+    );
+    assert!(result["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("INVALID_ARGS"));
+
+    let unknown = modern_body(
+        2,
+        "tools/call",
+        json!({"name": "memory.nope", "arguments": {}}),
+    );
+    let u = modern(&gw, &unknown).await;
+    assert_eq!(error_code(&u), -32602);
+    assert_eq!(u.json()["id"], 2);
+    assert!(env.app.received().is_empty());
+}
+
+#[tokio::test]
+async fn headers_must_agree_with_the_body_and_metadata_is_required() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+    let call = modern_body(
+        1,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": "x"}}),
+    );
+    let h = |name: &str| {
+        vec![
+            ("mcp-protocol-version", MODERN.to_string()),
+            ("mcp-method", "tools/call".to_string()),
+            ("mcp-name", name.to_string()),
+        ]
+    };
+    // The header names another tool than the body: refused, nothing forwarded.
+    let mismatch = send(&gw, &call, &h("memory.query")).await;
+    assert_eq!(mismatch.status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_code(&mismatch), -32020);
+    // The base64 form of the right name is the right name.
+    let encoded = send(&gw, &call, &h("=?base64?bWVtb3J5LmFwcGVuZA==?=")).await;
+    assert_eq!(
+        encoded.json()["result"]["isError"],
+        false,
+        "{:?}",
+        encoded.json()
+    );
+    // A missing Mcp-Method.
+    let no_method = send(&gw, &call, &[("mcp-protocol-version", MODERN.to_string())]).await;
+    assert_eq!(error_code(&no_method), -32020);
+    // The version header disagrees with `_meta`.
+    let mut v = h("memory.append");
+    v[0].1 = "2025-11-25".into();
+    assert_eq!(error_code(&send(&gw, &call, &v).await), -32020);
+    // No client capabilities.
+    let mut bare = call.clone();
+    bare["params"]["_meta"]
+        .as_object_mut()
+        .unwrap()
+        .remove("io.modelcontextprotocol/clientCapabilities");
+    let missing = send(&gw, &bare, &h("memory.append")).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_code(&missing), -32602);
+    // An unsupported version, with the supported list.
+    let mut old = call.clone();
+    old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("1900-01-01");
+    let mut hv = h("memory.append");
+    hv[0].1 = "1900-01-01".into();
+    let unsupported = send(&gw, &old, &hv).await;
+    assert_eq!(unsupported.status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_code(&unsupported), -32022);
+    assert_eq!(
+        unsupported.json()["error"]["data"]["requested"],
+        "1900-01-01"
+    );
+    assert_eq!(unsupported.json()["error"]["data"]["supported"][0], MODERN);
+    // Unknown method: 404 and -32601.
+    let nope = modern(&gw, &modern_body(9, "resources/list", json!({}))).await;
+    assert_eq!(nope.status, StatusCode::NOT_FOUND);
+    assert_eq!(error_code(&nope), -32601);
+    assert_eq!(
+        env.app.received().len(),
+        1,
+        "only the encoded-name call reached the app"
+    );
+}
+
+#[tokio::test]
+async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    let i = send(&gw, &init, &[]).await;
+    assert_eq!(i.json()["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(i.json()["result"]["serverInfo"]["name"], "carapace");
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    let in_session = |v: &str| {
+        vec![
+            ("mcp-session-id", session.clone()),
+            ("mcp-protocol-version", v.to_string()),
+        ]
+    };
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(
+        send(&gw, &note, &in_session("2025-06-18")).await.status,
+        StatusCode::ACCEPTED
+    );
+
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let l = send(&gw, &list, &in_session("2025-06-18")).await;
+    assert!(l.json()["result"]["tools"].as_array().unwrap().len() >= 2);
+    assert!(
+        l.json()["result"].get("ttlMs").is_none(),
+        "no cache hints before 2026-07-28"
+    );
+
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "memory.append", "arguments": {"text": "hi"}}});
+    let c = send(&gw, &call, &in_session("2025-06-18")).await;
+    assert_eq!(c.json()["result"]["isError"], false, "{:?}", c.json());
+    assert!(c.json()["result"].get("resultType").is_none());
+
+    // Not the session's version; no session at all; a forged one.
+    let wrong = send(&gw, &call, &in_session("2025-11-25")).await;
+    assert_eq!(wrong.status, StatusCode::BAD_REQUEST);
+    let none = send(&gw, &call, &[]).await;
+    assert_eq!(none.status, StatusCode::BAD_REQUEST);
+    let forged = send(&gw, &call, &[("mcp-session-id", format!("{session}x"))]).await;
+    assert_eq!(forged.status, StatusCode::NOT_FOUND);
+    // Someone else (the local socket) cannot use it.
+    let other = send(&env.local(&r), &call, &in_session("2025-06-18")).await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND);
+
+    // DELETE ends it.
+    let end = gw
+        .send(
+            Method::DELETE,
+            "/mcp",
+            &[("mcp-session-id", session.as_str())],
+            "",
+        )
+        .await
+        .unwrap();
+    assert_eq!(end.status, StatusCode::OK);
+    let after = send(&gw, &call, &in_session("2025-06-18")).await;
+    assert_eq!(after.status, StatusCode::NOT_FOUND);
+    assert_eq!(env.app.received().len(), 1);
+
+    // There is no GET stream.
+    let get = gw.send(Method::GET, "/mcp", &[], "").await.unwrap();
+    assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn an_unknown_version_in_initialize_gets_the_newest_handshake_version() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let init = json!({"jsonrpc": "2.0", "id": "a", "method": "initialize", "params": {
+        "protocolVersion": "2024-01-01", "capabilities": {}}});
+    let i = send(&env.local(&r), &init, &[]).await;
+    assert_eq!(i.json()["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(i.json()["id"], "a");
+}
+
+#[tokio::test]
+async fn origins_not_allowed_are_refused_and_pages_follow_cursors() {
+    let env = Env::new().await;
+    let r = start(
+        &env,
+        r#", mcp: { allowed_origins: ["https://agent.example"], page_size: 1 }"#,
+    )
+    .await;
+    let gw = env.gateway(&r);
+    let list = modern_body(1, "tools/list", json!({}));
+    let bad = send(
+        &gw,
+        &list,
+        &[
+            ("origin", "https://evil.example".to_string()),
+            ("mcp-protocol-version", MODERN.to_string()),
+            ("mcp-method", "tools/list".to_string()),
+        ],
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::FORBIDDEN);
+
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    for page in 0..10 {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let l = modern(&gw, &modern_body(page, "tools/list", params)).await;
+        let result = l.json()["result"].clone();
+        assert_eq!(result["tools"].as_array().unwrap().len(), 1);
+        names.push(result["tools"][0]["name"].as_str().unwrap().to_string());
+        match result["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(names, sorted);
+    assert!(names.len() >= 2);
+    let bad_cursor = modern(&gw, &modern_body(99, "tools/list", json!({"cursor": "!!"}))).await;
+    assert_eq!(error_code(&bad_cursor), -32602);
+}
+
+#[tokio::test]
+async fn two_replicas_sharing_the_session_key_serve_one_session() {
+    let env = Env::new().await;
+    let key = env.path().join("session.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let front = format!(", mcp: {{ session_key: {{ file: {} }} }}", key.display());
+    let a = env.start(&mcp_yaml(&env, &front, "")).await;
+    let second = mcp_yaml(&env, &front, "")
+        .replace("/state", "/state_b")
+        .replace("/tools.sock", "/tools_b.sock");
+    let b = env.start(&second).await;
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}}});
+    let i = send(&env.gateway(&a), &init, &[]).await;
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    for (n, replica) in [&b, &a, &b].into_iter().enumerate() {
+        let call = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+            "params": {"name": "memory.append", "arguments": {"text": format!("{n}")}}});
+        let c = send(
+            &env.gateway(replica),
+            &call,
+            &[("mcp-session-id", session.clone())],
+        )
+        .await;
+        assert_eq!(c.json()["result"]["isError"], false, "{:?}", c.json());
+    }
+    assert_eq!(env.app.received().len(), 3);
+}
