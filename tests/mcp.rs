@@ -360,3 +360,64 @@ async fn two_replicas_sharing_the_session_key_serve_one_session() {
     }
     assert_eq!(env.app.received().len(), 3);
 }
+
+/// The official Python SDK (`tests/interop/requirements.txt`) over the Unix socket, pinned to
+/// each era and in its `auto` mode: tools listed, a good call reaches the app, bad arguments
+/// come back as a tool error, an unknown tool is refused.
+#[tokio::test]
+async fn the_official_python_sdk_lists_and_calls_in_every_era() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let sock = r.unix_path.clone().unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mcp_python_client.py");
+    let modes = ["2026-07-28", "legacy", "auto"];
+    for mode in modes {
+        let (script, sock) = (script.clone(), sock.clone());
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("timeout")
+                .arg("60")
+                .arg("python3")
+                .arg(&script)
+                .arg("--uds")
+                .arg(&sock)
+                .args(["--mode", mode])
+                .output()
+                .expect("python3 runs")
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+        let negotiated = if mode == "legacy" {
+            "2025-11-25"
+        } else {
+            MODERN
+        };
+        assert_eq!(seen["protocol_version"], negotiated, "{mode}: {seen}");
+        assert!(seen["good"]["structured"].is_object(), "{mode}: {seen}");
+        let bad = seen["bad"]["text"][0].as_str().unwrap();
+        assert!(bad.starts_with("INVALID_ARGS"), "{mode}: {seen}");
+        let unknown = &seen["unknown"];
+        assert!(
+            unknown["raised"].is_string() || unknown["is_error"] == true,
+            "{mode}: {seen}"
+        );
+    }
+    let texts: Vec<Value> = env
+        .app
+        .received()
+        .iter()
+        .map(|r| r.body["args"]["text"].clone())
+        .collect();
+    assert_eq!(
+        texts.len(),
+        modes.len(),
+        "only the good calls reached the app: {texts:?}"
+    );
+}
