@@ -254,6 +254,13 @@ async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
     let other = send(&env.local(&r), &call, &in_session("2025-06-18")).await;
     assert_eq!(other.status, StatusCode::NOT_FOUND);
 
+    // Batches belong to 2025-03-26 only.
+    let batch = json!([list, call]);
+    let b = send(&gw, &batch, &in_session("2025-06-18")).await;
+    assert_eq!(b.status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_code(&b), -32600);
+    assert_eq!(b.json()["id"], Value::Null);
+
     // DELETE ends it.
     let end = gw
         .send(

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
 use tower::Service;
 
@@ -31,6 +31,8 @@ const SESSION_HEADER: &str = "mcp-session-id";
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+/// Most messages in one (2025-03-26) batch.
+const MAX_BATCH: usize = 32;
 
 /// Which protocol era a request is served in.
 enum Era {
@@ -88,22 +90,74 @@ impl McpFront {
             Method::DELETE => return Ok(self.end_session(&req, &principal)),
             _ => return Ok(refused(None, &McpError::HttpMethod("POST, DELETE"))),
         }
+        if req.body().trim_ascii_start().starts_with(b"[") {
+            return Ok(self.batch(&req, &principal).await);
+        }
+        Ok(self.message(req, principal).await)
+    }
+
+    /// A JSON-RPC batch: only the 2025-03-26 revision has them (its clients may send them,
+    /// and its servers must take them); every other revision refuses them.
+    async fn batch(&self, req: &Request<Bytes>, principal: &Arc<Principal>) -> Resp {
+        let items = match serde_json::from_slice::<Value>(req.body()) {
+            Ok(Value::Array(items)) => items,
+            Ok(_) => unreachable!("starts with `[`"),
+            Err(e) => return refused(None, &McpError::Parse(e.to_string())),
+        };
+        if items.is_empty() {
+            return refused(None, &McpError::InvalidRequest("the batch is empty".into()));
+        }
+        match self.session_of(req, principal) {
+            Ok(Some(v)) if v == LEGACY_VERSIONS[2] => {}
+            Err(e) => return refused(None, &e),
+            Ok(_) => {
+                let why = format!(
+                    "batches are accepted only in a {} session",
+                    LEGACY_VERSIONS[2]
+                );
+                return refused(None, &McpError::InvalidRequest(why));
+            }
+        }
+        if items.len() > MAX_BATCH {
+            let why = format!("a batch holds at most {MAX_BATCH} messages");
+            return refused(None, &McpError::InvalidRequest(why));
+        }
+        let mut answers = Vec::new();
+        for item in items {
+            let mut one = Request::new(Bytes::from(serde_json::to_vec(&item).expect("a value")));
+            *one.uri_mut() = req.uri().clone();
+            *one.headers_mut() = req.headers().clone();
+            let resp = self.message(one, principal.clone()).await;
+            if resp.status() == StatusCode::ACCEPTED {
+                continue;
+            }
+            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+            answers.push(serde_json::from_slice(&body.unwrap_or_default()).unwrap_or(Value::Null));
+        }
+        if answers.is_empty() {
+            return accepted();
+        }
+        front::json_response(StatusCode::OK, &Value::Array(answers))
+    }
+
+    /// One JSON-RPC message.
+    async fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Resp {
         let (id, method, params) = match jsonrpc::decode(req.body()) {
-            Err((id, e)) => return Ok(refused(id.as_ref(), &e)),
+            Err((id, e)) => return refused(id.as_ref(), &e),
             Ok(Message::Response) | Ok(Message::Notification { .. }) => {
-                return Ok(match self.session_of(&req, &principal) {
+                return match self.session_of(&req, &principal) {
                     Err(e @ McpError::SessionNotFound) => refused(None, &e),
                     _ => accepted(),
-                });
+                };
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
         if method == "initialize" {
-            return Ok(self.initialize(&id, &params, &principal));
+            return self.initialize(&id, &params, &principal);
         }
         let era = match self.era(&req, &method, &params, &principal) {
             Ok(era) => era,
-            Err(e) => return Ok(refused(Some(&id), &e)),
+            Err(e) => return refused(Some(&id), &e),
         };
         let version = match &era {
             Era::Modern => MODERN_VERSION,
@@ -114,14 +168,14 @@ impl McpFront {
             "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
             "tools/list" => self.list(&params, &principal, version),
             "tools/call" => {
-                return Ok(self.call(&req, id, &params, principal, version).await);
+                return self.call(&req, id, &params, principal, version).await;
             }
             other => Err(McpError::MethodNotFound(other.into())),
         };
-        Ok(match result {
+        match result {
             Ok(r) => result_response(&id, complete(r, version)),
             Err(e) => refused(Some(&id), &e),
-        })
+        }
     }
 
     /// Decide the era, and check the request's metadata for it.

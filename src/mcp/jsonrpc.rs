@@ -141,10 +141,9 @@ pub fn error_response(id: Option<&Value>, e: &McpError) -> Resp {
     if let Some(data) = data {
         error["data"] = data;
     }
-    let mut body = json!({"jsonrpc": "2.0", "error": error});
-    if let Some(id) = id {
-        body["id"] = id.clone();
-    }
+    // JSON-RPC 2.0: `null` when the request's id could not be read (the reference SDKs
+    // expect the member).
+    let body = json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": error});
     let mut resp = json_response(status, &body);
     if let McpError::Refused(r) = e {
         errors::retry_after_header(r, resp.headers_mut());
@@ -157,11 +156,12 @@ pub fn error_response(id: Option<&Value>, e: &McpError) -> Resp {
 }
 
 /// A refusal before a message was decoded (identity, kill-switch, rate limit, body limits),
-/// as a JSON-RPC error without `id`.
+/// as a JSON-RPC error with a `null` id.
 pub fn refusal_response(r: &Rejection) -> Resp {
     let (status, code) = (errors::tools_v1(r).1, rejection_code(r));
     let body = json!({
         "jsonrpc": "2.0",
+        "id": null,
         "error": {"code": code, "message": errors::message(r), "data": carapace_error(r)},
     });
     let mut resp = json_response(status, &body);
