@@ -428,3 +428,61 @@ async fn the_official_python_sdk_lists_and_calls_in_every_era() {
         "only the good calls reached the app: {texts:?}"
     );
 }
+
+/// 2026-07-28: closing the response stream cancels the request. The caller goes away during a
+/// slow `tools/call`; the request to the app is dropped.
+#[tokio::test]
+async fn closing_the_connection_during_a_call_drops_it_upstream() {
+    use tokio::io::AsyncWriteExt;
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let body = modern_body(
+        1,
+        "tools/call",
+        json!({"name": "memory.query", "arguments": {"query": "x", "delay_ms": 4000}}),
+    )
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: memory.query\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
+        .await
+        .unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    common::wait_until(|| env.app.received().len() == 1).await;
+    drop(s);
+    common::wait_until(|| env.app.abandoned() == 1).await;
+}
+
+/// Older eras: `notifications/cancelled` naming a call in flight ends it, upstream too.
+#[tokio::test]
+async fn a_cancelled_notification_drops_the_call_in_flight() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
+    let i = send(&gw, &init, &[]).await;
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    let h = vec![("mcp-session-id", session)];
+    let slow = json!({"jsonrpc": "2.0", "id": "slow-1", "method": "tools/call",
+        "params": {"name": "memory.query", "arguments": {"query": "x", "delay_ms": 4000}}});
+    let call = tokio::spawn({
+        let (gw, h) = (gw.clone(), h.clone());
+        async move { send(&gw, &slow, &h).await }
+    });
+    common::wait_until(|| env.app.received().len() == 1).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": "slow-1", "reason": "user"}});
+    assert_eq!(send(&gw, &cancel, &h).await.status, StatusCode::ACCEPTED);
+    let answer = call.await.unwrap();
+    assert_eq!(answer.json()["id"], "slow-1");
+    assert!(answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("cancelled"));
+    common::wait_until(|| env.app.abandoned() == 1).await;
+}

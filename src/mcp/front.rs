@@ -1,6 +1,7 @@
 //! The MCP front: one endpoint (`front.mcp.path`, default `/mcp`) taking JSON-RPC over
 //! `POST`, in the era each request asks for (see the [module docs](super)).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
 use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall, ToolSpec};
@@ -39,7 +41,7 @@ enum Era {
     /// 2026-07-28: stateless, checked per request.
     Modern,
     /// A handshake-era request in a live session, at the session's version.
-    Legacy { version: String },
+    Legacy { version: String, session: String },
 }
 
 /// The MCP front service; see the module docs.
@@ -50,6 +52,44 @@ pub struct McpFront {
     clock: UnixClock,
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
+    in_flight: Arc<InFlight>,
+}
+
+/// Older-era calls in flight in this process, by session and request id, so that
+/// `notifications/cancelled` can end them.
+#[derive(Default)]
+struct InFlight(std::sync::Mutex<HashMap<(String, String), oneshot::Sender<()>>>);
+
+/// Removes its call from [`InFlight`] when the call ends, however it ends.
+struct InFlightEntry<'a> {
+    table: &'a InFlight,
+    key: (String, String),
+}
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), oneshot::Sender<()>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self, session: &str, id: &Value) -> (InFlightEntry<'_>, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let key = (session.to_owned(), id.to_string());
+        // A reused id replaces the older entry (the client may not reuse an id in flight).
+        self.lock().insert(key.clone(), tx);
+        (InFlightEntry { table: self, key }, rx)
+    }
+
+    fn cancel(&self, session: &str, id: &Value) {
+        if let Some(tx) = self.lock().remove(&(session.to_owned(), id.to_string())) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for InFlightEntry<'_> {
+    fn drop(&mut self) {
+        self.table.lock().remove(&self.key);
+    }
 }
 
 impl McpFront {
@@ -66,6 +106,7 @@ impl McpFront {
             clock,
             cfg,
             sessions,
+            in_flight: Arc::default(),
         }
     }
 
@@ -108,7 +149,7 @@ impl McpFront {
             return refused(None, &McpError::InvalidRequest("the batch is empty".into()));
         }
         match self.session_of(req, principal) {
-            Ok(Some(v)) if v == LEGACY_VERSIONS[2] => {}
+            Ok(Some((_, v))) if v == LEGACY_VERSIONS[2] => {}
             Err(e) => return refused(None, &e),
             Ok(_) => {
                 let why = format!(
@@ -144,9 +185,21 @@ impl McpFront {
     async fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Resp {
         let (id, method, params) = match jsonrpc::decode(req.body()) {
             Err((id, e)) => return refused(id.as_ref(), &e),
-            Ok(Message::Response) | Ok(Message::Notification { .. }) => {
+            Ok(Message::Response) => {
                 return match self.session_of(&req, &principal) {
                     Err(e @ McpError::SessionNotFound) => refused(None, &e),
+                    _ => accepted(),
+                };
+            }
+            Ok(Message::Notification { method, params }) => {
+                return match self.session_of(&req, &principal) {
+                    Err(e @ McpError::SessionNotFound) => refused(None, &e),
+                    Ok(Some((session, _))) if method == "notifications/cancelled" => {
+                        if let Some(id) = params.get("requestId") {
+                            self.in_flight.cancel(&session, id);
+                        }
+                        accepted()
+                    }
                     _ => accepted(),
                 };
             }
@@ -159,16 +212,25 @@ impl McpFront {
             Ok(era) => era,
             Err(e) => return refused(Some(&id), &e),
         };
-        let version = match &era {
-            Era::Modern => MODERN_VERSION,
-            Era::Legacy { version } => version.as_str(),
+        let (version, session) = match &era {
+            Era::Modern => (MODERN_VERSION, None),
+            Era::Legacy { version, session } => (version.as_str(), Some(session.as_str())),
         };
         let result = match method.as_str() {
             "ping" => Ok(json!({})),
             "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
             "tools/list" => self.list(&params, &principal, version),
             "tools/call" => {
-                return self.call(&req, id, &params, principal, version).await;
+                let Some(session) = session else {
+                    return self.call(&req, id, &params, principal, version).await;
+                };
+                // Older era: `notifications/cancelled` naming this request ends it.
+                let (_entry, cancelled) = self.in_flight.register(session, &id);
+                let call = self.call(&req, id.clone(), &params, principal, version);
+                return tokio::select! {
+                    resp = call => resp,
+                    _ = cancelled => refused(Some(&id), &McpError::Cancelled),
+                };
             }
             other => Err(McpError::MethodNotFound(other.into())),
         };
@@ -191,7 +253,7 @@ impl McpFront {
             || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION);
         if !modern {
             return match self.session_of(req, principal)? {
-                Some(version) => Ok(Era::Legacy { version }),
+                Some((session, version)) => Ok(Era::Legacy { version, session }),
                 None => Err(McpError::Session(format!(
                     "send `initialize` first and then `{SESSION_HEADER}` (2025 revisions), or \
                      `params._meta` with `{META_VERSION}` ({MODERN_VERSION})"
@@ -221,12 +283,12 @@ impl McpFront {
         Ok(Era::Modern)
     }
 
-    /// The version of the live session named in the request, if it names one.
+    /// The live session named in the request, if it names one: its id and version.
     fn session_of(
         &self,
         req: &Request<Bytes>,
         principal: &Principal,
-    ) -> Result<Option<String>, McpError> {
+    ) -> Result<Option<(String, String)>, McpError> {
         let Some(id) = req.headers().get(SESSION_HEADER) else {
             return Ok(None);
         };
@@ -240,7 +302,7 @@ impl McpFront {
                 "{PROTOCOL_VERSION_HEADER} `{v}` is not the session's `{}`",
                 claims.version
             ))),
-            _ => Ok(Some(claims.version)),
+            _ => Ok(Some((id.to_owned(), claims.version))),
         }
     }
 
@@ -442,6 +504,7 @@ fn refused(id: Option<&Value>, e: &McpError) -> Resp {
         McpError::HttpMethod(_) => "method_not_allowed",
         McpError::InvalidParams(_) | McpError::MissingMeta(_) => "invalid_params",
         McpError::Parse(_) | McpError::InvalidRequest(_) => "invalid_request",
+        McpError::Cancelled => "cancelled",
     };
     front::recorded(error_response(id, e), None, reason)
 }

@@ -41,6 +41,7 @@ pub enum Message {
     },
     Notification {
         method: String,
+        params: Map<String, Value>,
     },
     /// A response to a server request (only the older era has those; carapace sends none).
     Response,
@@ -76,6 +77,9 @@ pub enum McpError {
     Origin(String),
     #[error("Method not allowed: {0}")]
     HttpMethod(&'static str),
+    /// Older era: the client cancelled the request (`notifications/cancelled`).
+    #[error("Request cancelled by the client")]
+    Cancelled,
     #[error("{}", errors::message(.0))]
     Refused(Rejection),
 }
@@ -85,6 +89,7 @@ impl McpError {
     fn parts(&self) -> (StatusCode, i64, Option<Value>) {
         match self {
             McpError::Parse(_) => (StatusCode::BAD_REQUEST, PARSE_ERROR, None),
+            McpError::Cancelled => (StatusCode::OK, INVALID_REQUEST, None),
             McpError::InvalidRequest(_) | McpError::Session(_) => {
                 (StatusCode::BAD_REQUEST, INVALID_REQUEST, None)
             }
@@ -224,7 +229,7 @@ pub fn decode(body: &[u8]) -> Result<Message, (Option<Value>, McpError)> {
     };
     Ok(match id {
         Some(id) => Message::Request { id, method, params },
-        None => Message::Notification { method },
+        None => Message::Notification { method, params },
     })
 }
 
