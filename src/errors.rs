@@ -25,6 +25,12 @@ pub enum ToolsV1Answers {
     HttpStatus,
 }
 
+/// A call its caller cancelled (nginx's status for a request the client gave up).
+pub const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => unreachable!(),
+};
+
 /// The standard tools-v1 code of a rejection, and its HTTP status in the `http_status` style.
 pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
     match r {
@@ -58,6 +64,7 @@ pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
             ("DEPENDENCY_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE)
         }
         Rejection::Internal(_) => ("INTERNAL", StatusCode::INTERNAL_SERVER_ERROR),
+        Rejection::Cancelled => ("CANCELLED", CLIENT_CLOSED_REQUEST),
     }
 }
 
@@ -129,6 +136,7 @@ pub fn skill_v1(r: &Rejection) -> (&'static str, StatusCode) {
         }
         Rejection::SharedStateUnavailable(_) => (http_error, StatusCode::SERVICE_UNAVAILABLE),
         Rejection::Internal(_) => (http_error, StatusCode::INTERNAL_SERVER_ERROR),
+        Rejection::Cancelled => (http_error, CLIENT_CLOSED_REQUEST),
     }
 }
 
@@ -464,6 +472,16 @@ mod tests {
                 "SKILL_HTTP_ERROR",
                 500,
             ),
+            (
+                R::Cancelled,
+                "CANCELLED",
+                "error",
+                false,
+                499,
+                200,
+                "SKILL_HTTP_ERROR",
+                499,
+            ),
         ];
         let standard = [
             "TOOL_NOT_FOUND",
@@ -476,6 +494,9 @@ mod tests {
             "INTERNAL",
             "PAIRING_REQUIRED",
             "PAIRING_FAILED",
+            // The answer of a call cancelled with the optional `POST /v1/tools/cancel`, which
+            // the protocol names without codes.
+            "CANCELLED",
         ];
         let skill_codes = [
             "MANIFEST_INVALID",
@@ -513,7 +534,7 @@ mod tests {
         );
         assert_eq!(
             rows.len(),
-            25,
+            26,
             "a Rejection variant is missing from this table"
         );
     }

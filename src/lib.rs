@@ -15,6 +15,7 @@ pub mod demo;
 pub mod edge;
 pub mod errors;
 pub mod front;
+pub mod in_flight;
 pub mod lingering;
 pub mod listener;
 pub mod mcp;

@@ -113,6 +113,8 @@ pub struct Shared {
     pub outbound: std::sync::OnceLock<Arc<Outbound>>,
     /// The MCP front's sessions (older protocol era), when the front is MCP.
     pub mcp_sessions: Option<Arc<crate::mcp::session::Sessions>>,
+    /// Calls in flight that their callers may cancel (kept across reloads).
+    pub in_flight: Arc<crate::in_flight::InFlightCalls>,
 }
 
 impl Shared {
@@ -287,6 +289,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                     calls,
                     shared.clock.clone(),
                     answers,
+                    shared.in_flight.clone(),
                 )),
                 Protocol::ToolsV1,
                 answers,
@@ -324,6 +327,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                         .mcp_sessions
                         .clone()
                         .expect("made at start for an mcp front"),
+                    shared.in_flight.clone(),
                 )),
                 Protocol::Mcp,
                 answers,
@@ -383,6 +387,7 @@ fn build_outbound_stack(cfg: &Loaded, shared: &Shared, outbound: Arc<Outbound>) 
                 calls,
                 shared.clock.clone(),
                 answers,
+                shared.in_flight.clone(),
             )),
             Protocol::ToolsV1,
             answers,
@@ -807,6 +812,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         gateway,
         outbound: std::sync::OnceLock::new(),
         mcp_sessions,
+        in_flight: Arc::default(),
     });
     shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
     let outbound = match (&c.outbound, &shared.gateway) {

@@ -11,7 +11,7 @@ use http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use tower::Service;
 
-use carapace_filters::call::{CallOutcome, Credential, ToolCall};
+use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::canonical::parse_strict;
 use carapace_filters::schema::CompiledSchema;
 use carapace_filters::signature::UnixClock;
@@ -20,6 +20,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use crate::catalog::{tools_v1_descriptor, CatalogHandle};
 use crate::errors::{self, ToolsV1Answers};
 use crate::front::{self, json_response, CallStack, Resp};
+use crate::in_flight::{Finished, InFlightCalls};
 use crate::upstream::AppClient;
 
 /// The seed's `POST /v1/tools/call` request schema.
@@ -84,6 +85,7 @@ pub struct ToolsV1Front {
     calls: CallStack,
     clock: UnixClock,
     answers: ToolsV1Answers,
+    in_flight: Arc<InFlightCalls>,
 }
 
 impl ToolsV1Front {
@@ -92,13 +94,39 @@ impl ToolsV1Front {
         calls: CallStack,
         clock: UnixClock,
         answers: ToolsV1Answers,
+        in_flight: Arc<InFlightCalls>,
     ) -> Self {
         ToolsV1Front {
             catalog,
             calls,
             clock,
             answers,
+            in_flight,
         }
+    }
+
+    /// `POST /v1/tools/cancel` `{"version": "v1", "call_id": ...}`: cancel the caller's own
+    /// call in flight with that id; `cancelled` says whether there was one.
+    fn cancel(&self, req: &Request<Bytes>, principal: &Principal) -> Resp {
+        let doc: Option<Value> = serde_json::from_slice(req.body()).ok();
+        let call_id = doc
+            .as_ref()
+            .filter(|d| d["version"] == "v1")
+            .and_then(|d| d["call_id"].as_str())
+            .map(str::trim)
+            .filter(|id| !id.is_empty());
+        let Some(call_id) = call_id else {
+            let r = Rejection::invalid(
+                "a cancel request is {\"version\": \"v1\", \"call_id\": \"...\"}",
+            );
+            return front::refused(&r, |r| error_response(r, ("", ""), 0, self.answers, true));
+        };
+        let key = ("tools-v1", principal.id.clone(), call_id.to_owned());
+        let cancelled = self.in_flight.cancel(&key);
+        json_response(
+            StatusCode::OK,
+            &json!({"version": "v1", "call_id": call_id, "cancelled": cancelled}),
+        )
     }
 
     /// Discovery: only the tools this caller may call.
@@ -333,43 +361,61 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                 (&Method::GET, "/healthz") => {
                     Ok(json_response(StatusCode::OK, &json!({"ok": true})))
                 }
+                (&Method::POST, "/v1/tools/cancel") => {
+                    Ok(this.cancel(&req, &*front::principal(&req)?))
+                }
                 (&Method::POST, "/v1/tools/call") => {
                     let started = Instant::now();
-                    let decoded = decode(req.body(), &this.catalog, front::principal(&req)?).map(
-                        |mut call| {
-                            call.request_id = crate::edge::request_id(&req);
-                            let span = tracing::Span::current();
-                            span.record("tool", call.tool.name.as_str());
-                            if let Some(id) = call
-                                .context
-                                .as_ref()
-                                .and_then(|c| c.get("trace_id"))
-                                .and_then(Value::as_str)
-                            {
-                                span.record("context_trace_id", id);
-                            }
-                            call.trace_context = crate::telemetry::outgoing_context(req.headers());
-                            call
-                        },
-                    );
+                    let principal = front::principal(&req)?;
+                    let owner = principal.id.clone();
+                    let decoded = decode(req.body(), &this.catalog, principal).map(|mut call| {
+                        call.request_id = crate::edge::request_id(&req);
+                        let span = tracing::Span::current();
+                        span.record("tool", call.tool.name.as_str());
+                        if let Some(id) = call
+                            .context
+                            .as_ref()
+                            .and_then(|c| c.get("trace_id"))
+                            .and_then(Value::as_str)
+                        {
+                            span.record("context_trace_id", id);
+                        }
+                        call.trace_context = crate::telemetry::outgoing_context(req.headers());
+                        call
+                    });
                     match decoded {
-                        Ok(call) => Ok(front::run_call(
-                            &this.calls,
-                            call,
-                            started,
-                            outcome_response,
-                            |r, call_id, tool, ms| {
-                                error_response(r, (call_id, tool), ms, answers, false)
-                            },
-                        )
-                        .await),
+                        Ok(call) => {
+                            let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+                            let run = front::run_call(
+                                &this.calls,
+                                call,
+                                started,
+                                outcome_response,
+                                |r, call_id, tool, ms| {
+                                    error_response(r, (call_id, tool), ms, answers, false)
+                                },
+                            );
+                            let key = ("tools-v1", owner, call_id.clone());
+                            Ok(match this.in_flight.run(key, run).await {
+                                Finished::Done(resp) => resp,
+                                Finished::Cancelled => {
+                                    let ms = started.elapsed().as_millis() as u64;
+                                    let r = Rejection::Cancelled;
+                                    let resp =
+                                        error_response(&r, (&call_id, &tool), ms, answers, false);
+                                    front::recorded(resp, Some(tool), r.reason())
+                                }
+                            })
+                        }
                         Err(d) => Ok(front::refused(&d.rejection, |r| {
                             error_response(r, (&d.call_id, &d.tool_name), 0, answers, d.malformed)
                         })),
                     }
                 }
                 (_, "/v1/tools") => Err(Rejection::MethodNotAllowed("GET".into())),
-                (_, "/v1/tools/call") => Err(Rejection::MethodNotAllowed("POST".into())),
+                (_, "/v1/tools/call" | "/v1/tools/cancel") => {
+                    Err(Rejection::MethodNotAllowed("POST".into()))
+                }
                 (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),
             }
         })

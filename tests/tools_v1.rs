@@ -1133,3 +1133,50 @@ async fn an_app_that_takes_no_connection_fails_the_call_at_the_connect_timeout()
     assert_eq!(reply.json()["status"], "retryable_error");
     r.shutdown().await;
 }
+
+/// The optional `POST /v1/tools/cancel`: the caller cancels its own call in flight, which ends
+/// with `CANCELLED` and is dropped at the app; nobody else can cancel it.
+#[tokio::test]
+async fn a_caller_cancels_its_own_call_in_flight() {
+    let env = Env::new().await;
+    let r = env.start(&env.tools_yaml("")).await;
+    let gw = env.gateway(&r);
+    let slow = call("memory.query", json!({"query": "x", "delay_ms": 4000}));
+    let call_id = slow["call_id"].as_str().unwrap().to_string();
+    let held = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.post_json("/v1/tools/call", &[], &slow).await.unwrap() }
+    });
+    wait_until(|| env.app.received().len() == 1).await;
+    let cancel = json!({"version": "v1", "call_id": call_id});
+    // Another principal names the same call id: nothing is cancelled.
+    let other = env
+        .local(&r)
+        .post_json("/v1/tools/cancel", &[], &cancel)
+        .await
+        .unwrap();
+    assert_eq!(other.json()["cancelled"], false);
+    let mine = gw
+        .post_json("/v1/tools/cancel", &[], &cancel)
+        .await
+        .unwrap();
+    assert_eq!(mine.status, StatusCode::OK);
+    assert_eq!(mine.json()["cancelled"], true);
+    let answer = held.await.unwrap();
+    assert_eq!(code(&answer), "CANCELLED");
+    assert_eq!(answer.json()["call_id"], json!(call_id));
+    wait_until(|| env.app.abandoned() == 1).await;
+    // Finished calls cannot be cancelled; a malformed cancel is refused.
+    let again = gw
+        .post_json("/v1/tools/cancel", &[], &cancel)
+        .await
+        .unwrap();
+    assert_eq!(again.json()["cancelled"], false);
+    let bad = gw
+        .post_json("/v1/tools/cancel", &[], &json!({"call_id": 5}))
+        .await
+        .unwrap();
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(code(&bad), "INVALID_ARGS");
+    r.shutdown().await;
+}

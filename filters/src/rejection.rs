@@ -99,6 +99,9 @@ pub enum Rejection {
     /// A bug or an I/O failure inside carapace (e.g. the nonce journal could not be written).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The caller cancelled the call while it was in flight.
+    #[error("cancelled by the caller")]
+    Cancelled,
 }
 
 impl Rejection {
@@ -138,6 +141,7 @@ impl Rejection {
             Rejection::AppInvalid(_) => "app_invalid",
             Rejection::SharedStateUnavailable(_) => "shared_state_unavailable",
             Rejection::Internal(_) => "internal",
+            Rejection::Cancelled => "cancelled",
         }
     }
 

@@ -1,7 +1,6 @@
 //! The MCP front: one endpoint (`front.mcp.path`, default `/mcp`) taking JSON-RPC over
 //! `POST`, in the era each request asks for (see the [module docs](super)).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -12,7 +11,6 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
-use tokio::sync::oneshot;
 use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall, ToolSpec};
@@ -25,6 +23,7 @@ use super::{LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
 use crate::front::{self, CallStack, Resp};
+use crate::in_flight::{Finished, InFlightCalls};
 
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";
@@ -52,44 +51,7 @@ pub struct McpFront {
     clock: UnixClock,
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
-    in_flight: Arc<InFlight>,
-}
-
-/// Older-era calls in flight in this process, by session and request id, so that
-/// `notifications/cancelled` can end them.
-#[derive(Default)]
-struct InFlight(std::sync::Mutex<HashMap<(String, String), oneshot::Sender<()>>>);
-
-/// Removes its call from [`InFlight`] when the call ends, however it ends.
-struct InFlightEntry<'a> {
-    table: &'a InFlight,
-    key: (String, String),
-}
-
-impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), oneshot::Sender<()>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn register(&self, session: &str, id: &Value) -> (InFlightEntry<'_>, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        let key = (session.to_owned(), id.to_string());
-        // A reused id replaces the older entry (the client may not reuse an id in flight).
-        self.lock().insert(key.clone(), tx);
-        (InFlightEntry { table: self, key }, rx)
-    }
-
-    fn cancel(&self, session: &str, id: &Value) {
-        if let Some(tx) = self.lock().remove(&(session.to_owned(), id.to_string())) {
-            let _ = tx.send(());
-        }
-    }
-}
-
-impl Drop for InFlightEntry<'_> {
-    fn drop(&mut self) {
-        self.table.lock().remove(&self.key);
-    }
+    in_flight: Arc<InFlightCalls>,
 }
 
 impl McpFront {
@@ -99,6 +61,7 @@ impl McpFront {
         clock: UnixClock,
         cfg: Arc<McpFrontConfig>,
         sessions: Arc<Sessions>,
+        in_flight: Arc<InFlightCalls>,
     ) -> Self {
         McpFront {
             catalog,
@@ -106,7 +69,7 @@ impl McpFront {
             clock,
             cfg,
             sessions,
-            in_flight: Arc::default(),
+            in_flight,
         }
     }
 
@@ -196,7 +159,7 @@ impl McpFront {
                     Err(e @ McpError::SessionNotFound) => refused(None, &e),
                     Ok(Some((session, _))) if method == "notifications/cancelled" => {
                         if let Some(id) = params.get("requestId") {
-                            self.in_flight.cancel(&session, id);
+                            self.in_flight.cancel(&("mcp", session, id.to_string()));
                         }
                         accepted()
                     }
@@ -225,11 +188,11 @@ impl McpFront {
                     return self.call(&req, id, &params, principal, version).await;
                 };
                 // Older era: `notifications/cancelled` naming this request ends it.
-                let (_entry, cancelled) = self.in_flight.register(session, &id);
+                let key = ("mcp", session.to_owned(), id.to_string());
                 let call = self.call(&req, id.clone(), &params, principal, version);
-                return tokio::select! {
-                    resp = call => resp,
-                    _ = cancelled => refused(Some(&id), &McpError::Cancelled),
+                return match self.in_flight.run(key, call).await {
+                    Finished::Done(resp) => resp,
+                    Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
                 };
             }
             other => Err(McpError::MethodNotFound(other.into())),

@@ -1,0 +1,91 @@
+//! Calls in flight that their caller may cancel: a tools-v1 `POST /v1/tools/cancel`, an MCP
+//! `notifications/cancelled`. A cancelled call is dropped, and with it its request to the app.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+/// Who may cancel a call and how it is named: the front, the caller (a principal, or an MCP
+/// session) and the call's id.
+pub type CallKey = (&'static str, String, String);
+
+/// The cancellable calls in flight in this process.
+#[derive(Debug, Default)]
+pub struct InFlightCalls(Mutex<HashMap<CallKey, oneshot::Sender<()>>>);
+
+/// How a cancellable call ended.
+pub enum Finished<T> {
+    Done(T),
+    Cancelled,
+}
+
+impl InFlightCalls {
+    fn lock(&self) -> MutexGuard<'_, HashMap<CallKey, oneshot::Sender<()>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run `call` under `key` until it ends or [`cancel`](Self::cancel) names it. A second
+    /// call under the same key takes the name over (callers must not reuse an id in flight).
+    pub async fn run<T>(&self, key: CallKey, call: impl Future<Output = T>) -> Finished<T> {
+        let (tx, cancelled) = oneshot::channel();
+        self.lock().insert(key.clone(), tx);
+        let _entry = Entry { table: self, key };
+        tokio::select! {
+            out = call => Finished::Done(out),
+            Ok(()) = cancelled => Finished::Cancelled,
+        }
+    }
+
+    /// Cancel the call named `key`; whether one was in flight.
+    pub fn cancel(&self, key: &CallKey) -> bool {
+        match self.lock().remove(key) {
+            Some(tx) => tx.send(()).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// Takes a call's name out of the table when the call ends, however it ends.
+struct Entry<'a> {
+    table: &'a InFlightCalls,
+    key: CallKey,
+}
+
+impl Drop for Entry<'_> {
+    fn drop(&mut self) {
+        let mut table = self.table.lock();
+        // Only its own entry: a newer call under the same name keeps its place.
+        if table.get(&self.key).is_some_and(oneshot::Sender::is_closed) {
+            table.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> CallKey {
+        ("test", "caller".into(), id.into())
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_call_is_dropped_and_a_finished_one_cannot_be_cancelled() {
+        let table = std::sync::Arc::new(InFlightCalls::default());
+        let t = table.clone();
+        let slow = tokio::spawn(async move { t.run(key("a"), std::future::pending::<()>()).await });
+        while !table.lock().contains_key(&key("a")) {
+            tokio::task::yield_now().await;
+        }
+        assert!(table.cancel(&key("a")));
+        assert!(matches!(slow.await.unwrap(), Finished::Cancelled));
+        assert!(matches!(
+            table.run(key("b"), async { 7 }).await,
+            Finished::Done(7)
+        ));
+        assert!(!table.cancel(&key("b")), "finished calls leave the table");
+        assert!(table.lock().is_empty());
+    }
+}
