@@ -273,6 +273,12 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         .layer(identity_layer(cfg, shared))
         .layer(crate::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+        .option_layer((c.front.protocol == Protocol::Mcp).then(|| {
+            crate::mcp::early::MirroredHeaderLayer::new(
+                shared.kill_switch.clone(),
+                shared.clock.clone(),
+            )
+        }))
         .layer(PeerRateLimitLayer::new(peer_limits))
         .layer(shared.load_shed_layer(c.limits.max_in_flight))
         .layer(BodyLimitLayer::new(body));

@@ -486,3 +486,53 @@ async fn a_cancelled_notification_drops_the_call_in_flight() {
         .contains("cancelled"));
     common::wait_until(|| env.app.abandoned() == 1).await;
 }
+
+/// A 2026-07-28 `tools/call` to a switched-off tool is refused from its headers, before the
+/// body is read (here the body never comes); an older-era call gets the refusal as a tool
+/// result from the call stage.
+#[tokio::test]
+async fn a_kill_switched_tool_is_refused_from_the_headers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new().await;
+    let r = env
+        .start(&mcp_yaml(
+            &env,
+            "",
+            "kill_switch: { tools: [memory.append] }",
+        ))
+        .await;
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: memory.append\r\n\
+         content-length: 1000\r\n\r\n"
+    );
+    let mut s = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
+        .await
+        .unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(3), s.read(&mut answer))
+        .await
+        .expect("answered without waiting for the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains(r#""id":null"#), "{answer}");
+    assert!(answer.contains("DEPENDENCY_UNAVAILABLE"), "{answer}");
+
+    // The older era: the call stage answers, as a tool result a model can read.
+    let gw = env.gateway(&r);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
+    let i = send(&gw, &init, &[]).await;
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "memory.append", "arguments": {"text": "x"}}});
+    let c = send(&gw, &call, &[("mcp-session-id", session)]).await;
+    assert_eq!(c.json()["result"]["isError"], true, "{:?}", c.json());
+    assert_eq!(
+        c.json()["result"]["_meta"]["dev.carapace/error"]["code"],
+        "DEPENDENCY_UNAVAILABLE"
+    );
+    assert!(env.app.received().is_empty());
+}

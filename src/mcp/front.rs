@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
@@ -19,7 +19,7 @@ use carapace_filters::{BoxFuture, Rejection};
 
 use super::jsonrpc::{self, error_response, result_response, McpError, Message, ERROR_META};
 use super::session::{SessionRefused, Sessions};
-use super::{LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
+use super::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
 use crate::front::{self, CallStack, Resp};
@@ -527,17 +527,6 @@ fn agree(h: &HeaderMap, name: &str, body: &str) -> Result<(), McpError> {
         )));
     }
     Ok(())
-}
-
-/// A header value, with the `=?base64?…?=` form decoded.
-fn decode_header_value(v: &str) -> Option<String> {
-    match v
-        .strip_prefix("=?base64?")
-        .and_then(|r| r.strip_suffix("?="))
-    {
-        Some(b64) => String::from_utf8(STANDARD.decode(b64).ok()?).ok(),
-        None => Some(v.to_owned()),
-    }
 }
 
 fn decode_cursor(c: &str) -> Result<String, McpError> {

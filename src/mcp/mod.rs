@@ -9,6 +9,7 @@
 //! `tools/call` becomes the same internal call as on every other front, so the whole call
 //! stage applies (authorization, rate limits, kill-switch, schemas, timeout).
 
+pub mod early;
 pub mod front;
 pub mod jsonrpc;
 pub mod session;
@@ -27,3 +28,18 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = [
     LEGACY_VERSIONS[1],
     LEGACY_VERSIONS[2],
 ];
+
+/// A mirrored header's value, with the `=?base64?…?=` form decoded (2026-07-28).
+pub fn decode_header_value(v: &str) -> Option<String> {
+    use base64::Engine;
+    match v
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        Some(b64) => {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+            String::from_utf8(bytes).ok()
+        }
+        None => Some(v.to_owned()),
+    }
+}
