@@ -23,6 +23,7 @@ if [ ${#targets[@]} -eq 0 ]; then
     peer_store
     config
     app_responses
+    mcp_request
   )
 fi
 

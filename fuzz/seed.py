@@ -128,6 +128,33 @@ def app_responses():
     yield framed(SKILL_MANIFEST, 200, json.dumps(text_shape))
 
 
+def mcp_request():
+    """The flags byte (see the target), then a body: the EAT vectors' JSON-RPC cases (in a
+    2025-03-26 session) and 2026-07-28 requests with their headers."""
+    session, modern = 0x08, 0x01 | 0x02 | 0x04
+    for case in load("eat/upstream/examples/test-vectors/mcp_test_vectors.json"):
+        data = case["test_data"]
+        msg = data.get("request", data.get("response"))
+        yield bytes([session]) + json.dumps(msg).encode()
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    for method, params in [
+        ("server/discover", {}),
+        ("tools/list", {}),
+        ("tools/list", {"cursor": "ZGVtby5lY2hv"}),
+        ("tools/call", {"name": "demo.echo", "arguments": {"text": "hi"}}),
+        ("ping", {}),
+    ]:
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+        yield bytes([modern]) + json.dumps(body).encode()
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}}}
+    yield bytes([0]) + json.dumps(init).encode()
+    yield bytes([0x10 | session])
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -136,6 +163,7 @@ TARGETS = {
     "peer_store": peer_store,
     "config": config,
     "app_responses": app_responses,
+    "mcp_request": mcp_request,
 }
 
 
