@@ -365,12 +365,15 @@ enum Setup {
     ToolsOverSkill,
     /// skill-v1 front over a tools-v1 app; signed `/run` on loopback TCP.
     SkillOverTools,
+    /// MCP front (2026-07-28) over a tools-v1 app; a local caller on the Unix socket.
+    McpOverTools,
 }
 
 impl Setup {
     fn front(self) -> &'static str {
         match self {
             Setup::SkillOverTools => "skill-v1",
+            Setup::McpOverTools => "mcp",
             _ => "tools-v1",
         }
     }
@@ -386,8 +389,11 @@ impl Setup {
     /// error tables give them.
     fn expected(self, e: Expect) -> Option<(&'static str, &'static str, &'static str)> {
         let tools = self.front() == "tools-v1";
+        let mcp = self.front() == "mcp";
         match e {
             Expect::Ok => None,
+            Expect::Broken if mcp => Some(("DEPENDENCY_UNAVAILABLE", "isError", "app_invalid")),
+            Expect::Timeout if mcp => Some(("TIMEOUT", "isError", "timeout")),
             Expect::Broken if tools => Some(("DEPENDENCY_UNAVAILABLE", "error", "app_invalid")),
             Expect::Broken => Some(("SKILL_HTTP_ERROR", "502", "app_invalid")),
             Expect::Timeout if tools => Some(("TIMEOUT", "timeout", "timeout")),
@@ -433,6 +439,10 @@ peers: {{ file: {d}/peers.json }}
 "#
         );
         let yaml = match setup {
+            Setup::McpOverTools => format!(
+                "state_dir: {d}/state\n{}app: {{ protocol: tools-v1, address: \"http://{addr}\", {pool} }}\n{common}",
+                tools_front.replace("protocol: tools-v1", "protocol: mcp")
+            ),
             Setup::ToolsOverTools => format!(
                 "state_dir: {d}/state\n{tools_front}app: {{ protocol: tools-v1, address: \"http://{addr}\", {pool} }}\n{common}"
             ),
@@ -481,6 +491,21 @@ app: {{ protocol: tools-v1, address: "http://{addr}", {pool} }}
                     };
                     client.post_json("/v1/tools/call", &[], &c).await
                 }
+                Setup::McpOverTools => {
+                    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                        "params": {"name": TOOL, "arguments": input, "_meta": {
+                            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                            "io.modelcontextprotocol/clientCapabilities": {}}}});
+                    let headers = [
+                        ("mcp-protocol-version", "2026-07-28"),
+                        ("mcp-method", "tools/call"),
+                        ("mcp-name", TOOL),
+                    ];
+                    self.env
+                        .local(&self.running)
+                        .post_json("/mcp", &headers, &body)
+                        .await
+                }
                 Setup::SkillOverTools => {
                     let nonce = hex::encode(rand::random::<[u8; 16]>());
                     let now = carapace_filters::unix_now_ms();
@@ -503,6 +528,9 @@ app: {{ protocol: tools-v1, address: "http://{addr}", {pool} }}
     fn check(&self, reply: &Reply, expect: Expect) -> Result<(), String> {
         let body = String::from_utf8_lossy(&reply.body);
         let v = reply.json();
+        if self.setup == Setup::McpOverTools {
+            return check_mcp(reply, self.setup.expected(expect), expect);
+        }
         let tools = self.setup.front() == "tools-v1";
         let Some((want_code, want_status, want_reason)) = self.setup.expected(expect) else {
             let ok = if tools {
@@ -631,6 +659,41 @@ app: {{ protocol: tools-v1, address: "http://{addr}", {pool} }}
     }
 }
 
+/// The MCP front's answer: a tool result, the app's output or `isError` with carapace's code.
+fn check_mcp(
+    reply: &Reply,
+    expected: Option<(&str, &str, &str)>,
+    expect: Expect,
+) -> Result<(), String> {
+    let body = String::from_utf8_lossy(&reply.body);
+    let result = &reply.json()["result"];
+    if reply.status != StatusCode::OK {
+        return Err(format!("HTTP {} (expected 200): {body}", reply.status));
+    }
+    let Some((want_code, _, want_reason)) = expected else {
+        return match result["structuredContent"]["mark"] == APP_MARK && result["isError"] == false {
+            true => Ok(()),
+            false => Err(format!("expected the app's answer, got {body}")),
+        };
+    };
+    if body.contains(APP_MARK) {
+        return Err(format!(
+            "the broken app's answer reached the caller: {body}"
+        ));
+    }
+    let error = &result["_meta"]["dev.carapace/error"];
+    if result["isError"] != true || error["code"] != want_code {
+        return Err(format!("expected isError with {want_code}: {body}"));
+    }
+    if error["details"]["reason"] != want_reason {
+        return Err(format!("reason is not {want_reason}: {body}"));
+    }
+    if error["retryable"].as_bool() != Some(expect == Expect::Timeout) {
+        return Err(format!("retryable is wrong: {body}"));
+    }
+    Ok(())
+}
+
 /// Every case through `setup`: all failures are reported together, one line per case.
 async fn run_all(setup: Setup) {
     let h = Harness::start(setup).await;
@@ -671,4 +734,9 @@ async fn tools_v1_front_over_a_faulty_skill_v1_app() {
 #[tokio::test]
 async fn skill_v1_front_over_a_faulty_tools_v1_app() {
     run_all(Setup::SkillOverTools).await;
+}
+
+#[tokio::test]
+async fn mcp_front_over_a_faulty_tools_v1_app() {
+    run_all(Setup::McpOverTools).await;
 }

@@ -389,7 +389,12 @@ impl McpFront {
                     complete(tool_result(outcome, version, legacy_structured), version),
                 )
             },
-            |r, _, _, _| result_response(&id, complete(refusal_result(r), version)),
+            |r, _, _, _| {
+                let mut resp = result_response(&id, complete(refusal_result(r), version));
+                let code = crate::errors::tools_v1(r).0;
+                resp.extensions_mut().insert(front::RefusalCode(code));
+                resp
+            },
         )
         .await
     }
@@ -469,7 +474,12 @@ fn refused(id: Option<&Value>, e: &McpError) -> Resp {
         McpError::Parse(_) | McpError::InvalidRequest(_) => "invalid_request",
         McpError::Cancelled => "cancelled",
     };
-    front::recorded(error_response(id, e), None, reason)
+    let mut resp = error_response(id, e);
+    if let McpError::Refused(r) = e {
+        let code = crate::errors::tools_v1(r).0;
+        resp.extensions_mut().insert(front::RefusalCode(code));
+    }
+    front::recorded(resp, None, reason)
 }
 
 fn session_error(e: SessionRefused) -> McpError {
