@@ -343,7 +343,132 @@ ops: {{ address: "" }}
         abandoned > 0
     );
 
+    codes.extend(mcp_steps(dir, &app_addr.to_string(), &ca, &gateway, &app).await?);
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)
+}
+
+/// A JSON-RPC request as a 2026-07-28 MCP client sends it, with its mirrored headers.
+async fn mcp_modern(
+    gw: &Client,
+    id: u64,
+    method: &str,
+    mut params: Value,
+) -> Result<Reply, String> {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": crate::mcp::MODERN_VERSION,
+        "io.modelcontextprotocol/clientInfo": {"name": "carapace-demo", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let name = params["name"].as_str().unwrap_or("").to_string();
+    let mut headers = vec![
+        ("mcp-protocol-version", crate::mcp::MODERN_VERSION),
+        ("mcp-method", method),
+    ];
+    if !name.is_empty() {
+        headers.push(("mcp-name", name.as_str()));
+    }
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    gw.post_json("/mcp", &headers, &body).await
+}
+
+/// 7 and 8: the same app behind an MCP front, called as a 2026-07-28 client and as an older
+/// client with a session.
+async fn mcp_steps(
+    dir: &Path,
+    app_addr: &str,
+    ca: &Authority,
+    gateway: &crate::pki::Issued,
+    app: &MemoryApp,
+) -> Result<Vec<String>, String> {
+    let mcp = start(
+        &dir.join("mcp"),
+        &format!(
+            r#"
+state_dir: {dir}/mcp
+front: {{ protocol: mcp }}
+listeners:
+  tcp:
+    address: "127.0.0.1:0"
+    tls: {{ cert_file: {dir}/server.crt, key_file: {dir}/server.key, client_ca_file: {dir}/ca.pem }}
+app: {{ protocol: tools-v1, address: "http://{app_addr}" }}
+peers: {{ file: {dir}/peers.json }}
+ops: {{ address: "" }}
+"#,
+            dir = dir.display()
+        ),
+    )
+    .await?;
+    let addr = mcp.tcp_address.ok_or("no tcp address")?;
+    let gw = Client::new(Transport::Tls {
+        address: addr,
+        config: tls_config(&ca.cert_pem(), Some(gateway), false),
+    });
+    let list = mcp_modern(&gw, 1, "tools/list", json!({})).await?;
+    let tools = list.json()["result"]["tools"]
+        .as_array()
+        .map_or(0, Vec::len);
+    let good = mcp_modern(
+        &gw,
+        2,
+        "tools/call",
+        json!({"name": "memory.query", "arguments": {"query": "cat"}}),
+    )
+    .await?;
+    if good.json()["result"]["isError"] != false {
+        return Err(format!(
+            "MCP call failed: {}",
+            String::from_utf8_lossy(&good.body)
+        ));
+    }
+    let before = app.received().len();
+    let bad = mcp_modern(
+        &gw,
+        3,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": 42}}),
+    )
+    .await?;
+    let bad_code = bad.json()["result"]["_meta"]["dev.carapace/error"]["code"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    if bad.json()["result"]["isError"] != true
+        || bad_code != "INVALID_ARGS"
+        || app.received().len() != before
+    {
+        return Err(format!(
+            "MCP bad arguments: {}",
+            String::from_utf8_lossy(&bad.body)
+        ));
+    }
+    println!(
+        "7. MCP 2026-07-28  https://{addr}/mcp tools/list -> {tools} tools; tools/call memory.query -> structuredContent={}; bad arguments -> isError {bad_code}, not forwarded",
+        good.json()["result"]["structuredContent"]
+    );
+
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}}});
+    let i = gw.post_json("/mcp", &[], &init).await?;
+    let session = i
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("initialize gave no session")?
+        .to_string();
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "memory.query", "arguments": {"query": "mat"}}});
+    let in_session = gw
+        .post_json("/mcp", &[("mcp-session-id", session.as_str())], &call)
+        .await?;
+    let without = gw.post_json("/mcp", &[], &call).await?;
+    println!(
+        "8. MCP 2025-06-18  initialize -> session {}...; tools/call in it -> isError={}; without the session -> HTTP {}",
+        &session[..12.min(session.len())],
+        in_session.json()["result"]["isError"],
+        without.status.as_u16()
+    );
+    mcp.shutdown().await;
+    Ok(vec![bad_code])
 }
