@@ -58,6 +58,7 @@ TARGETS = [
     ("envoy", "Envoy", 9443),
     ("nginx", "nginx", 9444),
     ("haproxy", "HAProxy", 9445),
+    ("carapace-mcp", "carapace MCP front (2026-07-28)", 9446),
 ]
 LABEL = {n: l for n, l, _ in TARGETS}
 PEERS = ["envoy", "nginx", "haproxy"]
@@ -165,8 +166,20 @@ def make_configs():
     app = f"http://{APP_ADDR[0]}:{APP_ADDR[1]}"
     tls = (f"tls: {{ cert_file: {p('server.crt')}, key_file: {p('server.key')}, "
            f"client_ca_file: {p('ca.pem')} }}")
-    for name in ["carapace-full", "carapace-fwd"]:
+    for name in ["carapace-full", "carapace-fwd", "carapace-mcp"]:
         os.makedirs(p(name, "state"), mode=0o700, exist_ok=True)
+    # carapace, MCP front: the forwarding setup with callers speaking MCP 2026-07-28.
+    write(p("carapace-mcp", "carapace.yaml"), f"""\
+state_dir: {p('carapace-mcp', 'state')}
+front: {{ protocol: mcp }}
+listeners:
+  tcp: {{ address: "127.0.0.1:9446", {tls} }}
+app: {{ protocol: tools-v1, address: "{app}" }}
+peers: {{ file: {p('peers.json')} }}
+ops: {{ address: "" }}
+admin: {{ socket: {p('carapace-mcp', 'admin.sock')} }}
+runtime: {{ worker_threads: 1 }}
+""")
     # carapace, mTLS forwarding: tools-v1 front, paired peer identity, schemas, timeout.
     write(p("carapace-fwd", "carapace.yaml"), f"""\
 state_dir: {p('carapace-fwd', 'state')}
@@ -400,6 +413,8 @@ def loadgen_args(name, port):
     if name == "carapace-full":
         return ["--url", f"https://127.0.0.1:{port}/run", *tls,
                 "--sign-secret", p("hmac.key"), "--skill-id", "demo.memory"]
+    if name == "carapace-mcp":
+        return ["--url", f"https://127.0.0.1:{port}/mcp", *tls, "--mcp"]
     return ["--url", f"https://127.0.0.1:{port}/v1/tools/call", *tls]
 
 
@@ -450,7 +465,7 @@ def start_targets():
             raise SystemExit(f"port {port} on 127.0.0.1 is already in use; stop what holds it")
     # Every block starts from the same state: the nonce journal of the previous block (its
     # nonces are still live for 5 minutes) would otherwise be loaded back in.
-    for name in ("carapace-full", "carapace-fwd"):
+    for name in ("carapace-full", "carapace-fwd", "carapace-mcp"):
         for f in glob.glob(p(name, "state", "*")):
             os.remove(f)
     app = start("app", [CARAPACE, "sample-app", "--listen", f"{APP_ADDR[0]}:{APP_ADDR[1]}"])
@@ -460,6 +475,7 @@ def start_targets():
     cmds = {
         "carapace-full": [CARAPACE, "serve", "-c", p("carapace-full", "carapace.yaml")],
         "carapace-fwd": [CARAPACE, "serve", "-c", p("carapace-fwd", "carapace.yaml")],
+        "carapace-mcp": [CARAPACE, "serve", "-c", p("carapace-mcp", "carapace.yaml")],
         "envoy": [envoy_binary(), "-c", p("envoy", "envoy.yaml"), "--concurrency", "1",
                   "--disable-hot-restart", "-l", "warn", "--log-path", p("envoy", "envoy.log")],
         "nginx": ["nginx", "-p", p("nginx"), "-c", p("nginx", "nginx.conf"),
@@ -486,7 +502,12 @@ def main():
     ap.add_argument("--no-build", action="store_true", help="skip cargo build")
     ap.add_argument("--report-only", action="store_true",
                     help="only redraw the tables and the plot from bench/out/results.json")
+    ap.add_argument("--only", help="comma-separated targets to measure (e.g. "
+                    "carapace-fwd,carapace-mcp); prints a short table, bench/out/only.json")
     args = ap.parse_args()
+    if args.only:
+        keep = set(args.only.split(","))
+        TARGETS[:] = [t for t in TARGETS if t[0] in keep]
     if args.report_only:
         with open(p("results.json")) as f:
             results = json.load(f)
@@ -600,10 +621,28 @@ def main():
     finally:
         stop_all()
 
+    if args.only:
+        with open(p("only.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        brief(results)
+        return
     versions(results)
     with open(p("results.json"), "w") as f:
         json.dump(results, f, indent=1)
     report(results)
+
+
+def brief(results):
+    """The medians of a partial run (`--only`), one line per target."""
+    print("| target | requests/s | CPU ms / 1k | p50 / p99 at 1,000/s (µs) | p50 / p99 at 3,000/s (µs) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in results["targets"].items():
+        s = r.get("summary", {})
+        lat = [f"{s.get(f'rate_{x}', {}).get('p50')} / {s.get(f'rate_{x}', {}).get('p99')}"
+               for x in RATES]
+        cpu = s.get("cpu_ms_per_1k")
+        print(f"| {r['label']} | {f0(s.get('throughput_rps'))} | "
+              f"{f1(cpu) if cpu else '-'} | {lat[0]} | {lat[1]} |")
 
 
 def report(results):

@@ -94,6 +94,9 @@ struct Args {
     /// Arguments of each call (JSON).
     #[arg(long, default_value = r#"{"query":"bench"}"#)]
     args: String,
+    /// Send each call as an MCP 2026-07-28 `tools/call` (with its mirrored headers).
+    #[arg(long)]
+    mcp: bool,
 }
 
 /// What each request is made of.
@@ -107,6 +110,7 @@ struct Target {
     skill_id: String,
     tool: String,
     args: serde_json::Value,
+    mcp: bool,
 }
 
 impl Target {
@@ -151,6 +155,7 @@ impl Target {
             skill_id: a.skill_id.clone(),
             tool: a.tool.clone(),
             args: serde_json::from_str(&a.args).map_err(|e| format!("--args: {e}"))?,
+            mcp: a.mcp,
         })
     }
 
@@ -168,6 +173,13 @@ impl Target {
                     &nonce,
                 )
             }
+            None if self.mcp => json!({
+                "jsonrpc": "2.0", "id": seq, "method": "tools/call",
+                "params": {"name": self.tool, "arguments": self.args, "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                }},
+            }),
             None => json!({
                 "version": "v1",
                 "call_id": format!("load-{seq}"),
@@ -180,6 +192,12 @@ impl Target {
         let mut b = Request::builder()
             .method(Method::POST)
             .header("content-type", "application/json");
+        if self.mcp {
+            b = b
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", &self.tool);
+        }
         if self.http2 {
             let scheme = if self.tls.is_some() { "https" } else { "http" };
             b = b.uri(format!("{scheme}://{}{}", self.authority, self.path));
@@ -279,8 +297,13 @@ impl Conn {
         }
     }
 
-    /// Send and read the whole answer; `Ok(status)`.
-    async fn send(&self, req: Request<Full<Bytes>>) -> Result<u16, String> {
+    /// Send and read the whole answer; `Ok(status)`. With `must_contain`, an answer without
+    /// those bytes is an error (an MCP tool result with `isError` is HTTP 200).
+    async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+        must_contain: Option<&[u8]>,
+    ) -> Result<u16, String> {
         let resp = match self {
             Conn::H1(s) => {
                 let mut s = s.lock().await;
@@ -295,10 +318,20 @@ impl Conn {
         }
         .map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        resp.into_body()
+        let body = resp
+            .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if let Some(needle) = must_contain {
+            if !body.windows(needle.len()).any(|w| w == needle) {
+                return Err(format!(
+                    "answer without {}",
+                    String::from_utf8_lossy(needle)
+                ));
+            }
+        }
         Ok(status)
     }
 }
@@ -396,7 +429,12 @@ async fn worker(
                 }
             }
         }
-        let result = conn.as_ref().expect("connected").send(t.request(seq)).await;
+        let must_contain = t.mcp.then_some(&b"\"isError\":false"[..]);
+        let result = conn
+            .as_ref()
+            .expect("connected")
+            .send(t.request(seq), must_contain)
+            .await;
         let done = Instant::now();
         match result {
             Ok(status) if (200..300).contains(&status) => {
