@@ -536,3 +536,53 @@ async fn a_kill_switched_tool_is_refused_from_the_headers() {
     );
     assert!(env.app.received().is_empty());
 }
+
+/// The MCP front's configuration is checked before anything starts.
+#[tokio::test]
+async fn mcp_configuration_mistakes_are_refused() {
+    let env = Env::new().await;
+    let short_key = env.path().join("short.key");
+    std::fs::write(&short_key, "too short").unwrap();
+    let cases = [
+        (
+            env.tools_yaml("").replace(
+                "front: { protocol: tools-v1 }",
+                "front: { protocol: tools-v1, mcp: { path: /mcp } }",
+            ),
+            "/front/mcp",
+        ),
+        (
+            mcp_yaml(&env, "", "").replace("app: { protocol: tools-v1", "app: { protocol: mcp"),
+            "/app/protocol",
+        ),
+        (
+            mcp_yaml(
+                &env,
+                &format!(
+                    ", mcp: {{ session_key: {{ file: {} }} }}",
+                    short_key.display()
+                ),
+                "",
+            ),
+            "/front/mcp/session_key",
+        ),
+        (
+            mcp_yaml(&env, ", mcp: { path: mcp }", ""),
+            "/front/mcp/path",
+        ),
+        (
+            mcp_yaml(&env, ", mcp: { page_size: 0 }", ""),
+            "/front/mcp/page_size",
+        ),
+    ];
+    for (yaml, path) in cases {
+        let errors = carapace::config::parse(&yaml, env.path())
+            .expect_err(path)
+            .0;
+        assert!(
+            errors.iter().any(|e| e.to_string().contains(path)),
+            "{path}: {:?}",
+            errors.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+        );
+    }
+}
