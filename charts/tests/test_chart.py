@@ -164,6 +164,39 @@ CASES: dict[str, dict[str, Any]] = {
             "timeout_ms": 250,
         },
     },
+    # An MCP endpoint on two replicas, sharing the key that seals older-era session ids.
+    "mcp-front": {
+        "values": {
+            "replicaCount": 2,
+            "front": {
+                "protocol": "mcp",
+                "mcp": {
+                    "allowedOrigins": ["https://agent.example"],
+                    "listTtlMs": 30000,
+                    "sessionKey": {"existingSecret": "mcp-session", "key": "session.key"},
+                    "sessionIdleTimeoutS": 600,
+                },
+            },
+        },
+        "replicas": 2,
+        "app": "app",
+        "front": "mcp",
+        "app_address": "http://127.0.0.1:8080",
+        "pairing": False,
+        "identity_secret": f"{RELEASE}-carapace-identity",
+        "secrets": {
+            "carapace-identity": (f"{RELEASE}-carapace-identity", None),
+            "carapace-mcp-session-key": ("mcp-session", ["session.key"]),
+        },
+        "redis": None,
+        "mcp": {
+            "path": "/mcp",
+            "allowed_origins": ["https://agent.example"],
+            "list_ttl_ms": 30000,
+            "session_idle_timeout_s": 600,
+            "session_key": {"file": "/etc/carapace/mcp-session/session.key"},
+        },
+    },
     # The outbound role: the app (an agent) calls paired tool hosts through a Unix socket.
     "gateway": {
         "values": {
@@ -454,7 +487,8 @@ def carapace_check(config_text: str, tmp_path: Path) -> None:
         if f.endswith("peers.json"):
             continue  # a missing peer store is an empty one
         Path(f).parent.mkdir(parents=True, exist_ok=True)
-        Path(f).write_text("not-empty\n")
+        # Long enough for every secret (an MCP session key is at least 32 bytes).
+        Path(f).write_text("not-empty-placeholder-secret-of-forty-eight-byte\n")
     path = tmp_path / "carapace.yaml"
     path.write_text(text)
     out = subprocess.run(
@@ -487,10 +521,12 @@ def test_config_values(case):
         assert cfg["listeners"]["tcp"]["address"] == "0.0.0.0:8443"
         assert tls["cert_file"] == f"{identity}/tls.crt"
         assert tls["key_file"] == f"{identity}/tls.key"
-        if expect["front"] == "tools-v1":
+        if expect["front"] in ("tools-v1", "mcp"):
             assert tls["client_ca_file"] == f"{identity}/ca.crt"
         else:
             assert "client_ca_file" not in tls  # skill-v1 callers sign instead
+    if "mcp" in expect:
+        assert cfg["front"]["mcp"] == expect["mcp"]
         assert cfg["peers"] == {"file": f"{identity}/peers.json"}
     if expect["redis"]:
         assert cfg["shared_state"] == {"backend": "redis", "redis": expect["redis"]}
@@ -722,6 +758,15 @@ def test_template_refuses_per_replica_nonces():
     values["sharedState"] = {"backend": "memory"}
     with helm.Chart.load(CHART) as chart:
         with pytest.raises(helm.HelmRenderError, match="sharedState.backend"):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_template_refuses_per_replica_session_keys():
+    """An MCP front on several replicas must share its session key, or sessions break."""
+    values = copy.deepcopy(CASES["mcp-front"]["values"])
+    values["front"]["mcp"]["sessionKey"]["existingSecret"] = ""
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmRenderError, match="front.mcp.sessionKey"):
             chart.render(values, name=RELEASE, namespace=NAMESPACE)
 
 

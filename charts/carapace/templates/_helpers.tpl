@@ -17,6 +17,7 @@ Paths inside the carapace container (fixed: the rendered configuration points at
 {{- define "carapace.path.upstream" -}}/etc/carapace/upstream{{- end }}
 {{- define "carapace.path.redis" -}}/etc/carapace/redis{{- end }}
 {{- define "carapace.path.pairingTls" -}}/etc/carapace/pairing-tls{{- end }}
+{{- define "carapace.path.mcpSession" -}}/etc/carapace/mcp-session{{- end }}
 {{- define "carapace.path.state" -}}/var/lib/carapace{{- end }}
 {{- define "carapace.path.run" -}}/run/carapace{{- end }}
 
@@ -114,6 +115,9 @@ the render with a message naming the value.
 {{- if and (eq $v.sharedState.backend "memory") $v.deployment.enabled (gt (int $v.replicaCount) 1) (eq $v.front.protocol "skill-v1") }}
 {{- fail "sharedState.backend: with several replicas a skill-v1 front needs redis, or a nonce used on one replica is accepted again on another" }}
 {{- end }}
+{{- if and $v.deployment.enabled (gt (int $v.replicaCount) 1) (eq $v.front.protocol "mcp") (not $v.front.mcp.sessionKey.existingSecret) }}
+{{- fail "front.mcp.sessionKey.existingSecret: with several replicas an mcp front needs one session key for all, or a session opened on one replica is unknown to the others" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -139,6 +143,18 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- if not (kindIs "invalid" $a.nonceCapacity) }}{{ $_ := set $auth "nonce_capacity" $a.nonceCapacity }}{{ end }}
 {{- $_ := set $front "auth" $auth }}
 {{- end }}
+{{- if eq $v.front.protocol "mcp" }}
+{{- $m := $v.front.mcp }}
+{{- $mcp := dict "path" $m.path "allowed_origins" $m.allowedOrigins }}
+{{- if not (kindIs "invalid" $m.listTtlMs) }}{{ $_ := set $mcp "list_ttl_ms" $m.listTtlMs }}{{ end }}
+{{- if not (kindIs "invalid" $m.pageSize) }}{{ $_ := set $mcp "page_size" $m.pageSize }}{{ end }}
+{{- if not (kindIs "invalid" $m.sessionIdleTimeoutS) }}{{ $_ := set $mcp "session_idle_timeout_s" $m.sessionIdleTimeoutS }}{{ end }}
+{{- if not (kindIs "invalid" $m.sessionMaxLifetimeS) }}{{ $_ := set $mcp "session_max_lifetime_s" $m.sessionMaxLifetimeS }}{{ end }}
+{{- if $m.sessionKey.existingSecret }}
+{{- $_ := set $mcp "session_key" (dict "file" (printf "%s/%s" (include "carapace.path.mcpSession" .) $m.sessionKey.key)) }}
+{{- end }}
+{{- $_ := set $front "mcp" $mcp }}
+{{- end }}
 {{- $_ := set $cfg "front" $front }}
 {{- /* listeners */}}
 {{- if eq $v.role "gateway" }}
@@ -146,7 +162,7 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- else }}
 {{- $id := include "carapace.path.identity" . }}
 {{- $tls := dict "cert_file" (printf "%s/tls.crt" $id) "key_file" (printf "%s/tls.key" $id) }}
-{{- if eq $v.front.protocol "tools-v1" }}
+{{- if or (eq $v.front.protocol "tools-v1") (eq $v.front.protocol "mcp") }}
 {{- $_ := set $tls "client_ca_file" (printf "%s/ca.crt" $id) }}
 {{- end }}
 {{- $_ := set $cfg "listeners" (dict "tcp" (dict "address" (printf "0.0.0.0:%d" (int $v.listener.port)) "tls" $tls)) }}
@@ -319,6 +335,11 @@ volumeMounts:
     mountPath: {{ include "carapace.path.frontKeys" . }}
     readOnly: true
   {{- end }}
+  {{- if and (eq $v.front.protocol "mcp") $v.front.mcp.sessionKey.existingSecret }}
+  - name: carapace-mcp-session-key
+    mountPath: {{ include "carapace.path.mcpSession" . }}
+    readOnly: true
+  {{- end }}
   {{- if and (eq $v.upstream.protocol "skill-v1") $v.upstream.skill.auth.mode }}
   - name: carapace-upstream-secret
     mountPath: {{ include "carapace.path.upstream" . }}
@@ -376,6 +397,15 @@ Secrets are mounted with mode 0440: the pod needs fsGroup 65532 (carapace.podSec
       - key: {{ . | quote }}
         path: {{ . | quote }}
       {{- end }}
+{{- end }}
+{{- if and (eq $v.front.protocol "mcp") $v.front.mcp.sessionKey.existingSecret }}
+- name: carapace-mcp-session-key
+  secret:
+    secretName: {{ $v.front.mcp.sessionKey.existingSecret }}
+    defaultMode: 288  # 0440: owner and group (fsGroup) read
+    items:
+      - key: {{ $v.front.mcp.sessionKey.key | quote }}
+        path: {{ $v.front.mcp.sessionKey.key | quote }}
 {{- end }}
 {{- if and (eq $v.upstream.protocol "skill-v1") $v.upstream.skill.auth.mode }}
 - name: carapace-upstream-secret
