@@ -98,7 +98,9 @@ impl McpFront {
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
-        if method == "initialize" {
+        // `initialize` opens a handshake-era session; 2026-07-28 removed it (and `ping`), so
+        // a request that declares 2026-07-28 gets "method not found" for them below.
+        if method == "initialize" && !declares_modern(&req, &params) {
             return Ok(self.initialize(&id, &params, &principal));
         }
         let era = match self.era(&req, &method, &params, &principal) {
@@ -110,7 +112,7 @@ impl McpFront {
             Era::Legacy { version } => version.as_str(),
         };
         let result = match method.as_str() {
-            "ping" => Ok(json!({})),
+            "ping" if matches!(era, Era::Legacy { .. }) => Ok(json!({})),
             "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
             "tools/list" => self.list(&params, &principal, version),
             "tools/call" => {
@@ -133,9 +135,7 @@ impl McpFront {
         principal: &Principal,
     ) -> Result<Era, McpError> {
         let meta = params.get("_meta").and_then(Value::as_object);
-        let modern = meta.is_some_and(|m| m.contains_key(META_VERSION))
-            || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION);
-        if !modern {
+        if !declares_modern(req, params) {
             return match self.session_of(req, principal)? {
                 Some(version) => Ok(Era::Legacy { version }),
                 None => Err(McpError::Session(format!(
@@ -424,6 +424,13 @@ fn complete(mut result: Value, version: &str) -> Value {
     result
 }
 
+/// Whether a request asks for 2026-07-28: a version in `params._meta`, or the version header.
+fn declares_modern(req: &Request<Bytes>, params: &Map<String, Value>) -> bool {
+    let meta = params.get("_meta").and_then(Value::as_object);
+    meta.is_some_and(|m| m.contains_key(META_VERSION))
+        || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION)
+}
+
 /// A header's value when present and text.
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
@@ -538,3 +545,4 @@ fn refusal_result(r: &Rejection) -> Value {
         "_meta": {ERROR_META: error},
     })
 }
+
