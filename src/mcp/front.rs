@@ -490,11 +490,18 @@ fn tool_definition(t: &ToolSpec, version: &str) -> Value {
         "inputSchema": input,
         "annotations": {"readOnlyHint": !t.side_effects, "idempotentHint": t.idempotent},
     });
-    if version != LEGACY_VERSIONS[2] {
-        if let Some(out) = &t.output {
-            if out.source().is_object() {
-                d["outputSchema"] = out.source().as_ref().clone();
-            }
+    if let Some(out) = &t.output {
+        let schema = out.source();
+        // 2025-03-26 has no output schemas. 2025-06-18 and 2025-11-25 type one as an object
+        // schema (`"type": "object"`), and clients built on those types refuse the whole
+        // `tools/list` over one that is not (a tool without an output schema has `{}`).
+        let shown = if version == MODERN_VERSION {
+            schema.is_object()
+        } else {
+            version != LEGACY_VERSIONS[2] && schema.get("type") == Some(&Value::from("object"))
+        };
+        if shown {
+            d["outputSchema"] = schema.as_ref().clone();
         }
     }
     d
@@ -546,3 +553,50 @@ fn refusal_result(r: &Rejection) -> Value {
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carapace_filters::schema::CompiledSchema;
+
+    fn tool(output: Option<Value>) -> ToolSpec {
+        ToolSpec {
+            name: "t".into(),
+            description: "d".into(),
+            input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
+            output: output.map(|o| CompiledSchema::compile(o).unwrap()),
+            timeout_ms_default: 1000,
+            timeout_ms_max: 1000,
+            idempotent: true,
+            side_effects: false,
+        }
+    }
+
+    #[test]
+    fn handshake_revisions_show_only_object_output_schemas() {
+        let object = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        for schema in [
+            json!({}),
+            json!({"type": "string"}),
+            json!({"properties": {}}),
+        ] {
+            let t = tool(Some(schema.clone()));
+            for v in LEGACY_VERSIONS {
+                assert!(
+                    tool_definition(&t, v).get("outputSchema").is_none(),
+                    "{v} {schema}"
+                );
+            }
+            assert_eq!(tool_definition(&t, MODERN_VERSION)["outputSchema"], schema);
+        }
+        let t = tool(Some(object.clone()));
+        assert_eq!(tool_definition(&t, "2025-11-25")["outputSchema"], object);
+        assert_eq!(tool_definition(&t, "2025-06-18")["outputSchema"], object);
+        assert!(tool_definition(&t, "2025-03-26")
+            .get("outputSchema")
+            .is_none());
+        assert_eq!(tool_definition(&t, MODERN_VERSION)["outputSchema"], object);
+        assert!(tool_definition(&tool(None), "2025-11-25")
+            .get("outputSchema")
+            .is_none());
+    }
+}
