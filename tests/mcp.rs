@@ -206,6 +206,28 @@ async fn headers_must_agree_with_the_body_and_metadata_is_required() {
 }
 
 #[tokio::test]
+async fn initialize_and_ping_do_not_exist_in_2026_07_28_but_ping_does_in_a_session() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+    for method in ["initialize", "ping"] {
+        let removed = modern(&gw, &modern_body(1, method, json!({}))).await;
+        assert_eq!(removed.status, StatusCode::NOT_FOUND, "{method}");
+        assert_eq!(error_code(&removed), -32601, "{method}");
+        assert_eq!(removed.json()["id"], 1);
+        assert!(removed.headers.get("mcp-session-id").is_none());
+    }
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}}});
+    let i = send(&gw, &init, &[]).await;
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let p = send(&gw, &ping, &[("mcp-session-id", session)]).await;
+    assert_eq!(p.status, StatusCode::OK);
+    assert_eq!(p.json()["result"], json!({}));
+}
+
+#[tokio::test]
 async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
     let env = Env::new().await;
     let r = start(&env, "").await;

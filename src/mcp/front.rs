@@ -168,7 +168,9 @@ impl McpFront {
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
-        if method == "initialize" {
+        // `initialize` opens a handshake-era session; 2026-07-28 removed it (and `ping`), so
+        // a request that declares 2026-07-28 gets "method not found" for them below.
+        if method == "initialize" && !declares_modern(&req, &params) {
             return self.initialize(&id, &params, &principal);
         }
         let era = match self.era(&req, &method, &params, &principal) {
@@ -180,7 +182,7 @@ impl McpFront {
             Era::Legacy { version, session } => (version.as_str(), Some(session.as_str())),
         };
         let result = match method.as_str() {
-            "ping" => Ok(json!({})),
+            "ping" if matches!(era, Era::Legacy { .. }) => Ok(json!({})),
             "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
             "tools/list" => self.list(&params, &principal, version),
             "tools/call" => {
@@ -212,9 +214,7 @@ impl McpFront {
         principal: &Principal,
     ) -> Result<Era, McpError> {
         let meta = params.get("_meta").and_then(Value::as_object);
-        let modern = meta.is_some_and(|m| m.contains_key(META_VERSION))
-            || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION);
-        if !modern {
+        if !declares_modern(req, params) {
             return match self.session_of(req, principal)? {
                 Some((session, version)) => Ok(Era::Legacy { version, session }),
                 None => Err(McpError::Session(format!(
@@ -514,6 +514,13 @@ fn complete(mut result: Value, version: &str) -> Value {
     result
 }
 
+/// Whether a request asks for 2026-07-28: a version in `params._meta`, or the version header.
+fn declares_modern(req: &Request<Bytes>, params: &Map<String, Value>) -> bool {
+    let meta = params.get("_meta").and_then(Value::as_object);
+    meta.is_some_and(|m| m.contains_key(META_VERSION))
+        || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION)
+}
+
 /// A header's value when present and text.
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
@@ -562,11 +569,18 @@ fn tool_definition(t: &ToolSpec, version: &str) -> Value {
         "inputSchema": input,
         "annotations": {"readOnlyHint": !t.side_effects, "idempotentHint": t.idempotent},
     });
-    if version != LEGACY_VERSIONS[2] {
-        if let Some(out) = &t.output {
-            if out.source().is_object() {
-                d["outputSchema"] = out.source().as_ref().clone();
-            }
+    if let Some(out) = &t.output {
+        let schema = out.source();
+        // 2025-03-26 has no output schemas. 2025-06-18 and 2025-11-25 type one as an object
+        // schema (`"type": "object"`), and clients built on those types refuse the whole
+        // `tools/list` over one that is not (a tool without an output schema has `{}`).
+        let shown = if version == MODERN_VERSION {
+            schema.is_object()
+        } else {
+            version != LEGACY_VERSIONS[2] && schema.get("type") == Some(&Value::from("object"))
+        };
+        if shown {
+            d["outputSchema"] = schema.as_ref().clone();
         }
     }
     d
@@ -616,4 +630,52 @@ fn refusal_result(r: &Rejection) -> Value {
         "isError": true,
         "_meta": {ERROR_META: error},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carapace_filters::schema::CompiledSchema;
+
+    fn tool(output: Option<Value>) -> ToolSpec {
+        ToolSpec {
+            name: "t".into(),
+            description: "d".into(),
+            input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
+            output: output.map(|o| CompiledSchema::compile(o).unwrap()),
+            timeout_ms_default: 1000,
+            timeout_ms_max: 1000,
+            idempotent: true,
+            side_effects: false,
+        }
+    }
+
+    #[test]
+    fn handshake_revisions_show_only_object_output_schemas() {
+        let object = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        for schema in [
+            json!({}),
+            json!({"type": "string"}),
+            json!({"properties": {}}),
+        ] {
+            let t = tool(Some(schema.clone()));
+            for v in LEGACY_VERSIONS {
+                assert!(
+                    tool_definition(&t, v).get("outputSchema").is_none(),
+                    "{v} {schema}"
+                );
+            }
+            assert_eq!(tool_definition(&t, MODERN_VERSION)["outputSchema"], schema);
+        }
+        let t = tool(Some(object.clone()));
+        assert_eq!(tool_definition(&t, "2025-11-25")["outputSchema"], object);
+        assert_eq!(tool_definition(&t, "2025-06-18")["outputSchema"], object);
+        assert!(tool_definition(&t, "2025-03-26")
+            .get("outputSchema")
+            .is_none());
+        assert_eq!(tool_definition(&t, MODERN_VERSION)["outputSchema"], object);
+        assert!(tool_definition(&tool(None), "2025-11-25")
+            .get("outputSchema")
+            .is_none());
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! - **2026-07-28** (modern, stateless): every request carries its version and client
 //!   capabilities in `params._meta`, and mirrors `method` and the tool name into the
-//!   `Mcp-Method` and `Mcp-Name` headers, which must agree with the body.
+//!   `Mcp-Method` and `Mcp-Name` headers, which must agree with the body. It has no
+//!   `initialize` and no `ping`: a request declaring it gets 404 and -32601 for them.
 //! - **2025-03-26, 2025-06-18, 2025-11-25** (legacy): `initialize` negotiates a version and
 //!   opens a session ([`session`]); later requests name it in `Mcp-Session-Id`.
 //!
