@@ -48,12 +48,18 @@ pub struct Activity {
     trusted: AtomicBool,
     /// At least one request ended.
     served: AtomicBool,
+    /// When the first byte of a request head arrived while no request was in flight (ms since
+    /// the table's epoch), or [`NO_HEAD`].
+    head_started_ms: AtomicU64,
     /// Set when the table wants the connection closed.
     close: Notify,
     /// Set when the first request ends (the idle deadline replaces the first-request one).
     ended: Notify,
     peer: Mutex<Option<String>>,
 }
+
+/// No request head is arriving.
+const NO_HEAD: u64 = u64::MAX;
 
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,6 +119,7 @@ impl ConnectionTable {
             last_active_ms: AtomicU64::new(self.now_ms()),
             trusted: AtomicBool::new(false),
             served: AtomicBool::new(false),
+            head_started_ms: AtomicU64::new(NO_HEAD),
             close: Notify::new(),
             ended: Notify::new(),
             peer: Mutex::new(None),
@@ -181,9 +188,13 @@ impl Slot {
 
     /// Resolves when the connection should close: the table evicted it, or it sat idle (no
     /// request in flight) for `idle` since its last request ended, or for `first` after it
-    /// was accepted when no request came at all.
-    pub async fn closing(&self, first: Duration, idle: Duration) {
+    /// was accepted when no request came at all, or a request head began to arrive (see
+    /// [`HeadWatch`]) and was not complete within `head`. A head that begins while this
+    /// waits is noticed at the next check, at most `head` later: slow heads are closed
+    /// within twice `head`, with no wake-up per request.
+    pub async fn closing(&self, first: Duration, idle: Duration, head: Duration) {
         let a = &self.activity;
+        let epoch = self.table.epoch;
         loop {
             let last = a.last_active_ms.load(Ordering::Acquire);
             let allowed = if a.served.load(Ordering::Acquire) {
@@ -191,14 +202,26 @@ impl Slot {
             } else {
                 first
             };
-            let deadline = self.table.epoch + Duration::from_millis(last) + allowed;
+            let idle_deadline = epoch + Duration::from_millis(last) + allowed;
+            let head_at = a.head_started_ms.load(Ordering::Acquire);
+            let check = match head_at {
+                NO_HEAD => Instant::now() + head,
+                at => epoch + Duration::from_millis(at) + head,
+            };
             tokio::select! {
                 _ = a.close.notified() => return,
                 _ = a.ended.notified() => continue,
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(idle_deadline.min(check)) => {}
             }
             let busy = a.in_flight.load(Ordering::Acquire) > 0;
-            if !busy && a.last_active_ms.load(Ordering::Acquire) == last {
+            let head_now = a.head_started_ms.load(Ordering::Acquire);
+            let head_late = head_now != NO_HEAD
+                && epoch + Duration::from_millis(head_now) + head <= Instant::now();
+            if !busy && head_late {
+                return;
+            }
+            let idle_over = Instant::now() >= idle_deadline;
+            if !busy && idle_over && a.last_active_ms.load(Ordering::Acquire) == last {
                 return;
             }
             if busy {
@@ -240,7 +263,109 @@ impl RequestTracker {
     /// A request started; it ends when the guard is dropped.
     pub fn start(&self) -> RequestGuard {
         self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.activity
+            .head_started_ms
+            .store(NO_HEAD, Ordering::Release);
         RequestGuard(self.clone())
+    }
+
+    /// Bytes arrived on the connection: with no request in flight, a request head has begun.
+    fn bytes_arrived(&self) {
+        let a = &self.activity;
+        if a.in_flight.load(Ordering::Acquire) == 0
+            && a.head_started_ms.load(Ordering::Acquire) == NO_HEAD
+        {
+            a.head_started_ms
+                .store(self.table.now_ms(), Ordering::Release);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An HTTP/1 connection's transport, telling its [`RequestTracker`] when bytes arrive, so
+    /// that a request head is bounded from its first byte (`limits.header_read_timeout_ms`)
+    /// while a connection waiting for its next request is bounded by the idle timeout. A
+    /// connection that opens with the HTTP/2 preface is not watched (HTTP/2 frames arrive
+    /// between requests: pings, settings).
+    #[derive(Debug)]
+    pub struct HeadWatch<T> {
+        #[pin]
+        io: T,
+        tracker: Option<RequestTracker>,
+        first_read: bool,
+    }
+}
+
+impl<T> HeadWatch<T> {
+    /// `tracker`: `None` for a connection known to be HTTP/2 (ALPN).
+    pub fn new(io: T, tracker: Option<RequestTracker>) -> Self {
+        HeadWatch {
+            io,
+            tracker,
+            first_read: true,
+        }
+    }
+
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+}
+
+impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for HeadWatch<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let polled = this.io.poll_read(cx, buf);
+        let new = &buf.filled()[before..];
+        if !new.is_empty() {
+            if std::mem::take(this.first_read) && new.starts_with(b"PRI * HTTP/2.0") {
+                *this.tracker = None;
+            }
+            if let Some(t) = this.tracker {
+                t.bytes_arrived();
+            }
+        }
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for HeadWatch<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        b: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.project().io.poll_write(cx, b)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.project().io.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().io.poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().io.poll_shutdown(cx)
     }
 }
 
@@ -310,8 +435,12 @@ mod tests {
         let t = ConnectionTable::new(4, 4);
         let s = t.admit().unwrap();
         let started = tokio::time::Instant::now();
-        s.closing(Duration::from_secs(5), Duration::from_secs(60))
-            .await;
+        s.closing(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        )
+        .await;
         assert_eq!(started.elapsed(), Duration::from_secs(5));
     }
 
@@ -321,7 +450,11 @@ mod tests {
         let s = t.admit().unwrap();
         let requests = s.requests();
         let started = tokio::time::Instant::now();
-        let closing = s.closing(Duration::from_secs(5), Duration::from_secs(60));
+        let closing = s.closing(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
         let work = async {
             let g = requests.start();
             // A long call: the connection is busy, not idle, past both deadlines.
@@ -337,6 +470,42 @@ mod tests {
         let took = started.elapsed();
         assert!(
             took >= Duration::from_secs(160) && took <= Duration::from_millis(160_200),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keep_alive_connection_waits_the_idle_timeout_but_a_slow_head_only_its_own() {
+        let t = ConnectionTable::new(4, 4);
+        let s = t.admit().unwrap();
+        let requests = s.requests();
+        drop(requests.start());
+        let started = tokio::time::Instant::now();
+        let (first, idle, head) = (
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
+        // Nothing arrives: closed at the idle timeout, not at the head timeout.
+        s.closing(first, idle, head).await;
+        assert!(started.elapsed() >= idle, "{:?}", started.elapsed());
+        // A head begins 20 s into the wait and never completes: closed within twice `head`.
+        let s = t.admit().unwrap();
+        let requests = s.requests();
+        drop(requests.start());
+        let started = tokio::time::Instant::now();
+        let trickle = async {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            requests.bytes_arrived();
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = s.closing(first, idle, head) => {}
+            _ = trickle => unreachable!(),
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(25) && took <= Duration::from_secs(30),
             "{took:?}"
         );
     }

@@ -26,7 +26,7 @@ use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirect
 
 use crate::caller_body::{self, BodyExpectation, CallerBody, Unread};
 use crate::config::Loaded;
-use crate::connections::{ConnectionTable, Slot};
+use crate::connections::{ConnectionTable, HeadWatch, Slot};
 use crate::lingering::Lingering;
 use crate::server::{HttpStack, Shared};
 
@@ -38,6 +38,8 @@ const MAX_STREAMS_PER_CONNECTION: usize = 128;
 struct Lifetime {
     first_request: Duration,
     idle: Duration,
+    /// HTTP/1: time for a request head to complete once its first byte arrived.
+    head: Duration,
     /// An unpaired certificate's connection: one answer, then closed.
     single_answer: bool,
 }
@@ -48,6 +50,7 @@ impl Lifetime {
         Lifetime {
             first_request: Duration::from_millis(l.first_request_timeout_ms),
             idle: Duration::from_millis(l.idle_timeout_ms),
+            head: Duration::from_millis(l.header_read_timeout_ms),
             single_answer: false,
         }
     }
@@ -58,7 +61,9 @@ fn http_builder(cfg: &Loaded, h2_only: bool, single_answer: bool) -> auto::Build
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(l.header_read_timeout_ms))
+        // Heads are bounded from their first byte by the connection's watch instead
+        // (`HeadWatch`): hyper's clock would also run while a keep-alive connection waits.
+        .header_read_timeout(None)
         .max_buf_size(l.max_header_bytes.max(8192))
         .keep_alive(!single_answer);
     // HTTP/2: pings find dead peers; streams and header lists are capped.
@@ -109,7 +114,8 @@ async fn serve_connection<IO>(
             resp
         }
     });
-    let io = TokioIo::new(Lingering::new(io));
+    let watch = (!h2_only).then(|| slot.requests());
+    let io = TokioIo::new(Lingering::new(HeadWatch::new(io, watch)));
     let conn = builder.serve_connection(io, svc).into_owned();
     let idle = if lifetime.single_answer {
         lifetime.first_request
@@ -122,7 +128,7 @@ async fn serve_connection<IO>(
                 tracing::debug!("connection ended: {e}");
             }
         }
-        _ = slot.closing(lifetime.first_request, idle) => {
+        _ = slot.closing(lifetime.first_request, idle, lifetime.head) => {
             tracing::debug!("connection closed: idle, or its place was needed");
         }
     }
@@ -250,7 +256,7 @@ async fn serve_tcp(
             Err(_) => return tracing::info!(%peer, "TLS handshake timed out"),
         },
         // The first request's deadline runs from accept, through the handshake.
-        _ = slot.closing(lifetime.first_request, lifetime.idle) => {
+        _ = slot.closing(lifetime.first_request, lifetime.idle, lifetime.head) => {
             return tracing::debug!(%peer, "closed in the TLS handshake: too slow, or its place was needed")
         }
     };

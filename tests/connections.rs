@@ -306,3 +306,33 @@ async fn on_http2_a_refused_upload_resets_only_its_stream() {
     let body = next.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("\"ok\""));
 }
+
+#[tokio::test]
+async fn an_http1_keep_alive_connection_waits_the_idle_timeout_and_a_slow_head_only_its_own() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { header_read_timeout_ms: 300, idle_timeout_ms: 10000 }"))
+        .await;
+    let mut s = tls_connect(&env, &r, &env.pki.gateway).await;
+    s.write_all(&request_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut s).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // Idle for more than three head timeouts: the connection still serves.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    s.write_all(&request_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut s).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // A head that starts and stops is cut off at its own timeout (within twice it), long
+    // before the idle timeout.
+    let started = std::time::Instant::now();
+    s.write_all(b"POST /v1/tools/call HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(3)).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(env.app.received().len(), 2);
+}
