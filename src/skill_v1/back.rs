@@ -4,14 +4,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderName, Method, StatusCode};
-use serde_json::{json, Value};
-use tower::Service;
-
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::canonical::{canonical_string, hmac_sha256_hex};
 use carapace_filters::signature::AuthMode;
 use carapace_filters::{BoxFuture, Rejection};
+use http::{HeaderName, Method, StatusCode};
+use serde_json::{json, Value};
+use tower::Service;
 
 use super::DEFAULT_API_KEY_HEADER;
 use crate::config::Secret;

@@ -5,14 +5,13 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderName, Method, Request, StatusCode};
-use serde_json::{json, Value};
-use tower::Service;
-
 use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
 use carapace_filters::canonical::{canonical_string, parse_strict, CanonicalError};
 use carapace_filters::signature::{AuthMode, UnixClock};
 use carapace_filters::{BoxFuture, Rejection};
+use http::{HeaderName, Method, Request, StatusCode};
+use serde_json::{json, Value};
+use tower::Service;
 
 use super::{
     DEFAULT_API_KEY_HEADER, DEFAULT_SIGNATURE_HEADER, MAX_NUMBER_CHARS, PROTOCOL_VERSION,

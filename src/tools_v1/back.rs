@@ -3,12 +3,11 @@
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::{BoxFuture, Rejection};
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tower::Service;
-
-use carapace_filters::call::{CallOutcome, ToolCall};
-use carapace_filters::{BoxFuture, Rejection};
 
 use super::RESPONSE;
 use crate::upstream::AppClient;

@@ -5,14 +5,13 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use serde_json::{json, Value};
-use tower::Service;
-
 use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::canonical::parse_strict;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
+use http::{Method, Request, StatusCode};
+use serde_json::{json, Value};
+use tower::Service;
 
 use super::{REQUEST, REQUEST_SCHEMA};
 use crate::catalog::{tools_v1_descriptor, CatalogHandle};

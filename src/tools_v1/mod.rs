@@ -4,9 +4,8 @@
 
 use std::sync::LazyLock;
 
-use serde_json::Value;
-
 use carapace_filters::schema::CompiledSchema;
+use serde_json::Value;
 
 mod front;
 pub use front::{decode_request, error_response, CallRequest, Refused, ToolsV1Front};

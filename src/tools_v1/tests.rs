@@ -1,9 +1,8 @@
 use std::sync::Arc;
 
-use serde_json::{json, Value};
-
 use carapace_filters::call::{Credential, Principal, ToolCall, ToolSpec};
 use carapace_filters::schema::CompiledSchema;
+use serde_json::{json, Value};
 
 use super::back::encode_request;
 use super::front::decode_request;
