@@ -38,7 +38,7 @@ use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig, SharedStateBac
 use crate::edge::{edge, PanicAnswer};
 use crate::errors::ToolsV1Answers;
 use crate::front::{CallStack, Envelope, Resp};
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 use crate::outbound::{Outbound, OutboundBack};
 use crate::pairing::handshake::{Installed, RemoteConfig};
 use crate::pairing::identity::{GatewayIdentity, HostIdentity};
@@ -271,7 +271,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
     };
     let http = ServiceBuilder::new()
         .layer(identity_layer(cfg, shared))
-        .layer(crate::control::ControlPlaneLayer::new(control))
+        .layer(crate::ops::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         .option_layer((c.front.protocol == Protocol::Mcp).then(|| {
             crate::mcp::early::MirroredHeaderLayer::new(
@@ -476,7 +476,7 @@ fn make_private(path: &Path) -> std::io::Result<()> {
     if mode & 0o077 == 0 {
         return Ok(());
     }
-    let me = crate::admin::effective_uid()?;
+    let me = crate::ops::admin::effective_uid()?;
     if meta.uid() != me {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -983,7 +983,11 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
             tracing::warn!("ops endpoint on non-loopback address {a}: metrics are unauthenticated");
         }
         tracing::info!("ops listening on {a}");
-        tasks.spawn(crate::ops::serve(l, shared.clone(), shutdown_rx.clone()));
+        tasks.spawn(crate::ops::endpoint::serve(
+            l,
+            shared.clone(),
+            shutdown_rx.clone(),
+        ));
     }
     if let Some((l, ob)) = outbound {
         tracing::info!(
@@ -1008,7 +1012,7 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
         );
         tasks.spawn(endpoint.serve(l, shutdown_rx.clone()));
     }
-    tasks.spawn(crate::admin::serve(
+    tasks.spawn(crate::ops::admin::serve(
         admin,
         shared.clone(),
         shutdown_rx.clone(),

@@ -115,7 +115,7 @@ where
                 req.method()
             );
             *req.uri_mut() = route.parse().expect("static route");
-            let resp: Response<_> = crate::admin::handle(shared, req).await;
+            let resp: Response<_> = crate::ops::admin::handle(shared, req).await;
             Ok(resp)
         })
     }

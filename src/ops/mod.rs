@@ -1,0 +1,9 @@
+//! Operations: the local admin socket, the remote control plane, the `/healthz`, `/readyz`
+//! and `/metrics` endpoint, the metrics themselves and configuration reload.
+
+pub mod admin;
+pub mod control;
+pub mod endpoint;
+pub mod metrics;
+
+pub use endpoint::serve;
