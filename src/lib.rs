@@ -14,6 +14,7 @@ pub mod edge;
 pub mod errors;
 pub mod front;
 pub mod in_flight;
+pub mod inbound;
 pub mod lingering;
 pub mod listener;
 pub mod mcp;

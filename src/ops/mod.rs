@@ -5,5 +5,7 @@ pub mod admin;
 pub mod control;
 pub mod endpoint;
 pub mod metrics;
+pub mod reload;
 
 pub use endpoint::serve;
+pub use reload::reload;

@@ -30,6 +30,7 @@ mod back;
 mod discovery;
 mod known;
 mod routes;
+pub(crate) mod stack;
 pub use back::OutboundBack;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,553 @@
+//! The running sidecar: the state shared by listeners and operations, start (stores,
+//! identities, listeners, background tasks) and drain. The stacks are built by the
+//! [`inbound`](crate::inbound) and [`outbound`](crate::outbound) roles.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use carapace_filters::concurrency::LoadShedLayer;
+use carapace_filters::kill_switch::{KillSwitch, Switches};
+use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
+use carapace_filters::signature::UnixClock;
+use http::Request;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+use crate::caller_body::CallerBody;
+use crate::catalog::CatalogHandle;
+use crate::config::{Loaded, Protocol, SharedStateBackend};
+/// The service every listener hands requests to.
+pub use crate::edge::HttpStack;
+use crate::edge::{edge, PanicAnswer};
+use crate::errors::ToolsV1Answers;
+use crate::front::Resp;
+pub use crate::inbound::build_stack;
+use crate::inbound::installer::ToolHostInstaller;
+use crate::ops::metrics::Metrics;
+use crate::outbound::stack::build_outbound_stack;
+use crate::outbound::Outbound;
+use crate::pairing::handshake::RemoteConfig;
+use crate::pairing::identity::{GatewayIdentity, HostIdentity};
+use crate::peers::PeerStore;
+use crate::server::files::{claim_socket_path, create_private_dir, set_mode};
+use crate::server::tasks::{discovery_loop, housekeeping, outbound_discovery};
+use crate::shared_state::RedisState;
+use crate::upstream::AppClient;
+mod files;
+pub use crate::ops::reload::reload;
+mod tasks;
+
+/// Starting failed; nothing is left listening.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    KillSwitch(#[from] carapace_filters::kill_switch::KillSwitchError),
+    #[error("nonce store: {0}")]
+    Nonces(#[from] carapace_filters::nonce::NonceError),
+    #[error(transparent)]
+    Peers(#[from] crate::peers::PeerStoreError),
+    #[error(transparent)]
+    Redis(#[from] crate::shared_state::RedisSetupError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Identity(#[from] crate::pairing::identity::IdentityError),
+    #[error(transparent)]
+    Outbound(#[from] crate::outbound::OutboundError),
+    #[error("MCP session key: {0}")]
+    McpSessionKey(std::io::Error),
+    #[error("cannot bind {what} {address}: {source}")]
+    Bind {
+        what: &'static str,
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+/// State shared by listeners, the admin socket, the ops endpoint and reloads.
+pub struct Shared {
+    pub config: ArcSwap<Loaded>,
+    pub kill_switch: KillSwitch,
+    pub nonces: Option<Arc<NonceStore>>,
+    /// The store shared by the replicas, with `shared_state.backend: redis`.
+    pub redis: Option<RedisState>,
+    pub peers: Arc<PeerStore>,
+    pub catalog: Arc<CatalogHandle>,
+    pub metrics: Arc<Metrics>,
+    pub app: ArcSwap<AppClient>,
+    pub(crate) stack: Arc<ArcSwap<HttpStack>>,
+    /// The outbound role's stack (serves only when `outbound` is configured).
+    outbound_stack: Arc<ArcSwap<HttpStack>>,
+    pub(crate) tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
+    listening: AtomicBool,
+    rediscover: tokio::sync::Notify,
+    outbound_rediscover: tokio::sync::Notify,
+    /// Wall clock for signature windows and nonce expiry (injected in tests).
+    pub clock: UnixClock,
+    /// Serializes reloads (SIGHUP and the admin socket).
+    pub(crate) reload_lock: tokio::sync::Mutex<()>,
+    /// The concurrency limit, kept across reloads so calls in flight keep counting.
+    load_shed: std::sync::Mutex<Option<(usize, LoadShedLayer)>>,
+    /// Gateway role: its identity and pairing CA.
+    pub gateway: Option<Arc<crate::pairing::identity::GatewayIdentity>>,
+    /// The outbound role, when configured (pairings confirm through it).
+    pub outbound: std::sync::OnceLock<Arc<Outbound>>,
+    /// The MCP front's sessions (older protocol era), when the front is MCP.
+    pub mcp_sessions: Option<Arc<crate::mcp::session::Sessions>>,
+    /// Calls in flight that their callers may cancel (kept across reloads).
+    pub in_flight: Arc<crate::in_flight::InFlightCalls>,
+}
+
+impl Shared {
+    /// The concurrency limit: the same permits as before unless the limit changed.
+    pub(crate) fn load_shed_layer(&self, max: usize) -> LoadShedLayer {
+        let mut current = self.load_shed.lock().unwrap_or_else(|e| e.into_inner());
+        match &*current {
+            Some((m, layer)) if *m == max => layer.clone(),
+            _ => {
+                let layer = LoadShedLayer::new(max);
+                *current = Some((max, layer.clone()));
+                layer
+            }
+        }
+    }
+
+    /// Run discovery again now (after a reload, or when the global kill-switch is released).
+    pub fn request_discovery(&self) {
+        self.rediscover.notify_one();
+        self.outbound_rediscover.notify_one();
+    }
+
+    /// Ready: listeners bound and discovery succeeded.
+    pub fn ready(&self) -> bool {
+        self.listening.load(Ordering::Acquire) && self.catalog.discovered()
+    }
+}
+
+/// Stands in until the real stack is built, before anything listens.
+fn placeholder_stack() -> HttpStack {
+    let never = tower::service_fn(|_: Request<CallerBody>| async {
+        unreachable!("replaced before listening")
+    });
+    let panic = PanicAnswer {
+        front: Protocol::ToolsV1,
+        answers: ToolsV1Answers::default(),
+    };
+    edge::<_>(tower::util::MapResponse::new(never, |r: Resp| r), panic)
+}
+
+pub(crate) fn app_client(cfg: &Loaded) -> AppClient {
+    AppClient::new(
+        cfg.app_address.clone(),
+        &cfg.config.app.pool,
+        cfg.config.limits.max_response_bytes,
+    )
+}
+
+pub(crate) fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTls>, StartError> {
+    let tls = cfg
+        .config
+        .listeners
+        .tcp
+        .as_ref()
+        .and_then(|t| t.tls.as_ref());
+    match tls {
+        Some(tls) => {
+            let paired = crate::tls::PairedFiles::current(&cfg.config.state_dir);
+            Ok(Some(crate::tls::listener_tls(tls, paired.as_ref())?))
+        }
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn switches(cfg: &Loaded) -> Switches {
+    Switches {
+        global: cfg.config.kill_switch.global,
+        tools: cfg.config.kill_switch.tools.iter().cloned().collect(),
+    }
+}
+
+/// A started sidecar.
+pub struct Running {
+    pub shared: Arc<Shared>,
+    /// The bound TCP listener address (useful with port 0).
+    pub tcp_address: Option<SocketAddr>,
+    /// The bound ops address.
+    pub ops_address: Option<SocketAddr>,
+    /// The bound pairing endpoint address.
+    pub pairing_address: Option<SocketAddr>,
+    pub unix_path: Option<PathBuf>,
+    pub admin_socket: PathBuf,
+    shutdown: watch::Sender<bool>,
+    tasks: tokio::task::JoinSet<()>,
+    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+}
+
+impl Running {
+    /// Stop accepting, let calls in flight finish (up to the drain timeout), then return.
+    pub async fn shutdown(mut self) {
+        let drain = Duration::from_secs(self.shared.config.load().config.limits.drain_timeout_s);
+        let _ = self.shutdown.send(true);
+        // Accept loops end first, so no new connection is watched after this point.
+        while let Some(r) = self.tasks.join_next().await {
+            if let Err(e) = r {
+                if e.is_panic() {
+                    tracing::error!("task panicked: {e}");
+                }
+            }
+        }
+        let graceful = self.graceful.lock().await.take();
+        if let Some(g) = graceful {
+            if tokio::time::timeout(drain, g.shutdown()).await.is_err() {
+                tracing::warn!("drain timeout elapsed; closing remaining connections");
+            }
+        }
+        if let Some(p) = &self.unix_path {
+            let _ = std::fs::remove_file(p);
+        }
+        let _ = std::fs::remove_file(&self.admin_socket);
+        tracing::info!("stopped");
+    }
+
+    /// Re-read the configuration file and apply it atomically; a bad file is refused.
+    pub async fn reload(&self) -> Result<(), Vec<String>> {
+        reload(&self.shared).await
+    }
+}
+
+/// Start everything: state, stores, listeners, discovery. Nothing is bound if the state
+/// cannot be loaded.
+pub async fn start(cfg: Loaded) -> Result<Running, StartError> {
+    start_with_clock(cfg, Arc::new(carapace_filters::unix_now_ms)).await
+}
+
+/// [`start`] with an injected wall clock (Unix milliseconds).
+pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, StartError> {
+    let c = &cfg.config;
+    create_private_dir(&c.state_dir)?;
+    let kill_switch = KillSwitch::open(switches(&cfg), c.state_dir.join("killswitch.json"))?;
+    let redis = match (&c.shared_state.backend, &c.shared_state.redis) {
+        (SharedStateBackend::Redis, Some(r)) => {
+            Some(RedisState::new(r, cfg.redis_password.as_ref())?)
+        }
+        _ => None,
+    };
+    if let Some(redis) = &redis {
+        // Not fatal: calls that need the store are refused until it answers.
+        match redis.verify().await {
+            Ok(()) => tracing::info!("shared_state backend=redis usable=true"),
+            Err(e) => tracing::warn!(
+                "shared_state backend=redis usable=false: {e}; signed and rate-limited calls \
+                 are refused with DEPENDENCY_UNAVAILABLE until it is"
+            ),
+        }
+    }
+    let nonces = match &c.front.auth {
+        Some(_) if redis.is_some() => None,
+        Some(auth) => Some(Arc::new(NonceStore::open(
+            NonceStoreConfig {
+                capacity: auth.nonce_capacity,
+                ttl: Duration::from_secs(auth.nonce_ttl_s),
+                journal: Some(c.state_dir.join("nonces.journal")),
+            },
+            clock(),
+        )?)),
+        None => None,
+    };
+    let peers = Arc::new(PeerStore::open(cfg.peers_file())?.with_clock(clock.clone()));
+    // No pairing runs yet: what unfinished ones left behind goes.
+    let stale = peers.remove_all_pending()?;
+    let unfinished = crate::tls::PairedFiles::remove_unfinished(&c.state_dir);
+    if stale + unfinished > 0 {
+        tracing::warn!("removed unfinished pairings: records={stale} directories={unfinished}");
+    }
+    let tls = tls_acceptor(&cfg)?;
+    let gateway = match &c.gateway {
+        Some(g) => Some(Arc::new(GatewayIdentity::load_or_create(
+            &c.state_dir,
+            &g.id,
+        )?)),
+        None => None,
+    };
+    let host = match &c.pairing {
+        Some(_) => Some(Arc::new(HostIdentity::load_or_create(&c.state_dir)?)),
+        None => None,
+    };
+    let metrics = Arc::new(Metrics::default());
+    metrics.peers.set(peers.len() as i64);
+    let mcp_sessions = match c.front.protocol {
+        Protocol::Mcp => {
+            let key = match &cfg.mcp_session_key {
+                Some(k) => k.bytes().to_vec(),
+                None => crate::mcp::session::load_or_create_key(&c.state_dir)
+                    .map_err(StartError::McpSessionKey)?,
+            };
+            let mcp = c.front.mcp.clone().unwrap_or_default();
+            Some(Arc::new(crate::mcp::session::Sessions::new(&key, &mcp)))
+        }
+        _ => None,
+    };
+
+    tracing::info!("remote_gateway enabled=true");
+    tracing::info!(
+        "remote_gateway kill_switch={}",
+        kill_switch.global_engaged()
+    );
+    if kill_switch.global_engaged() {
+        tracing::warn!("GATEWAY_DISABLED");
+        tracing::warn!("registration_skipped reason=kill_switch_active");
+    }
+    tracing::info!("registry_loaded path={}", cfg.source.display());
+    if let Some(skill) = &c.app.skill {
+        tracing::info!(
+            "registry_summary skills=1 capabilities={}",
+            skill.capabilities.len()
+        );
+    }
+
+    let shared = Arc::new_cyclic(|_| Shared {
+        app: ArcSwap::from_pointee(app_client(&cfg)),
+        config: ArcSwap::from_pointee(cfg.clone()),
+        kill_switch,
+        nonces,
+        redis,
+        peers,
+        catalog: Arc::new(CatalogHandle::default()),
+        metrics,
+        stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
+        outbound_stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
+        tls: arc_swap::ArcSwapOption::new(tls.map(Arc::new)),
+        listening: AtomicBool::new(false),
+        rediscover: tokio::sync::Notify::new(),
+        outbound_rediscover: tokio::sync::Notify::new(),
+        clock,
+        reload_lock: tokio::sync::Mutex::new(()),
+        load_shed: std::sync::Mutex::new(None),
+        gateway,
+        outbound: std::sync::OnceLock::new(),
+        mcp_sessions,
+        in_flight: Arc::default(),
+    });
+    shared.stack.store(Arc::new(build_stack(&cfg, &shared)));
+    let outbound = match (&c.outbound, &shared.gateway) {
+        (Some(o), Some(gateway)) => {
+            let ob = Arc::new(Outbound::new(&cfg, gateway, shared.peers.clone())?);
+            let _ = shared.outbound.set(ob.clone());
+            shared
+                .outbound_stack
+                .store(Arc::new(build_outbound_stack(&cfg, &shared, ob.clone())));
+            claim_socket_path(&o.socket, "outbound socket")?;
+            if let Some(dir) = o.socket.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let l = UnixListener::bind(&o.socket).map_err(|source| StartError::Bind {
+                what: "outbound socket",
+                address: o.socket.display().to_string(),
+                source,
+            })?;
+            set_mode(&o.socket, 0o660).map_err(|source| StartError::Bind {
+                what: "outbound socket (mode)",
+                address: o.socket.display().to_string(),
+                source,
+            })?;
+            Some((l, ob))
+        }
+        _ => None,
+    };
+
+    // Bind everything before serving anything.
+    let unix = match &c.listeners.unix {
+        Some(u) => {
+            claim_socket_path(&u.path, "unix listener")?;
+            if let Some(dir) = u.path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let l = UnixListener::bind(&u.path).map_err(|source| StartError::Bind {
+                what: "unix listener",
+                address: u.path.display().to_string(),
+                source,
+            })?;
+            set_mode(&u.path, cfg.unix_mode).map_err(|source| StartError::Bind {
+                what: "unix listener (mode)",
+                address: u.path.display().to_string(),
+                source,
+            })?;
+            Some((l, u.path.clone()))
+        }
+        None => None,
+    };
+    let tcp = match cfg.tcp_address {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "tcp listener",
+                    address: a.to_string(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let ops = match cfg.ops_address {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "ops listener",
+                    address: a.to_string(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let pairing = match (cfg.pairing_address, &c.pairing, host) {
+        (Some(a), Some(p), Some(host)) => {
+            let l = TcpListener::bind(a)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "pairing listener",
+                    address: a.to_string(),
+                    source,
+                })?;
+            let init_nonces = Arc::new(NonceStore::open(
+                NonceStoreConfig {
+                    capacity: 100_000,
+                    ttl: crate::pairing::handshake::MAX_INIT_SKEW * 3,
+                    journal: Some(c.state_dir.join("pair_init.journal")),
+                },
+                (shared.clock)(),
+            )?);
+            let mut endpoint = crate::pairing::transport::PairingEndpoint::new(
+                RemoteConfig {
+                    component_type: "tool_host".into(),
+                    component_id: p.component_id.clone(),
+                    gateway_public_key_ed25519: p.gateway_public_key_ed25519.clone(),
+                    endpoint_tls_fingerprint: String::new(),
+                },
+                host,
+                init_nonces,
+                p.path.clone(),
+                Arc::new(ToolHostInstaller {
+                    shared: shared.clone(),
+                }),
+            );
+            if let Some(tls) = &p.tls {
+                let certs = crate::tls::load_certs(&tls.cert_file)?;
+                let key = crate::tls::load_key(&tls.key_file)?;
+                endpoint = endpoint
+                    .with_tls(certs, key)
+                    .map_err(|e| StartError::Bind {
+                        what: "pairing listener (TLS)",
+                        address: a.to_string(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+            }
+            Some((l, Arc::new(endpoint)))
+        }
+        _ => None,
+    };
+    let admin_path = cfg.admin_socket();
+    claim_socket_path(&admin_path, "admin socket")?;
+    let admin = UnixListener::bind(&admin_path).map_err(|source| StartError::Bind {
+        what: "admin socket",
+        address: admin_path.display().to_string(),
+        source,
+    })?;
+    set_mode(&admin_path, 0o600).map_err(|source| StartError::Bind {
+        what: "admin socket (mode)",
+        address: admin_path.display().to_string(),
+        source,
+    })?;
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
+    let mut tasks = tokio::task::JoinSet::new();
+    let tcp_address = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let ops_address = ops.as_ref().and_then(|l| l.local_addr().ok());
+    let max_conns = c.limits.max_connections;
+    if let Some((l, path)) = unix {
+        tracing::info!("listening unix={}", path.display());
+        tasks.spawn(crate::listener::accept_unix(
+            l,
+            shared.clone(),
+            shared.stack.clone(),
+            shutdown_rx.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+    }
+    if let Some(l) = tcp {
+        tracing::info!("listening tcp={}", tcp_address.expect("bound"));
+        tasks.spawn(crate::listener::accept_tcp(
+            l,
+            shared.clone(),
+            shutdown_rx.clone(),
+            graceful.clone(),
+        ));
+    }
+    if let Some(l) = ops {
+        let a = ops_address.expect("bound");
+        if !a.ip().is_loopback() {
+            tracing::warn!("ops endpoint on non-loopback address {a}: metrics are unauthenticated");
+        }
+        tracing::info!("ops listening on {a}");
+        tasks.spawn(crate::ops::endpoint::serve(
+            l,
+            shared.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
+    if let Some((l, ob)) = outbound {
+        tracing::info!(
+            "outbound socket {}",
+            c.outbound.as_ref().expect("set").socket.display()
+        );
+        tasks.spawn(crate::listener::accept_unix(
+            l,
+            shared.clone(),
+            shared.outbound_stack.clone(),
+            shutdown_rx.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+        tasks.spawn(outbound_discovery(ob, shared.clone(), shutdown_rx.clone()));
+    }
+    let pairing_address = pairing.as_ref().and_then(|(l, _)| l.local_addr().ok());
+    if let Some((l, endpoint)) = pairing {
+        tracing::info!(
+            "pairing endpoint on ws://{}",
+            pairing_address.expect("bound")
+        );
+        tasks.spawn(endpoint.serve(l, shutdown_rx.clone()));
+    }
+    tasks.spawn(crate::ops::admin::serve(
+        admin,
+        shared.clone(),
+        shutdown_rx.clone(),
+    ));
+    tasks.spawn(discovery_loop(shared.clone(), shutdown_rx.clone()));
+    tasks.spawn(housekeeping(shared.clone(), shutdown_rx.clone()));
+    shared.listening.store(true, Ordering::Release);
+
+    Ok(Running {
+        shared,
+        tcp_address,
+        ops_address,
+        pairing_address,
+        unix_path: cfg.config.listeners.unix.as_ref().map(|u| u.path.clone()),
+        admin_socket: admin_path,
+        shutdown: shutdown_tx,
+        tasks,
+        graceful,
+    })
+}
