@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use bind::{bind_tcp, bind_unix_socket, pairing_endpoint};
 use carapace_filters::concurrency::LoadShedLayer;
 use carapace_filters::kill_switch::{KillSwitch, Switches};
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::signature::UnixClock;
+use files::create_private_dir;
 use http::Request;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, UnixListener};
+use tasks::{discovery_loop, housekeeping, outbound_discovery};
 use tokio::sync::watch;
 
 use crate::caller_body::CallerBody;
@@ -27,17 +29,14 @@ use crate::edge::{edge, PanicAnswer};
 use crate::errors::ToolsV1Answers;
 use crate::front::Resp;
 pub use crate::inbound::build_stack;
-use crate::inbound::installer::ToolHostInstaller;
 use crate::ops::metrics::Metrics;
 use crate::outbound::stack::build_outbound_stack;
 use crate::outbound::Outbound;
-use crate::pairing::handshake::RemoteConfig;
 use crate::pairing::identity::{GatewayIdentity, HostIdentity};
 use crate::peers::PeerStore;
-use crate::server::files::{claim_socket_path, create_private_dir, set_mode};
-use crate::server::tasks::{discovery_loop, housekeeping, outbound_discovery};
 use crate::shared_state::RedisState;
 use crate::upstream::AppClient;
+mod bind;
 mod files;
 pub use crate::ops::reload::reload;
 mod tasks;
@@ -346,20 +345,12 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
             shared
                 .outbound_stack
                 .store(Arc::new(build_outbound_stack(&cfg, &shared, ob.clone())));
-            claim_socket_path(&o.socket, "outbound socket")?;
-            if let Some(dir) = o.socket.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let l = UnixListener::bind(&o.socket).map_err(|source| StartError::Bind {
-                what: "outbound socket",
-                address: o.socket.display().to_string(),
-                source,
-            })?;
-            set_mode(&o.socket, 0o660).map_err(|source| StartError::Bind {
-                what: "outbound socket (mode)",
-                address: o.socket.display().to_string(),
-                source,
-            })?;
+            let l = bind_unix_socket(
+                &o.socket,
+                0o660,
+                true,
+                ("outbound socket", "outbound socket (mode)"),
+            )?;
             Some((l, ob))
         }
         _ => None,
@@ -367,107 +358,39 @@ pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, 
 
     // Bind everything before serving anything.
     let unix = match &c.listeners.unix {
-        Some(u) => {
-            claim_socket_path(&u.path, "unix listener")?;
-            if let Some(dir) = u.path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let l = UnixListener::bind(&u.path).map_err(|source| StartError::Bind {
-                what: "unix listener",
-                address: u.path.display().to_string(),
-                source,
-            })?;
-            set_mode(&u.path, cfg.unix_mode).map_err(|source| StartError::Bind {
-                what: "unix listener (mode)",
-                address: u.path.display().to_string(),
-                source,
-            })?;
-            Some((l, u.path.clone()))
-        }
+        Some(u) => Some((
+            bind_unix_socket(
+                &u.path,
+                cfg.unix_mode,
+                true,
+                ("unix listener", "unix listener (mode)"),
+            )?,
+            u.path.clone(),
+        )),
         None => None,
     };
     let tcp = match cfg.tcp_address {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|source| StartError::Bind {
-                    what: "tcp listener",
-                    address: a.to_string(),
-                    source,
-                })?,
-        ),
+        Some(a) => Some(bind_tcp(a, "tcp listener").await?),
         None => None,
     };
     let ops = match cfg.ops_address {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|source| StartError::Bind {
-                    what: "ops listener",
-                    address: a.to_string(),
-                    source,
-                })?,
-        ),
+        Some(a) => Some(bind_tcp(a, "ops listener").await?),
         None => None,
     };
     let pairing = match (cfg.pairing_address, &c.pairing, host) {
         (Some(a), Some(p), Some(host)) => {
-            let l = TcpListener::bind(a)
-                .await
-                .map_err(|source| StartError::Bind {
-                    what: "pairing listener",
-                    address: a.to_string(),
-                    source,
-                })?;
-            let init_nonces = Arc::new(NonceStore::open(
-                NonceStoreConfig {
-                    capacity: 100_000,
-                    ttl: crate::pairing::handshake::MAX_INIT_SKEW * 3,
-                    journal: Some(c.state_dir.join("pair_init.journal")),
-                },
-                (shared.clock)(),
-            )?);
-            let mut endpoint = crate::pairing::transport::PairingEndpoint::new(
-                RemoteConfig {
-                    component_type: "tool_host".into(),
-                    component_id: p.component_id.clone(),
-                    gateway_public_key_ed25519: p.gateway_public_key_ed25519.clone(),
-                    endpoint_tls_fingerprint: String::new(),
-                },
-                host,
-                init_nonces,
-                p.path.clone(),
-                Arc::new(ToolHostInstaller {
-                    shared: shared.clone(),
-                }),
-            );
-            if let Some(tls) = &p.tls {
-                let certs = crate::tls::load_certs(&tls.cert_file)?;
-                let key = crate::tls::load_key(&tls.key_file)?;
-                endpoint = endpoint
-                    .with_tls(certs, key)
-                    .map_err(|e| StartError::Bind {
-                        what: "pairing listener (TLS)",
-                        address: a.to_string(),
-                        source: std::io::Error::other(e.to_string()),
-                    })?;
-            }
-            Some((l, Arc::new(endpoint)))
+            let l = bind_tcp(a, "pairing listener").await?;
+            Some((l, Arc::new(pairing_endpoint(&cfg, p, host, &shared, a)?)))
         }
         _ => None,
     };
     let admin_path = cfg.admin_socket();
-    claim_socket_path(&admin_path, "admin socket")?;
-    let admin = UnixListener::bind(&admin_path).map_err(|source| StartError::Bind {
-        what: "admin socket",
-        address: admin_path.display().to_string(),
-        source,
-    })?;
-    set_mode(&admin_path, 0o600).map_err(|source| StartError::Bind {
-        what: "admin socket (mode)",
-        address: admin_path.display().to_string(),
-        source,
-    })?;
+    let admin = bind_unix_socket(
+        &admin_path,
+        0o600,
+        false,
+        ("admin socket", "admin socket (mode)"),
+    )?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
