@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::front::AuthModeConfig;
 use super::secrets::{fix_secret, load_secret, SecretRef};
-use super::{err, is_valid_header_name, AppAddress, ConfigError, Derived, Protocol};
+use super::{
+    err, is_valid_header_name, AppAddress, AuthModeConfig, ConfigError, Derived, Protocol,
+};
 
 /// The app behind carapace.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

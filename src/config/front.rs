@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::app::AppConfig;
 use super::secrets::{fix_secret, load_secret, SecretRef};
-use super::{err, is_valid_header_name, mcp, ConfigError, Derived, Protocol};
+use super::{err, is_valid_header_name, mcp, AuthModeConfig, ConfigError, Derived, Protocol};
 
 /// The caller-facing protocol.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -65,16 +65,6 @@ fn default_nonce_ttl_s() -> u64 {
 }
 fn default_nonce_capacity() -> usize {
     1_000_000
-}
-
-/// How a Skill Gateway v1 call authenticates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum AuthModeConfig {
-    /// HMAC-SHA256 over the canonical JSON of the signed fields.
-    Hmac,
-    /// The raw secret in a header.
-    ApiKey,
 }
 
 /// One named secret.

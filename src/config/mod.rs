@@ -19,9 +19,7 @@ use serde::Deserialize;
 mod listeners;
 pub use listeners::{ListenersConfig, TcpListenerConfig, TlsConfig, UnixListenerConfig};
 mod front;
-pub use front::{
-    AuthModeConfig, CallerAuthConfig, FrontConfig, KeyConfig, MAX_NONCE_CAPACITY, MAX_SKEW_S,
-};
+pub use front::{CallerAuthConfig, FrontConfig, KeyConfig, MAX_NONCE_CAPACITY, MAX_SKEW_S};
 mod app;
 pub use app::{
     AppAuthConfig, AppConfig, DiscoveryConfig, PoolConfig, SkillAppConfig, ToolOverride,
@@ -103,6 +101,16 @@ pub struct Config {
     /// Distributed tracing: spans exported over OTLP (off unless configured).
     #[serde(default)]
     pub telemetry: Option<crate::telemetry::TelemetryConfig>,
+}
+
+/// How a Skill Gateway v1 call authenticates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthModeConfig {
+    /// HMAC-SHA256 over the canonical JSON of the signed fields.
+    Hmac,
+    /// The raw secret in a header.
+    ApiKey,
 }
 
 /// A protocol carapace speaks, on either side.

@@ -22,7 +22,7 @@ use tower::ServiceBuilder;
 use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
 use crate::front::CallStack;
 /// The service every listener hands requests to.
-use crate::server::Shared;
+use crate::server::shared::Shared;
 use crate::skill_v1::{AppSigning, SkillV1Back};
 use crate::tools_v1::ToolsV1Back;
 use crate::upstream::AppClient;

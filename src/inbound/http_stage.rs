@@ -17,7 +17,7 @@ use crate::errors::ToolsV1Answers;
 use crate::front::Envelope;
 use crate::inbound::call_stage::{auth_mode, call_stack, keyed_limits};
 /// The service every listener hands requests to.
-use crate::server::Shared;
+use crate::server::shared::Shared;
 use crate::skill_v1::SkillV1Front;
 use crate::tools_v1::ToolsV1Front;
 

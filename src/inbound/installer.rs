@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::pairing::handshake::Installed;
 /// The service every listener hands requests to.
-use crate::server::Shared;
+use crate::server::shared::Shared;
 
 /// Installs what a pairing issued on this tool host: the certificate files before the
 /// install is confirmed, the new listener TLS and the gateway's peer record once the gateway

@@ -18,7 +18,7 @@ use carapace_filters::call::Principal;
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::front::Resp;
-use crate::server::Shared;
+use crate::server::shared::Shared;
 
 /// Prefix of the control routes.
 pub const PREFIX: &str = "/v1/control/";

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::config::Loaded;
 use crate::inbound::http_stage::build_stack;
 /// The service every listener hands requests to.
-use crate::server::{app_client, switches, tls_acceptor, Shared};
+use crate::server::shared::{app_client, switches, tls_acceptor, Shared};
 
 /// Settings that only take effect at start; a reload that changes one is refused.
 fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {

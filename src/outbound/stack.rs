@@ -18,7 +18,7 @@ use crate::edge::{edge, HttpStack, PanicAnswer};
 use crate::front::{CallStack, Envelope};
 use crate::outbound::{Outbound, OutboundBack};
 /// The service every listener hands requests to.
-use crate::server::Shared;
+use crate::server::shared::Shared;
 use crate::tools_v1::ToolsV1Front;
 
 /// The outbound role's stack: the local agent's calls, validated, routed to paired peers.

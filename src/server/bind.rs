@@ -7,8 +7,9 @@ use std::sync::Arc;
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use tokio::net::{TcpListener, UnixListener};
 
+use super::error::StartError;
 use super::files::{claim_socket_path, set_mode};
-use super::{Shared, StartError};
+use super::shared::Shared;
 use crate::config::{Loaded, PairingConfig};
 use crate::inbound::installer::ToolHostInstaller;
 use crate::pairing::handshake::RemoteConfig;

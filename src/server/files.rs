@@ -3,7 +3,7 @@
 use std::path::Path;
 
 /// The service every listener hands requests to.
-use crate::server::StartError;
+use super::error::StartError;
 
 pub(crate) fn create_private_dir(path: &Path) -> Result<(), StartError> {
     use std::os::unix::fs::DirBuilderExt;

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bind::{bind_tcp, bind_unix_socket, pairing_endpoint};
-use carapace_filters::concurrency::LoadShedLayer;
-use carapace_filters::kill_switch::{KillSwitch, Switches};
+use carapace_filters::kill_switch::KillSwitch;
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::signature::UnixClock;
 use files::create_private_dir;
@@ -30,108 +29,22 @@ use crate::errors::ToolsV1Answers;
 use crate::front::Resp;
 pub use crate::inbound::build_stack;
 use crate::ops::metrics::Metrics;
+pub use crate::ops::reload::reload;
 use crate::outbound::stack::build_outbound_stack;
 use crate::outbound::Outbound;
 use crate::pairing::identity::{GatewayIdentity, HostIdentity};
 use crate::peers::PeerStore;
 use crate::shared_state::RedisState;
-use crate::upstream::AppClient;
+
 mod bind;
+mod error;
 mod files;
-pub use crate::ops::reload::reload;
+pub(crate) mod shared;
 mod tasks;
 
-/// Starting failed; nothing is left listening.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("state directory {path}: {source}")]
-    StateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    KillSwitch(#[from] carapace_filters::kill_switch::KillSwitchError),
-    #[error("nonce store: {0}")]
-    Nonces(#[from] carapace_filters::nonce::NonceError),
-    #[error(transparent)]
-    Peers(#[from] crate::peers::PeerStoreError),
-    #[error(transparent)]
-    Redis(#[from] crate::shared_state::RedisSetupError),
-    #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
-    #[error(transparent)]
-    Identity(#[from] crate::pairing::identity::IdentityError),
-    #[error(transparent)]
-    Outbound(#[from] crate::outbound::OutboundError),
-    #[error("MCP session key: {0}")]
-    McpSessionKey(std::io::Error),
-    #[error("cannot bind {what} {address}: {source}")]
-    Bind {
-        what: &'static str,
-        address: String,
-        source: std::io::Error,
-    },
-}
-
-/// State shared by listeners, the admin socket, the ops endpoint and reloads.
-pub struct Shared {
-    pub config: ArcSwap<Loaded>,
-    pub kill_switch: KillSwitch,
-    pub nonces: Option<Arc<NonceStore>>,
-    /// The store shared by the replicas, with `shared_state.backend: redis`.
-    pub redis: Option<RedisState>,
-    pub peers: Arc<PeerStore>,
-    pub catalog: Arc<CatalogHandle>,
-    pub metrics: Arc<Metrics>,
-    pub app: ArcSwap<AppClient>,
-    pub(crate) stack: Arc<ArcSwap<HttpStack>>,
-    /// The outbound role's stack (serves only when `outbound` is configured).
-    outbound_stack: Arc<ArcSwap<HttpStack>>,
-    pub(crate) tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
-    listening: AtomicBool,
-    rediscover: tokio::sync::Notify,
-    outbound_rediscover: tokio::sync::Notify,
-    /// Wall clock for signature windows and nonce expiry (injected in tests).
-    pub clock: UnixClock,
-    /// Serializes reloads (SIGHUP and the admin socket).
-    pub(crate) reload_lock: tokio::sync::Mutex<()>,
-    /// The concurrency limit, kept across reloads so calls in flight keep counting.
-    load_shed: std::sync::Mutex<Option<(usize, LoadShedLayer)>>,
-    /// Gateway role: its identity and pairing CA.
-    pub gateway: Option<Arc<crate::pairing::identity::GatewayIdentity>>,
-    /// The outbound role, when configured (pairings confirm through it).
-    pub outbound: std::sync::OnceLock<Arc<Outbound>>,
-    /// The MCP front's sessions (older protocol era), when the front is MCP.
-    pub mcp_sessions: Option<Arc<crate::mcp::session::Sessions>>,
-    /// Calls in flight that their callers may cancel (kept across reloads).
-    pub in_flight: Arc<crate::in_flight::InFlightCalls>,
-}
-
-impl Shared {
-    /// The concurrency limit: the same permits as before unless the limit changed.
-    pub(crate) fn load_shed_layer(&self, max: usize) -> LoadShedLayer {
-        let mut current = self.load_shed.lock().unwrap_or_else(|e| e.into_inner());
-        match &*current {
-            Some((m, layer)) if *m == max => layer.clone(),
-            _ => {
-                let layer = LoadShedLayer::new(max);
-                *current = Some((max, layer.clone()));
-                layer
-            }
-        }
-    }
-
-    /// Run discovery again now (after a reload, or when the global kill-switch is released).
-    pub fn request_discovery(&self) {
-        self.rediscover.notify_one();
-        self.outbound_rediscover.notify_one();
-    }
-
-    /// Ready: listeners bound and discovery succeeded.
-    pub fn ready(&self) -> bool {
-        self.listening.load(Ordering::Acquire) && self.catalog.discovered()
-    }
-}
+pub use error::StartError;
+pub use shared::Shared;
+use shared::{app_client, switches, tls_acceptor};
 
 /// Stands in until the real stack is built, before anything listens.
 fn placeholder_stack() -> HttpStack {
@@ -144,38 +57,6 @@ fn placeholder_stack() -> HttpStack {
     };
     edge::<_>(tower::util::MapResponse::new(never, |r: Resp| r), panic)
 }
-
-pub(crate) fn app_client(cfg: &Loaded) -> AppClient {
-    AppClient::new(
-        cfg.app_address.clone(),
-        &cfg.config.app.pool,
-        cfg.config.limits.max_response_bytes,
-    )
-}
-
-pub(crate) fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTls>, StartError> {
-    let tls = cfg
-        .config
-        .listeners
-        .tcp
-        .as_ref()
-        .and_then(|t| t.tls.as_ref());
-    match tls {
-        Some(tls) => {
-            let paired = crate::tls::PairedFiles::current(&cfg.config.state_dir);
-            Ok(Some(crate::tls::listener_tls(tls, paired.as_ref())?))
-        }
-        None => Ok(None),
-    }
-}
-
-pub(crate) fn switches(cfg: &Loaded) -> Switches {
-    Switches {
-        global: cfg.config.kill_switch.global,
-        tools: cfg.config.kill_switch.tools.iter().cloned().collect(),
-    }
-}
-
 /// A started sidecar.
 pub struct Running {
     pub shared: Arc<Shared>,

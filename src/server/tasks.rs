@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::outbound::Outbound;
 /// The service every listener hands requests to.
-use crate::server::Shared;
+use super::shared::Shared;
+use crate::outbound::Outbound;
 
 pub(crate) async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut failures = 0u32;
