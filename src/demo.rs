@@ -275,7 +275,7 @@ ops: {{ address: "" }}
     );
 
     // 5. The kill-switch, through the admin socket.
-    let (status, _) = crate::admin::request(
+    let (status, _) = crate::ops::admin::request(
         &tools.admin_socket,
         Method::PUT,
         "/v1/kill-switch",
@@ -293,7 +293,7 @@ ops: {{ address: "" }}
         )
         .await?;
     codes.push(expect("kill-switch", &killed, "DEPENDENCY_UNAVAILABLE")?);
-    crate::admin::request(
+    crate::ops::admin::request(
         &tools.admin_socket,
         Method::PUT,
         "/v1/kill-switch",

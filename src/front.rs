@@ -17,7 +17,7 @@ use carapace_filters::{BoxFuture, Rejection};
 
 use crate::config::Protocol;
 use crate::errors::{self, ToolsV1Answers};
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// Every response carapace sends to callers.
 pub type Resp = Response<Full<Bytes>>;

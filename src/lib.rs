@@ -4,23 +4,21 @@
 //! `carapace-filters` crate; this crate holds the protocol fronts and backs, configuration,
 //! listeners, discovery, the peer store, the admin socket and operations endpoints.
 
-pub mod admin;
 pub mod caller_body;
 pub mod catalog;
 pub mod client;
 pub mod config;
 pub mod connections;
-pub mod control;
 pub mod demo;
 pub mod edge;
 pub mod errors;
 pub mod front;
 pub mod in_flight;
+pub mod inbound;
 pub mod lingering;
 pub mod listener;
 pub mod mcp;
 pub mod memory_app;
-pub mod metrics;
 pub mod ops;
 pub mod outbound;
 pub mod pairing;
@@ -33,3 +31,5 @@ pub mod telemetry;
 pub mod tls;
 pub mod tools_v1;
 pub mod upstream;
+
+pub use ops::{admin, control, metrics};

@@ -27,8 +27,9 @@ use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirect
 use crate::caller_body::{self, BodyExpectation, CallerBody, Unread};
 use crate::config::Loaded;
 use crate::connections::{ConnectionTable, HeadWatch, Slot};
+use crate::edge::HttpStack;
 use crate::lingering::Lingering;
-use crate::server::{HttpStack, Shared};
+use crate::server::shared::Shared;
 
 /// Streams per HTTP/2 connection, at most (and never more than the in-flight limit).
 const MAX_STREAMS_PER_CONNECTION: usize = 128;

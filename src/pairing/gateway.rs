@@ -16,7 +16,7 @@ use super::handshake::{PairRequest, PairedPeer};
 use super::identity::GatewayIdentity;
 use super::transport::{Completed, Ending, PairingError};
 use crate::peers::{PeerRecord, PeerStore};
-use crate::server::Shared;
+use crate::server::shared::Shared;
 
 /// A pending record that is removed when dropped unless it was activated: on failure, and
 /// when the pairing request is abandoned (its task dropped).

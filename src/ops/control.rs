@@ -18,7 +18,7 @@ use carapace_filters::call::Principal;
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::front::Resp;
-use crate::server::Shared;
+use crate::server::shared::Shared;
 
 /// Prefix of the control routes.
 pub const PREFIX: &str = "/v1/control/";
@@ -115,7 +115,7 @@ where
                 req.method()
             );
             *req.uri_mut() = route.parse().expect("static route");
-            let resp: Response<_> = crate::admin::handle(shared, req).await;
+            let resp: Response<_> = crate::ops::admin::handle(shared, req).await;
             Ok(resp)
         })
     }

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::server::Shared;
+use crate::server::shared::Shared;
 
 /// `PUT /v1/kill-switch` body.
 #[derive(Debug, Serialize, Deserialize)]
@@ -289,7 +289,7 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
                 ),
             }
         }
-        (Method::POST, "/v1/reload") => match crate::server::reload(&shared).await {
+        (Method::POST, "/v1/reload") => match crate::ops::reload::reload(&shared).await {
             Ok(()) => reply(StatusCode::OK, json!({"reloaded": true})),
             Err(errors) => reply(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -9,7 +9,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::server::Shared;
+use crate::server::shared::Shared;
 
 fn respond(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
     let (status, ctype, body) = match path {

@@ -1,0 +1,257 @@
+//! The `app` and `tools` sections: the app behind carapace, its discovery, pool and per-tool settings.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::secrets::{fix_secret, load_secret, SecretRef};
+use super::{
+    err, is_valid_header_name, AppAddress, AuthModeConfig, ConfigError, Derived, Protocol,
+};
+
+/// The app behind carapace.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// What the app speaks.
+    pub protocol: Protocol,
+    /// `http://127.0.0.1:PORT` (loopback) or `unix:/path/to/app.sock`.
+    pub address: String,
+    /// skill-v1 apps only (required there).
+    #[serde(default)]
+    pub skill: Option<SkillAppConfig>,
+    /// Tool discovery.
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+    /// Connection pool to the app.
+    #[serde(default)]
+    pub pool: PoolConfig,
+}
+
+/// A skill-v1 app (a legacy `/run` skill).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SkillAppConfig {
+    /// The skill's id; its `/manifest` must say the same.
+    pub skill_id: String,
+    /// The local registry's capabilities of this skill (`capability -> skill_id -> address`):
+    /// only these are served, whatever else the manifest offers.
+    pub capabilities: Vec<String>,
+    /// How carapace authenticates its `/run` calls to the app, when the app checks itself.
+    #[serde(default)]
+    pub auth: Option<AppAuthConfig>,
+    /// Protocol version sent and required in the manifest.
+    #[serde(default = "default_gateway_protocol_version")]
+    pub protocol_version: String,
+    /// Timeout of a call when the caller gives none, in ms.
+    #[serde(default = "default_skill_timeout_ms")]
+    pub timeout_ms_default: u64,
+    /// Longest timeout a caller may ask for, in ms.
+    #[serde(default = "default_skill_timeout_ms_max")]
+    pub timeout_ms_max: u64,
+}
+
+pub(super) fn default_gateway_protocol_version() -> String {
+    "1.0".into()
+}
+pub(super) fn default_skill_timeout_ms() -> u64 {
+    10_000
+}
+pub(super) fn default_skill_timeout_ms_max() -> u64 {
+    120_000
+}
+
+/// How carapace signs the calls it makes to a skill-v1 app.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppAuthConfig {
+    pub mode: AuthModeConfig,
+    /// Header for the API key (default `X-API-Key`) or the signature copy (hmac: sent only if
+    /// set, like Vagus does).
+    #[serde(default)]
+    pub header_name: Option<String>,
+    /// The app's own secret.
+    pub secret: SecretRef,
+}
+
+/// Tool discovery from the app.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Seconds between refreshes (0: only at start and reload).
+    #[serde(default = "default_discovery_interval_s")]
+    pub interval_s: u64,
+    /// Timeout of one discovery request, in ms.
+    #[serde(default = "default_discovery_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            interval_s: default_discovery_interval_s(),
+            timeout_ms: default_discovery_timeout_ms(),
+        }
+    }
+}
+
+pub(super) fn default_discovery_interval_s() -> u64 {
+    60
+}
+fn default_discovery_timeout_ms() -> u64 {
+    5_000
+}
+
+/// Connection pool to the app.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Idle connections kept.
+    #[serde(default = "default_pool_idle")]
+    pub max_idle: usize,
+    /// Seconds an idle connection is kept.
+    #[serde(default = "default_pool_idle_timeout_s")]
+    pub idle_timeout_s: u64,
+    /// Longest wait for a new connection to the app, in ms; then the call fails with
+    /// `DEPENDENCY_UNAVAILABLE` (retryable).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_idle: default_pool_idle(),
+            idle_timeout_s: default_pool_idle_timeout_s(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+        }
+    }
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    2_000
+}
+
+fn default_pool_idle() -> usize {
+    64
+}
+fn default_pool_idle_timeout_s() -> u64 {
+    90
+}
+/// Per-tool settings.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOverride {
+    /// Lower the tool's `timeout_ms_max` (never raises what the app declares).
+    #[serde(default)]
+    pub timeout_ms_max: Option<u64>,
+}
+pub(super) fn resolve_app(a: &mut AppConfig, base: &Path) {
+    if let Some(auth) = a.skill.as_mut().and_then(|s| s.auth.as_mut()) {
+        fix_secret(&mut auth.secret, base);
+    }
+    if let Some(rest) = a.address.strip_prefix("unix:") {
+        let p = Path::new(rest);
+        if p.is_relative() && !rest.is_empty() {
+            a.address = format!("unix:{}", base.join(p).display());
+        }
+    }
+}
+pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    d.app_address = if let Some(rest) = a.address.strip_prefix("unix:") {
+        if rest.is_empty() {
+            errors.push(err("/app/address", "unix: needs the socket's path"));
+            None
+        } else {
+            Some(AppAddress::Unix(PathBuf::from(rest)))
+        }
+    } else if let Some(rest) = a.address.strip_prefix("http://") {
+        match rest.trim_end_matches('/').parse::<SocketAddr>() {
+            Ok(addr) if addr.ip().is_loopback() => Some(AppAddress::Tcp(addr)),
+            Ok(_) => {
+                errors.push(err(
+                    "/app/address",
+                    "the app is reached over loopback or a Unix socket only",
+                ));
+                None
+            }
+            Err(_) => {
+                errors.push(err(
+                    "/app/address",
+                    format!("`{}` is not http://IP:PORT", a.address),
+                ));
+                None
+            }
+        }
+    } else {
+        errors.push(err(
+            "/app/address",
+            "must be http://127.0.0.1:PORT (loopback) or unix:/path",
+        ));
+        None
+    };
+    match (&a.protocol, &a.skill) {
+        (Protocol::Mcp, _) => errors.push(err(
+            "/app/protocol",
+            "an app speaking MCP is not supported behind carapace; the app must speak tools-v1 or skill-v1",
+        )),
+        (Protocol::SkillV1, None) => {
+            errors.push(err("/app/skill", "required when the app speaks skill-v1"))
+        }
+        (Protocol::ToolsV1, Some(_)) => {
+            errors.push(err("/app/skill", "only for an app that speaks skill-v1"))
+        }
+        (Protocol::SkillV1, Some(skill)) => {
+            if skill.capabilities.is_empty() {
+                errors.push(err(
+                    "/app/skill/capabilities",
+                    "name at least one capability: only the registry's capabilities are served",
+                ));
+            }
+            if skill.timeout_ms_default == 0 || skill.timeout_ms_default > skill.timeout_ms_max {
+                errors.push(err(
+                    "/app/skill/timeout_ms_default",
+                    "must be between 1 and timeout_ms_max",
+                ));
+            }
+            if let Some(auth) = &skill.auth {
+                match load_secret(&auth.secret) {
+                    Ok(s) => d.app_secret = Some(s),
+                    Err(m) => errors.push(err("/app/skill/auth/secret", m)),
+                }
+                if let Some(h) = &auth.header_name {
+                    if !is_valid_header_name(h) {
+                        errors.push(err(
+                            "/app/skill/auth/header_name",
+                            format!("`{h}` is not a header name"),
+                        ));
+                    }
+                }
+            }
+        }
+        (Protocol::ToolsV1, None) => {}
+    }
+    if a.discovery.timeout_ms == 0 {
+        errors.push(err("/app/discovery/timeout_ms", "must be at least 1"));
+    }
+    if a.pool.connect_timeout_ms == 0 {
+        errors.push(err("/app/pool/connect_timeout_ms", "must be at least 1"));
+    }
+}
+
+pub(super) fn check_tools(
+    tools: Option<&BTreeMap<String, ToolOverride>>,
+    errors: &mut Vec<ConfigError>,
+) {
+    for (name, t) in tools.into_iter().flatten() {
+        if t.timeout_ms_max == Some(0) {
+            errors.push(err(
+                format!("/tools/{name}/timeout_ms_max"),
+                "must be at least 1",
+            ));
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The `front` section: the caller-facing protocol and how its callers authenticate.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::app::AppConfig;
+use super::secrets::{fix_secret, load_secret, SecretRef};
+use super::{err, is_valid_header_name, mcp, AuthModeConfig, ConfigError, Derived, Protocol};
+
+/// The caller-facing protocol.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FrontConfig {
+    pub protocol: Protocol,
+    /// skill-v1 only: the skill id served in `/manifest` and expected in `/run`. Defaults to
+    /// the app's `skill_id` when the app is a skill-v1 skill.
+    #[serde(default)]
+    pub skill_id: Option<String>,
+    /// skill-v1 only (required there): how callers authenticate each `/run`.
+    #[serde(default)]
+    pub auth: Option<CallerAuthConfig>,
+    /// tools-v1 only: `reference` (call outcomes are HTTP 200 with the envelope's `status`, as
+    /// the reference tool host answers) or `http_status` (refusals carry an HTTP error status).
+    #[serde(default)]
+    pub answers: Option<crate::errors::ToolsV1Answers>,
+    /// mcp only: the endpoint, origins, caching and sessions.
+    #[serde(default)]
+    pub mcp: Option<mcp::McpFrontConfig>,
+}
+
+/// Skill Gateway v1 caller authentication.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallerAuthConfig {
+    pub mode: AuthModeConfig,
+    /// Header carrying the API key (api_key mode, default `X-API-Key`) or a copy of the
+    /// signature (hmac mode, default `X-Skill-Signature`; optional on requests).
+    #[serde(default)]
+    pub header_name: Option<String>,
+    /// Active keys; every one is accepted (add the new key, move callers, remove the old).
+    pub keys: Vec<KeyConfig>,
+    /// Accepted clock difference for `timestamp`, in seconds.
+    #[serde(default = "default_skew_s")]
+    pub timestamp_skew_s: u64,
+    /// How long a nonce stays used, in seconds.
+    #[serde(default = "default_nonce_ttl_s")]
+    pub nonce_ttl_s: u64,
+    /// Most live nonces held; when full, new signed calls are refused (never forgotten).
+    #[serde(default = "default_nonce_capacity")]
+    pub nonce_capacity: usize,
+}
+
+/// Largest accepted `timestamp_skew_s`.
+pub const MAX_SKEW_S: u64 = 3600;
+/// Largest accepted `nonce_capacity`.
+pub const MAX_NONCE_CAPACITY: usize = 100_000_000;
+
+fn default_skew_s() -> u64 {
+    120
+}
+fn default_nonce_ttl_s() -> u64 {
+    300
+}
+fn default_nonce_capacity() -> usize {
+    1_000_000
+}
+
+/// One named secret.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// Name used in logs (the secret never is).
+    pub id: String,
+    pub secret: SecretRef,
+}
+pub(super) fn resolve_front(f: &mut FrontConfig, base: &Path) {
+    if let Some(auth) = &mut f.auth {
+        auth.keys
+            .iter_mut()
+            .for_each(|k| fix_secret(&mut k.secret, base));
+    }
+}
+pub(super) fn check_front(
+    f: &FrontConfig,
+    app: Option<&AppConfig>,
+    d: &mut Derived,
+    errors: &mut Vec<ConfigError>,
+) {
+    if f.mcp.is_some() && f.protocol != Protocol::Mcp {
+        errors.push(err("/front/mcp", "only an mcp front has this section"));
+    }
+    match f.protocol {
+        Protocol::Mcp => {
+            for (set, key) in [
+                (f.auth.is_some(), "auth"),
+                (f.skill_id.is_some(), "skill_id"),
+                (f.answers.is_some(), "answers"),
+            ] {
+                if set {
+                    errors.push(err(
+                        format!("/front/{key}"),
+                        "not used by an mcp front (callers are paired peers or local)",
+                    ));
+                }
+            }
+            d.mcp_session_key = mcp::check(&f.mcp.clone().unwrap_or_default(), errors);
+        }
+        Protocol::ToolsV1 => {
+            if f.auth.is_some() {
+                errors.push(err(
+                    "/front/auth",
+                    "tools-v1 callers are authenticated by mTLS; auth is for skill-v1 fronts",
+                ));
+            }
+            if f.skill_id.is_some() {
+                errors.push(err(
+                    "/front/skill_id",
+                    "only a skill-v1 front has a skill id",
+                ));
+            }
+        }
+        Protocol::SkillV1 => {
+            if f.answers.is_some() {
+                errors.push(err(
+                    "/front/answers",
+                    "answers is for tools-v1 fronts; skill-v1 answers as Skill Gateway v1 says",
+                ));
+            }
+            d.front_skill_id = f.skill_id.clone().or_else(|| {
+                app.and_then(|a| a.skill.as_ref())
+                    .map(|s| s.skill_id.clone())
+            });
+            // Only say it is missing when the app section could be read.
+            if d.front_skill_id.is_none() && app.is_some() {
+                errors.push(err(
+                    "/front/skill_id",
+                    "required for a skill-v1 front when the app is not a skill-v1 skill",
+                ));
+            }
+            let Some(auth) = &f.auth else {
+                errors.push(err(
+                    "/front/auth",
+                    "a skill-v1 front requires auth (hmac or api_key)",
+                ));
+                return;
+            };
+            if auth.keys.is_empty() {
+                errors.push(err("/front/auth/keys", "at least one key is required"));
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (i, k) in auth.keys.iter().enumerate() {
+                if !ids.insert(k.id.clone()) {
+                    errors.push(err(
+                        format!("/front/auth/keys/{i}/id"),
+                        format!("duplicate key id `{}`", k.id),
+                    ));
+                }
+                match load_secret(&k.secret) {
+                    Ok(s) => d.caller_keys.push((k.id.clone(), s)),
+                    Err(m) => errors.push(err(format!("/front/auth/keys/{i}/secret"), m)),
+                }
+            }
+            if let Some(h) = &auth.header_name {
+                if !is_valid_header_name(h) {
+                    errors.push(err(
+                        "/front/auth/header_name",
+                        format!("`{h}` is not a header name"),
+                    ));
+                }
+            }
+            if !(1..=MAX_SKEW_S).contains(&auth.timestamp_skew_s) {
+                errors.push(err(
+                    "/front/auth/timestamp_skew_s",
+                    format!("must be between 1 and {MAX_SKEW_S}"),
+                ));
+            }
+            if auth.nonce_ttl_s < auth.timestamp_skew_s.saturating_mul(2) {
+                errors.push(err(
+                    "/front/auth/nonce_ttl_s",
+                    "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
+                ));
+            } else if auth.nonce_ttl_s > 86_400 {
+                errors.push(err(
+                    "/front/auth/nonce_ttl_s",
+                    "must be at most 86400 (a day)",
+                ));
+            }
+            if !(1..=MAX_NONCE_CAPACITY).contains(&auth.nonce_capacity) {
+                errors.push(err(
+                    "/front/auth/nonce_capacity",
+                    format!("must be between 1 and {MAX_NONCE_CAPACITY} (about 30 bytes each)"),
+                ));
+            }
+        }
+    }
+}

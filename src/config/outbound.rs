@@ -1,0 +1,159 @@
+//! The `outbound` section: the gateway's outbound role, its peers and its skills.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::app::{
+    default_discovery_interval_s, default_gateway_protocol_version, default_skill_timeout_ms,
+    default_skill_timeout_ms_max, AppAuthConfig,
+};
+use super::secrets::{load_secret, Secret};
+use super::{err, ConfigError, Derived};
+
+/// The outbound role: plain tools-v1 calls from the local agent, routed to paired peers.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// Unix socket the agent sends tools-v1 calls to (mode 0660).
+    pub socket: PathBuf,
+    /// Paired tool hosts by `component_id`, and where their mTLS tool listener is. Calls are
+    /// routed only to these, by the tools they serve, never to a URL from a caller.
+    pub peers: BTreeMap<String, OutboundPeerConfig>,
+    /// Seconds between rediscoveries of the peers' tools.
+    #[serde(default = "default_discovery_interval_s")]
+    pub discovery_interval_s: u64,
+    /// Skill Gateway v1 skills by `skill_id`: their capabilities are routed here
+    /// (`capability -> skill_id -> url`), validated, and signed with the skill's secret.
+    #[serde(default)]
+    pub skills: BTreeMap<String, OutboundSkillConfig>,
+    /// How the agent's socket answers refused calls (as `front.answers`).
+    #[serde(default)]
+    pub answers: crate::errors::ToolsV1Answers,
+}
+
+/// One skill-v1 skill the outbound role calls.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundSkillConfig {
+    /// `http://127.0.0.1:PORT` (loopback) or `https://IP:PORT` (with `ca_file`).
+    pub url: String,
+    /// The capabilities routed to this skill (the registry's allow-list): only these.
+    pub capabilities: Vec<String>,
+    /// PEM CA the skill's certificate must chain to (https).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// How each `/run` is authenticated.
+    #[serde(default)]
+    pub auth: Option<AppAuthConfig>,
+    #[serde(default = "default_gateway_protocol_version")]
+    pub protocol_version: String,
+    #[serde(default = "default_skill_timeout_ms")]
+    pub timeout_ms_default: u64,
+    #[serde(default = "default_skill_timeout_ms_max")]
+    pub timeout_ms_max: u64,
+}
+
+/// Where an outbound skill is.
+#[derive(Debug, Clone)]
+pub struct OutboundSkill {
+    pub address: SocketAddr,
+    /// CA for https; `None` for loopback http.
+    pub ca_file: Option<PathBuf>,
+    pub secret: Option<Secret>,
+}
+
+/// One outbound peer.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundPeerConfig {
+    /// `https://IP:PORT` of the peer's tools-v1 listener.
+    pub url: String,
+}
+
+pub(super) fn check_outbound(
+    o: &OutboundConfig,
+    gateway_set: bool,
+    d: &mut Derived,
+    errors: &mut Vec<ConfigError>,
+) {
+    if !gateway_set {
+        errors.push(err(
+            "/outbound",
+            "the outbound role calls paired peers with the gateway's certificate: set gateway",
+        ));
+    }
+    for (id, peer) in &o.peers {
+        let addr = peer
+            .url
+            .strip_prefix("https://")
+            .map(|r| r.trim_end_matches('/'))
+            .and_then(|r| r.parse::<SocketAddr>().ok());
+        match addr {
+            Some(a) => {
+                d.outbound_peers.insert(id.clone(), a);
+            }
+            None => errors.push(err(
+                format!("/outbound/peers/{id}/url"),
+                format!("`{}` is not https://IP:PORT", peer.url),
+            )),
+        }
+    }
+    for (id, skill) in &o.skills {
+        let at = |k: &str| format!("/outbound/skills/{id}/{k}");
+        if skill.capabilities.is_empty() {
+            errors.push(err(
+                at("capabilities"),
+                "name at least one capability: only the registry's capabilities are routed",
+            ));
+        }
+        let (secure, rest) = match (
+            skill.url.strip_prefix("http://"),
+            skill.url.strip_prefix("https://"),
+        ) {
+            (Some(r), _) => (false, r),
+            (_, Some(r)) => (true, r),
+            _ => {
+                errors.push(err(
+                    at("url"),
+                    "must be http://127.0.0.1:PORT or https://IP:PORT",
+                ));
+                continue;
+            }
+        };
+        let Ok(address) = rest.trim_end_matches('/').parse::<SocketAddr>() else {
+            errors.push(err(at("url"), format!("`{}` is not IP:PORT", skill.url)));
+            continue;
+        };
+        if !secure && !address.ip().is_loopback() {
+            errors.push(err(at("url"), "plain http only to a loopback address"));
+        }
+        if secure && skill.ca_file.is_none() {
+            errors.push(err(at("ca_file"), "required for https"));
+        }
+        if let Some(ca) = &skill.ca_file {
+            if let Err(e) = std::fs::metadata(ca) {
+                errors.push(err(at("ca_file"), format!("{}: {e}", ca.display())));
+            }
+        }
+        let secret = match skill.auth.as_ref().map(|a| load_secret(&a.secret)) {
+            Some(Ok(s)) => Some(s),
+            Some(Err(m)) => {
+                errors.push(err(at("auth/secret"), m));
+                None
+            }
+            None => None,
+        };
+        d.outbound_skills.insert(
+            id.clone(),
+            OutboundSkill {
+                address,
+                ca_file: skill.ca_file.clone(),
+                secret,
+            },
+        );
+    }
+}

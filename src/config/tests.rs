@@ -1,0 +1,244 @@
+use std::path::Path;
+
+use super::secrets::{load_secret, SecretRef};
+use super::{parse, AppAddress, ConfigErrors};
+
+fn errors(text: &str) -> Vec<String> {
+    match parse(text, Path::new("/nonexistent")) {
+        Ok(_) => vec![],
+        Err(ConfigErrors(e)) => e.into_iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+const MINIMAL: &str = "
+state_dir: /tmp/carapace-test
+front: { protocol: tools-v1 }
+listeners: { unix: { path: /tmp/carapace-test/tools.sock } }
+app: { protocol: tools-v1, address: 'http://127.0.0.1:8080' }
+";
+
+#[test]
+fn minimal_config_loads_with_defaults() {
+    let l = parse(MINIMAL, Path::new("/")).unwrap();
+    assert_eq!(
+        l.app_address,
+        AppAddress::Tcp("127.0.0.1:8080".parse().unwrap())
+    );
+    assert_eq!(l.config.limits.max_body_bytes, 1 << 20);
+    assert_eq!(l.ops_address, Some("127.0.0.1:9464".parse().unwrap()));
+    assert_eq!(l.unix_mode, 0o660);
+}
+
+#[test]
+fn every_structural_error_is_named() {
+    let e = errors(
+        "
+state_dir: /tmp/x
+front: { protocol: tools-v2, colour: blue }
+listeners: { unix: { path: 12, mode: '0600' }, udp: {} }
+app: { protocol: tools-v1 }
+limits: { max_body_bytes: -1 }
+",
+    );
+    let all = e.join("\n");
+    for needle in [
+        "/front",
+        "colour",
+        "tools-v2",
+        "udp",
+        "address",
+        "/limits/max_body_bytes",
+    ] {
+        assert!(all.contains(needle), "missing {needle} in:\n{all}");
+    }
+    assert!(e.len() >= 5, "{all}");
+}
+
+#[test]
+fn every_semantic_error_is_named() {
+    let e = errors(
+        "
+state_dir: /tmp/x
+front:
+  protocol: skill-v1
+  auth:
+    mode: hmac
+    keys:
+      - { id: a, secret: { env: CARAPACE_TEST_UNSET_VAR } }
+      - { id: a, secret: { file: /nonexistent/secret } }
+    nonce_ttl_s: 10
+listeners: { tcp: { address: '0.0.0.0:8443' } }
+app: { protocol: tools-v1, address: 'http://10.0.0.1:80' }
+rate_limits: { per_peer: { per_second: 0, burst: 1 } }
+",
+    );
+    let all = e.join("\n");
+    for needle in [
+        "/front/skill_id",
+        "CARAPACE_TEST_UNSET_VAR",
+        "/front/auth/keys/1/id",
+        "/front/auth/keys/1/secret",
+        "/front/auth/nonce_ttl_s",
+        "/listeners/tcp/tls",
+        "/app/address",
+        "/rate_limits/per_peer",
+    ] {
+        assert!(all.contains(needle), "missing {needle} in:\n{all}");
+    }
+}
+
+#[test]
+fn structural_and_semantic_errors_are_named_in_one_run() {
+    let e = errors(
+        "
+state_dir: /tmp/x
+front: { protocol: tools-v1, colour: blue }
+listeners: { unix: { path: /tmp/x.sock } }
+app: { protocol: tools-v1, address: 'http://10.0.0.1:80' }
+limits: { max_in_flight: 0 }
+",
+    );
+    let all = e.join("\n");
+    for needle in ["colour", "/app/address", "/limits/max_in_flight"] {
+        assert!(all.contains(needle), "missing {needle} in:\n{all}");
+    }
+}
+
+#[test]
+fn tools_front_on_tcp_requires_mtls() {
+    let e = errors(
+        "
+state_dir: /tmp/x
+front: { protocol: tools-v1 }
+listeners: { tcp: { address: '127.0.0.1:8443', tls: { cert_file: /nonexistent/c, key_file: /nonexistent/k } } }
+app: { protocol: tools-v1, address: 'unix:/tmp/app.sock' }
+",
+    );
+    let all = e.join("\n");
+    assert!(all.contains("client_ca_file"), "{all}");
+    assert!(all.contains("cert_file"), "{all}");
+}
+
+#[test]
+fn secrets_come_from_files_without_trailing_newline() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("k");
+    std::fs::write(&f, "s3cret\n").unwrap();
+    let s = load_secret(&SecretRef::File(f)).unwrap();
+    assert_eq!(&**s.bytes(), b"s3cret");
+    assert_eq!(format!("{s:?}"), "Secret(<redacted>)");
+}
+
+#[test]
+fn inline_secrets_are_not_accepted() {
+    let e = errors(
+        "
+state_dir: /tmp/x
+front:
+  protocol: skill-v1
+  skill_id: s
+  auth: { mode: hmac, keys: [ { id: a, secret: 'hunter2' } ] }
+listeners: { unix: { path: /tmp/x.sock } }
+app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }
+",
+    );
+    assert!(e.join("\n").contains("/front/auth/keys/0/secret"), "{e:?}");
+}
+
+#[test]
+fn shipped_examples_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            // Examples refer to secrets by environment variable; provide them.
+            std::env::set_var("SKILL_HMAC_KEY_2026_11", "k1");
+            std::env::set_var("SKILL_HMAC_KEY_2026_05", "k0");
+            std::env::set_var("LEGACY_SKILL_SECRET", "k2");
+            // Only structure and secrets are checked here: TLS files are placeholders.
+            if let Err(ConfigErrors(e)) = parse(&text, &dir) {
+                let bad: Vec<_> = e.iter().filter(|e| !e.path.contains("/tls")).collect();
+                assert!(bad.is_empty(), "{}: {bad:?}", p.display());
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 2);
+}
+
+#[test]
+fn the_shared_state_store_is_checked_without_echoing_secrets() {
+    let redis = |r: &str| format!("{MINIMAL}shared_state: {{ backend: redis, redis: {r} }}");
+    assert!(errors(&format!("{MINIMAL}shared_state: {{ backend: memory }}")).is_empty());
+    for ok in [
+        "{ url: 'redis://10.0.0.5:6379/2', key_prefix: 'a:' }",
+        "{ url: 'unix:///run/redis.sock?db=2', key_prefix: 'a:' }",
+    ] {
+        assert!(
+            errors(&redis(ok)).is_empty(),
+            "{ok}: {:?}",
+            errors(&redis(ok))
+        );
+    }
+    let e = errors(&format!("{MINIMAL}shared_state: {{ backend: redis }}"));
+    assert_eq!(e, ["/shared_state/redis: required for backend: redis"]);
+    let e = errors(&format!(
+        "{MINIMAL}shared_state: {{ redis: {{ url: 'redis://h:6379', key_prefix: p }} }}"
+    ));
+    assert!(e[0].starts_with("/shared_state/redis: set only with backend: redis"));
+    let e = errors(&redis(
+        "{ url: 'redis://u:hunter2@h:6379', key_prefix: p, timeout_ms: 0, \
+             password: { env: CARAPACE_TEST_UNSET_PASSWORD } }",
+    ));
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(e.iter().any(|m| m.contains("holds a password")), "{e:?}");
+    assert!(e
+        .iter()
+        .any(|m| m.contains("timeout_ms: must be 1 to 10000")));
+    assert!(e
+        .iter()
+        .any(|m| m.contains("CARAPACE_TEST_UNSET_PASSWORD is not set")));
+    for (bad, says) in [
+        (
+            "{ url: 'rediss://h:6379', key_prefix: p }",
+            "must start with redis://",
+        ),
+        (
+            "{ url: 'redis:/:hunter2@h:6379', key_prefix: p }",
+            "must start with redis://",
+        ),
+        (
+            "{ url: 'redis://h:6379/0?password=hunter2', key_prefix: p }",
+            "takes no query",
+        ),
+        (
+            "{ url: 'redis://h:6379', key_prefix: '' }",
+            "key_prefix: \"\" is shorter than 1 character",
+        ),
+        (
+            "{ url: 'redis://h:6379', key_prefix: p, username: u }",
+            "username: is used only",
+        ),
+    ] {
+        let e = errors(&redis(bad));
+        assert_eq!(e.len(), 1, "{bad}: {e:?}");
+        assert!(e[0].contains(says), "{bad}: {e:?}");
+        assert!(!e[0].contains("hunter2"), "{bad}: {e:?}");
+    }
+    // The shared limiter counts in microseconds; the local one has no such bound.
+    let fast = "rate_limits: { per_tool: { per_second: 2000000, burst: 1 } }";
+    let e = errors(&format!(
+        "{}\n{fast}\n",
+        redis("{ url: 'redis://h:6379', key_prefix: p }")
+    ));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("at most 1000000 with the redis backend"),
+        "{e:?}"
+    );
+    assert!(errors(&format!("{MINIMAL}{fast}")).is_empty());
+    let e = errors(&format!("{MINIMAL}shared_state: {{ backend: etcd }}"));
+    assert!(e[0].starts_with("/shared_state/backend"), "{e:?}");
+}

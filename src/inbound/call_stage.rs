@@ -1,0 +1,137 @@
+//! The inbound call stage: per-tool kill-switch, per-tool rate limit, authorization, signature,
+//! input schema, timeout, output schema, then the back that calls the app.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use carapace_filters::authorization::AuthorizationLayer;
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::kill_switch::KillSwitchLayer;
+use carapace_filters::rate_limit::{KeyedLimits, Rate, ToolRateLimitLayer};
+use carapace_filters::schema::{InputSchemaLayer, OutputSchemaLayer};
+use carapace_filters::signature::{
+    AuthMode, ReplayGuard, SignatureLayer, SignatureVerifier, SigningKey,
+};
+use carapace_filters::timeout::CallTimeoutLayer;
+use carapace_filters::Rejection;
+use tower::util::BoxCloneSyncService;
+use tower::ServiceBuilder;
+
+use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
+use crate::front::CallStack;
+/// The service every listener hands requests to.
+use crate::server::shared::Shared;
+use crate::skill_v1::{AppSigning, SkillV1Back};
+use crate::tools_v1::ToolsV1Back;
+use crate::upstream::AppClient;
+
+pub(crate) fn rate(r: RateConfig) -> Rate {
+    let (n, window) = r.quota().expect("validated");
+    Rate::per(
+        NonZeroU32::new(n).expect("validated"),
+        window,
+        NonZeroU32::new(r.burst).expect("validated"),
+    )
+}
+
+/// Limits in this process, or in the shared store when there is one.
+pub(crate) fn keyed_limits(
+    shared: &Shared,
+    scope: &'static str,
+    default: Option<RateConfig>,
+    overrides: &BTreeMap<String, RateConfig>,
+) -> KeyedLimits {
+    let default = default.map(rate);
+    let overrides = overrides.iter().map(|(k, r)| (k.clone(), rate(*r)));
+    match &shared.redis {
+        Some(redis) => KeyedLimits::shared(scope, default, overrides, Arc::new(redis.clone())),
+        None => KeyedLimits::new(default, overrides),
+    }
+}
+
+pub(crate) fn auth_mode(m: AuthModeConfig) -> AuthMode {
+    match m {
+        AuthModeConfig::Hmac => AuthMode::Hmac,
+        AuthModeConfig::ApiKey => AuthMode::ApiKey,
+    }
+}
+
+/// The call-stage stack: per-tool kill-switch, per-tool rate limit, signature, input schema,
+/// timeout, output schema, back.
+pub(crate) fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
+    let c = &cfg.config;
+    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match c.app.protocol {
+        Protocol::ToolsV1 => BoxCloneSyncService::new(ToolsV1Back::new(app)),
+        Protocol::Mcp => unreachable!("refused by the configuration check"),
+        Protocol::SkillV1 => {
+            let skill = c.app.skill.as_ref().expect("validated");
+            let signing = skill.auth.as_ref().map(|a| AppSigning {
+                mode: auth_mode(a.mode),
+                header: a
+                    .header_name
+                    .as_deref()
+                    .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
+                secret: cfg.app_secret.clone().expect("validated"),
+            });
+            BoxCloneSyncService::new(SkillV1Back::new(
+                app,
+                &skill.skill_id,
+                &skill.protocol_version,
+                signing,
+            ))
+        }
+    };
+    let tool_limits = Arc::new(keyed_limits(
+        shared,
+        "tool",
+        c.rate_limits.per_tool,
+        &c.rate_limits.tools,
+    ));
+    let signature = c.front.auth.as_ref().map(|auth| {
+        let keys = cfg
+            .caller_keys
+            .iter()
+            .map(|(id, s)| SigningKey {
+                id: id.clone(),
+                secret: s.bytes().clone(),
+            })
+            .collect();
+        SignatureLayer::new(Arc::new(SignatureVerifier::new(
+            auth_mode(auth.mode),
+            keys,
+            Duration::from_secs(auth.timestamp_skew_s),
+            match &shared.redis {
+                Some(redis) => ReplayGuard::Shared {
+                    store: Arc::new(redis.clone()),
+                    ttl: Duration::from_secs(auth.nonce_ttl_s),
+                },
+                None => ReplayGuard::Local(
+                    shared
+                        .nonces
+                        .clone()
+                        .expect("a signed front has a nonce store"),
+                ),
+            },
+            shared.clock.clone(),
+        )))
+    });
+    BoxCloneSyncService::new(
+        ServiceBuilder::new()
+            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+            .layer(ToolRateLimitLayer::new(tool_limits))
+            .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
+            .option_layer(signature)
+            .layer(InputSchemaLayer)
+            .layer(CallTimeoutLayer)
+            .layer(OutputSchemaLayer)
+            .service(back),
+    )
+}
+
+/// Notes each accepted call's peer in the peer store (`last_seen_at`).
+fn seen(shared: &Shared) -> carapace_filters::authorization::AllowedHook {
+    let peers = shared.peers.clone();
+    Arc::new(move |principal, now_ms| peers.note_seen(principal, now_ms))
+}

@@ -1,0 +1,130 @@
+//! The inbound HTTP stage: identity, control plane, kill-switch, per-peer rate limit, load
+//! shedding and body limits in front of the configured front, wrapped in its error envelope.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use carapace_filters::body::{BodyLimitLayer, BodyLimits};
+use carapace_filters::identity::IdentityLayer;
+use carapace_filters::kill_switch::KillSwitchLayer;
+use carapace_filters::rate_limit::PeerRateLimitLayer;
+use tower::ServiceBuilder;
+
+use crate::config::{Loaded, Protocol};
+use crate::edge::{edge, HttpStack, PanicAnswer};
+use crate::errors::ToolsV1Answers;
+use crate::front::Envelope;
+use crate::inbound::call_stage::{auth_mode, call_stack, keyed_limits};
+/// The service every listener hands requests to.
+use crate::server::shared::Shared;
+use crate::skill_v1::SkillV1Front;
+use crate::tools_v1::ToolsV1Front;
+
+/// The whole stack: identity, global kill-switch, per-peer rate limit, load shedding, body
+/// limits, the front (decode, call stage, encode), wrapped in the front's error envelope.
+pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
+    let c = &cfg.config;
+    let control = Arc::downgrade(shared);
+
+    let calls = call_stack(cfg, shared, shared.app.load().as_ref().clone());
+    let peer_limits = Arc::new(keyed_limits(
+        shared,
+        "peer",
+        c.rate_limits.per_peer,
+        &BTreeMap::new(),
+    ));
+    let body = BodyLimits {
+        max_bytes: c.limits.max_body_bytes,
+        deadline: Duration::from_millis(c.limits.body_timeout_ms),
+    };
+    let http = ServiceBuilder::new()
+        .layer(identity_layer(cfg, shared))
+        .layer(crate::ops::control::ControlPlaneLayer::new(control))
+        .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+        .option_layer((c.front.protocol == Protocol::Mcp).then(|| {
+            crate::mcp::early::MirroredHeaderLayer::new(
+                shared.kill_switch.clone(),
+                shared.clock.clone(),
+            )
+        }))
+        .layer(PeerRateLimitLayer::new(peer_limits))
+        .layer(shared.load_shed_layer(c.limits.max_in_flight))
+        .layer(BodyLimitLayer::new(body));
+    let answers = c.front.answers.unwrap_or_default();
+    let panic = PanicAnswer {
+        front: c.front.protocol,
+        answers,
+    };
+    match c.front.protocol {
+        Protocol::ToolsV1 => edge(
+            Envelope::new(
+                http.service(ToolsV1Front::new(
+                    shared.catalog.clone(),
+                    calls,
+                    shared.clock.clone(),
+                    answers,
+                    shared.in_flight.clone(),
+                )),
+                Protocol::ToolsV1,
+                answers,
+                shared.metrics.clone(),
+            ),
+            panic,
+        ),
+        Protocol::SkillV1 => {
+            let auth = c.front.auth.as_ref().expect("validated");
+            edge(
+                Envelope::new(
+                    http.service(SkillV1Front::new(
+                        cfg.front_skill_id.as_deref().expect("validated"),
+                        auth_mode(auth.mode),
+                        auth.header_name.as_deref(),
+                        shared.catalog.clone(),
+                        calls,
+                        shared.clock.clone(),
+                    )),
+                    Protocol::SkillV1,
+                    ToolsV1Answers::default(),
+                    shared.metrics.clone(),
+                ),
+                panic,
+            )
+        }
+        Protocol::Mcp => edge(
+            Envelope::new(
+                http.service(crate::mcp::McpFront::new(
+                    shared.catalog.clone(),
+                    calls,
+                    shared.clock.clone(),
+                    Arc::new(c.front.mcp.clone().unwrap_or_default()),
+                    shared
+                        .mcp_sessions
+                        .clone()
+                        .expect("made at start for an mcp front"),
+                    shared.in_flight.clone(),
+                )),
+                Protocol::Mcp,
+                answers,
+                shared.metrics.clone(),
+            ),
+            panic,
+        ),
+    }
+}
+
+/// Identity, with the front's configured credential header counted as one.
+fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
+    let c = &cfg.config;
+    let layer = IdentityLayer::new(shared.peers.clone(), c.front.protocol == Protocol::SkillV1);
+    match c
+        .front
+        .auth
+        .as_ref()
+        .and_then(|a| a.header_name.as_deref())
+        .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
+    {
+        Some(h) => layer.credential_header(h),
+        None => layer,
+    }
+}

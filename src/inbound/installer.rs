@@ -1,0 +1,97 @@
+//! Installs what a pairing issued on this tool host: certificate files, the gateway's peer
+//! record and the listener TLS.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::pairing::handshake::Installed;
+/// The service every listener hands requests to.
+use crate::server::shared::Shared;
+
+/// Installs what a pairing issued on this tool host: the certificate files before the
+/// install is confirmed, the new listener TLS and the gateway's peer record once the gateway
+/// said the pairing is complete.
+pub(crate) struct ToolHostInstaller {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl crate::pairing::transport::PairingSink for ToolHostInstaller {
+    fn install(&self, i: &Installed) -> Result<(), String> {
+        let cfg = self.shared.config.load();
+        let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id)
+            .map_err(|e| e.to_string())?;
+        let write = |path: &Path, bytes: &[u8]| {
+            carapace_filters::state_file::write_atomically(path, bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        };
+        // A directory of its own: nothing in use changes until `activate` points at it.
+        write(&files.key, i.key_pem.as_bytes())?;
+        write(&files.cert, i.certificate_pem.as_bytes())?;
+        write(&files.ca, i.chain_pem.concat().as_bytes())?;
+        Ok(())
+    }
+
+    fn activate(&self, i: &Installed) -> Result<(), String> {
+        let cfg = self.shared.config.load();
+        let state_dir = &cfg.config.state_dir;
+        let files =
+            crate::tls::PairedFiles::of(state_dir, &i.pairing_id).map_err(|e| e.to_string())?;
+        // Check that the new TLS builds before anything changes.
+        let tls_config = cfg
+            .config
+            .listeners
+            .tcp
+            .as_ref()
+            .and_then(|t| t.tls.as_ref())
+            .ok_or("no TLS listener to install the pairing on")?;
+        let tls = crate::tls::listener_tls(tls_config, Some(&files)).map_err(|e| e.to_string())?;
+        let ca_fingerprint = tls
+            .client_ca_fingerprint
+            .clone()
+            .ok_or("the installed gateway CA is not a single certificate")?;
+        // 1. The gateway's record: unusable until the listener trusts the gateway CA.
+        let paired_at =
+            crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
+                .and_then(|t| t.to_rfc3339_nano());
+        let record = crate::peers::PeerRecord {
+            component_type: "gateway".into(),
+            component_id: i.gateway_id.clone(),
+            role: Some("gateway".into()),
+            endpoint: None,
+            public_key_ed25519: Some(i.gateway_public_key_ed25519.clone()),
+            public_key_x25519: None,
+            mtls_cert_fingerprint: String::new(),
+            mtls_ca_fingerprint: Some(ca_fingerprint),
+            mtls_cert_not_after: None,
+            status: "active".into(),
+            paired_at,
+            last_seen_at: None,
+            policy: None,
+        };
+        self.shared
+            .peers
+            .modify(|f| {
+                f.version = 1;
+                f.peers.retain(|p| p.component_id != record.component_id);
+                f.peers.push(record);
+            })
+            .map_err(|e| e.to_string())?;
+        // 2. Make this pairing the current one (one atomic write); 3. serve it.
+        carapace_filters::state_file::write_atomically(
+            &crate::tls::PairedFiles::current_pointer(state_dir),
+            i.pairing_id.as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        self.shared.tls.store(Some(Arc::new(tls)));
+        self.shared
+            .metrics
+            .peers
+            .set(self.shared.peers.len() as i64);
+        Ok(())
+    }
+
+    fn abandon(&self, pairing_id: &str) {
+        let cfg = self.shared.config.load();
+        crate::tls::PairedFiles::discard(&cfg.config.state_dir, pairing_id);
+    }
+}

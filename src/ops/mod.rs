@@ -1,0 +1,11 @@
+//! Operations: the local admin socket, the remote control plane, the `/healthz`, `/readyz`
+//! and `/metrics` endpoint, the metrics themselves and configuration reload.
+
+pub mod admin;
+pub mod control;
+pub mod endpoint;
+pub mod metrics;
+pub mod reload;
+
+pub use endpoint::serve;
+pub use reload::reload;

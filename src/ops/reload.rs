@@ -1,0 +1,154 @@
+//! Configuration reload (SIGHUP and the admin socket): everything is built first and swapped
+//! in only if all of it succeeded.
+
+use std::sync::Arc;
+
+use crate::config::Loaded;
+use crate::inbound::http_stage::build_stack;
+/// The service every listener hands requests to.
+use crate::server::shared::{app_client, switches, tls_acceptor, Shared};
+
+/// Settings that only take effect at start; a reload that changes one is refused.
+fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
+    let (o, n) = (&old.config, &new.config);
+    let nonce = |c: &crate::config::Config| {
+        format!(
+            "{:?}",
+            c.front
+                .auth
+                .as_ref()
+                .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
+        )
+    };
+    let pairs = [
+        (
+            "listeners.unix, listeners.tcp.address",
+            format!("{:?}{:?}", o.listeners.unix, old.tcp_address),
+            format!("{:?}{:?}", n.listeners.unix, new.tcp_address),
+        ),
+        (
+            "state_dir",
+            format!("{:?}", o.state_dir),
+            format!("{:?}", n.state_dir),
+        ),
+        (
+            "front.protocol, front.skill_id",
+            format!("{:?}{:?}", o.front.protocol, old.front_skill_id),
+            format!("{:?}{:?}", n.front.protocol, new.front_skill_id),
+        ),
+        ("front.auth nonce settings", nonce(o), nonce(n)),
+        (
+            "shared_state",
+            format!("{:?}", o.shared_state),
+            format!("{:?}", n.shared_state),
+        ),
+        (
+            "ops.address",
+            format!("{:?}", old.ops_address),
+            format!("{:?}", new.ops_address),
+        ),
+        (
+            "admin.socket",
+            format!("{:?}", old.admin_socket()),
+            format!("{:?}", new.admin_socket()),
+        ),
+        (
+            "peers.file",
+            format!("{:?}", old.peers_file()),
+            format!("{:?}", new.peers_file()),
+        ),
+        (
+            "limits.max_connections",
+            o.limits.max_connections.to_string(),
+            n.limits.max_connections.to_string(),
+        ),
+        (
+            "telemetry",
+            format!("{:?}", o.telemetry),
+            format!("{:?}", n.telemetry),
+        ),
+        (
+            "limits.max_connections_per_peer",
+            o.limits.max_connections_per_peer.to_string(),
+            n.limits.max_connections_per_peer.to_string(),
+        ),
+        ("log", format!("{:?}", o.log), format!("{:?}", n.log)),
+        (
+            "runtime",
+            format!("{:?}", o.runtime),
+            format!("{:?}", n.runtime),
+        ),
+        (
+            "pairing",
+            format!("{:?}", o.pairing),
+            format!("{:?}", n.pairing),
+        ),
+        (
+            "gateway",
+            format!("{:?}", o.gateway),
+            format!("{:?}", n.gateway),
+        ),
+        (
+            "outbound",
+            format!("{:?}", o.outbound),
+            format!("{:?}", n.outbound),
+        ),
+    ];
+    pairs
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(what, _, _)| format!("{what} cannot change on reload; restart to apply it"))
+        .collect()
+}
+
+/// Apply a reloaded configuration: everything is built first and swapped in only if all of it
+/// succeeded, so a bad configuration leaves the old one serving. Reloads are serialized.
+pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
+    let _guard = shared.reload_lock.lock().await;
+    let old = shared.config.load_full();
+    let prepared = crate::config::load(&old.source)
+        .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+        .and_then(|new| {
+            let changed = restart_only_changes(&old, &new);
+            if !changed.is_empty() {
+                return Err(changed);
+            }
+            let tls = tls_acceptor(&new).map_err(|e| vec![e.to_string()])?;
+            Ok((new, tls))
+        });
+    let (new, tls) = match prepared {
+        Ok(p) => p,
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!("reload refused: {e}");
+            }
+            shared.metrics.reload(false);
+            return Err(errors);
+        }
+    };
+    let new = Arc::new(new);
+    // Tool settings from the configuration (timeouts, the skill) shape the compiled catalog.
+    let tools_changed = format!("{:?}{:?}", new.config.tools, new.config.app.skill)
+        != format!("{:?}{:?}", old.config.tools, old.config.app.skill);
+    if new.app_address != old.app_address
+        || format!("{:?}", new.config.app.pool) != format!("{:?}", old.config.app.pool)
+    {
+        shared.app.store(Arc::new(app_client(&new)));
+    }
+    let stack = build_stack(&new, shared);
+    shared.kill_switch.set_config(switches(&new));
+    shared.tls.store(tls.map(Arc::new));
+    shared.config.store(new);
+    shared.stack.store(Arc::new(stack));
+    if let Err(e) = shared.peers.reload_if_changed() {
+        tracing::error!("peer store kept as it was: {e}");
+    }
+    shared.metrics.peers.set(shared.peers.len() as i64);
+    if tools_changed {
+        shared.catalog.invalidate();
+    }
+    shared.request_discovery();
+    shared.metrics.reload(true);
+    tracing::info!("config_reloaded path={}", old.source.display());
+    Ok(())
+}

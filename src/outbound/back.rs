@@ -1,0 +1,155 @@
+//! The back of the outbound stack: calls to paired peers and skills, and their answers.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::{BoxFuture, Rejection};
+use http::Method;
+use tower::Service;
+
+use super::routes::Route;
+use super::Outbound;
+use crate::upstream::AppClient;
+
+/// Call a paired tool host with `call` and decode its answer.
+async fn call_peer(client: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+    let body = serde_json::to_vec(&crate::tools_v1::encode_request(call)).expect("serializes");
+    let mut headers = http::HeaderMap::new();
+    carapace_filters::call::set_call_headers(&mut headers, call);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let resp = client
+        .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
+        .await?;
+    decode_peer_answer(resp.status, &resp.body, call)
+}
+
+/// A tool host's answer, in either style of a tools-v1 host: every outcome as HTTP 200 with
+/// the envelope (crabstack), or an error outcome as an HTTP error status with the envelope
+/// (carapace). A refusal or error of the host reaches the caller as the host said it (code,
+/// message, details, and `retryable` only for `status: retryable_error`); an answer that is
+/// no envelope (crabstack's plain-text 400/404/405) stays `DEPENDENCY_UNAVAILABLE`.
+pub(super) fn decode_peer_answer(
+    status: http::StatusCode,
+    body: &[u8],
+    call: &ToolCall,
+) -> Result<CallOutcome, Rejection> {
+    let refusal = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|doc| peer_error(&doc, call));
+    match refusal {
+        Some(outcome) => outcome,
+        // Successes (and anything else) as any tools-v1 answer: schema, call id, status.
+        None => crate::tools_v1::decode_response(status, body, call),
+    }
+}
+
+/// The outcome an error envelope (`status` `error`, `retryable_error` or `timeout` with an
+/// `error.code`) stands for; `None` if `doc` is not one. The call id and tool name may be
+/// empty (a host refuses some requests before reading them) but not another call's.
+fn peer_error(doc: &serde_json::Value, call: &ToolCall) -> Option<Result<CallOutcome, Rejection>> {
+    let status = doc.get("status")?.as_str()?;
+    if !matches!(status, "error" | "retryable_error" | "timeout") {
+        return None;
+    }
+    let error = doc.get("error")?;
+    let code = error.get("code")?.as_str()?;
+    let other = |key: &str, ours: &str| {
+        doc.get(key)
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|v| !v.is_empty() && v != ours)
+    };
+    if other("call_id", &call.call_id) || other("tool_name", &call.tool.name) {
+        return Some(Err(Rejection::AppInvalid(
+            "answer is for another call_id or tool".into(),
+        )));
+    }
+    if status == "timeout" {
+        let ms = call.tool.effective_timeout(call.timeout_ms).as_millis() as u64;
+        return Some(Err(Rejection::Timeout(ms)));
+    }
+    let valid_code = (1..=64).contains(&code.len())
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    let message = error.get("message").and_then(serde_json::Value::as_str);
+    Some(Ok(CallOutcome::AppError {
+        code: if valid_code { code } else { "INTERNAL" }.to_string(),
+        message: message.unwrap_or_default().chars().take(2048).collect(),
+        details: error.get("details").filter(|d| d.is_object()).cloned(),
+        // Only this status allows a retry; `error.retryable` is advice.
+        retryable: status == "retryable_error",
+    }))
+}
+
+/// The back of the outbound stack: call the peer that serves the tool; retry once, only
+/// with an idempotency key, and only after a transport failure or a `retryable_error`.
+#[derive(Clone)]
+pub struct OutboundBack {
+    outbound: Arc<Outbound>,
+}
+
+impl OutboundBack {
+    pub fn new(outbound: Arc<Outbound>) -> Self {
+        OutboundBack { outbound }
+    }
+}
+
+impl Service<ToolCall> for OutboundBack {
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let outbound = self.outbound.clone();
+        Box::pin(async move {
+            let route = outbound
+                .routes
+                .load()
+                .get(&call.tool.name)
+                .cloned()
+                .ok_or_else(|| Rejection::ToolNotFound(call.tool.name.clone()))?;
+            let peer = match route {
+                Route::Peer(peer) => peer,
+                Route::Skill(id) => {
+                    let skill = outbound
+                        .skills
+                        .get(&id)
+                        .ok_or_else(|| Rejection::Internal(format!("no skill {id}")))?;
+                    return crate::skill_v1::call_skill(
+                        &skill.client,
+                        &skill.config.skill_id,
+                        &skill.config.protocol_version,
+                        skill.signing.as_ref(),
+                        &call,
+                    )
+                    .await;
+                }
+            };
+            let client = outbound.client_for(&peer)?;
+            let first = call_peer(&client, &call).await;
+            let retry = call.idempotency_key.is_some()
+                && matches!(
+                    &first,
+                    Err(Rejection::AppUnavailable(_))
+                        | Ok(CallOutcome::AppError {
+                            retryable: true,
+                            ..
+                        })
+                );
+            if retry {
+                tracing::info!(call_id = %call.call_id, peer = %peer, "retrying once");
+                return call_peer(&client, &call).await;
+            }
+            first
+        })
+    }
+}

@@ -1,0 +1,107 @@
+//! Discovering the peers' tools and routing each to the peer that serves it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Method;
+
+use super::routes::Route;
+use super::Outbound;
+use crate::catalog::{tools_v1_catalog, Catalog};
+use crate::config::Loaded;
+use crate::upstream::AppClient;
+
+/// Add the tools of peer `id`'s discovery document to `merged`, routed to it; a tool
+/// already there stays with its peer.
+pub(super) fn add_peer_tools(
+    id: &str,
+    doc: &serde_json::Value,
+    cfg: &Loaded,
+    merged: &mut Catalog,
+    routes: &mut HashMap<String, Route>,
+) {
+    match tools_v1_catalog(doc, cfg) {
+        Ok(c) => {
+            for (name, spec) in c.tools {
+                if merged.tools.contains_key(&name) {
+                    tracing::warn!("outbound_tool_duplicate tool={name} peer={id}");
+                    continue;
+                }
+                routes.insert(name.clone(), Route::Peer(id.to_string()));
+                merged.tools.insert(name, spec);
+            }
+        }
+        Err(e) => tracing::warn!("outbound_discovery_failed peer={id} reason={e}"),
+    }
+}
+
+/// `GET /v1/tools` on a peer: its discovery document, or why not.
+pub(super) async fn discover(client: &AppClient) -> Result<serde_json::Value, String> {
+    let r = client
+        .send(
+            Method::GET,
+            "/v1/tools",
+            http::HeaderMap::new(),
+            Bytes::new(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if !r.status.is_success() {
+        return Err(format!("GET /v1/tools answered {}", r.status));
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&r.body)
+        .map_err(|e| format!("GET /v1/tools answer is not JSON: {e}"))?;
+    if doc["version"] != "v1" || !doc["tools"].is_array() {
+        return Err("GET /v1/tools answer is not a tools-v1 discovery".into());
+    }
+    Ok(doc)
+}
+
+impl Outbound {
+    /// Before the first discovery: route the tools each peer with a record last served, so
+    /// a restart changes no answer (a revoked peer's tools stay refused with `FORBIDDEN`).
+    pub(super) fn restore_known(&self, cfg: &Loaded) {
+        let mut merged = Catalog::default();
+        let mut routes = HashMap::new();
+        for id in self.addresses.keys() {
+            if self.peers.status_of(id).is_none() {
+                continue;
+            }
+            if let Some(doc) = self.known.get(id) {
+                add_peer_tools(id, &doc, cfg, &mut merged, &mut routes);
+            }
+        }
+        if routes.is_empty() {
+            return;
+        }
+        merged.service = "carapace-outbound".into();
+        self.routes.store(Arc::new(routes));
+        self.catalog.replace(merged);
+    }
+
+    /// The tools document of peer `id`: asked of it when it is paired and remembered; the
+    /// remembered one when it is not paired or does not answer; none once it has no record.
+    pub(super) async fn peer_tools(&self, id: &str) -> Option<serde_json::Value> {
+        let client = match self.client_for(id) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!("outbound_discovery_skipped peer={id} reason={e}");
+                if self.peers.status_of(id).is_none() {
+                    self.known.set(id, None);
+                }
+                return self.known.get(id);
+            }
+        };
+        match discover(&client).await {
+            Ok(doc) => {
+                self.known.set(id, Some(doc.clone()));
+                Some(doc)
+            }
+            Err(e) => {
+                tracing::warn!("outbound_discovery_failed peer={id} reason={e}");
+                self.known.get(id)
+            }
+        }
+    }
+}

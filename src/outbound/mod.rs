@@ -1,0 +1,261 @@
+//! The outbound (gateway) role: the local agent sends plain tools-v1 calls to a Unix socket;
+//! carapace routes each by its registry, never by a URL from the caller: tool name → paired
+//! peer (discovered from the peers in `outbound.peers`), called over mTLS with the gateway's
+//! client certificate and the peer's certificate pinned to its paired record; or capability →
+//! skill id → URL (`outbound.skills`), called with a signed Skill Gateway v1 `/run`. Input is
+//! validated before sending and output after receiving.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use carapace_filters::Rejection;
+use discovery::{add_peer_tools, discover};
+use http::Method;
+use known::KnownTools;
+use routes::{skill_routes, Route, SkillRoute};
+use rustls::pki_types::CertificateDer;
+
+use crate::catalog::{Catalog, CatalogHandle};
+use crate::config::Loaded;
+use crate::pairing::identity::GatewayIdentity;
+use crate::pairing::wire::fingerprints_match;
+use crate::peers::PeerStore;
+use crate::upstream::AppClient;
+
+mod pinned;
+pub use pinned::PinnedPeer;
+mod back;
+mod discovery;
+mod known;
+mod routes;
+pub(crate) mod stack;
+pub use back::OutboundBack;
+#[cfg(test)]
+mod tests;
+
+/// Building the outbound role failed.
+#[derive(Debug, thiserror::Error)]
+#[error("outbound: {0}")]
+pub struct OutboundError(String);
+
+/// The peers, their clients and the routes.
+pub struct Outbound {
+    peers: Arc<PeerStore>,
+    addresses: BTreeMap<String, std::net::SocketAddr>,
+    /// The gateway's client certificate and key.
+    cert: CertificateDer<'static>,
+    key_pem: zeroize::Zeroizing<String>,
+    pool: crate::config::PoolConfig,
+    max_response_bytes: u64,
+    /// Per peer: the fingerprint a client was made for, and the client.
+    clients: std::sync::Mutex<HashMap<String, (String, AppClient)>>,
+    /// Skill Gateway v1 skills, by skill id.
+    skills: BTreeMap<String, SkillRoute>,
+    /// Tool name → where it is served.
+    routes: ArcSwap<HashMap<String, Route>>,
+    pub catalog: Arc<CatalogHandle>,
+    /// One discovery at a time, so the last to finish is the latest.
+    refreshing: tokio::sync::Mutex<()>,
+    /// Each peer's last discovery document, persisted in [`KNOWN_TOOLS_FILE`].
+    known: KnownTools,
+}
+
+/// The file in `state_dir` keeping each peer's last discovery document.
+pub const KNOWN_TOOLS_FILE: &str = "outbound_tools.json";
+
+/// How long a pairing's confirmation may take: discovery with the issued certificate is
+/// retried this long.
+pub const CONFIRM_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+const CONFIRM_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Outbound {
+    /// Clients present a client certificate the gateway's CA issues now.
+    pub fn new(
+        cfg: &Loaded,
+        gateway: &GatewayIdentity,
+        peers: Arc<PeerStore>,
+    ) -> Result<Self, OutboundError> {
+        use rustls_pki_types::pem::PemObject;
+        let (cert_pem, key_pem) = gateway
+            .issue_client_certificate()
+            .map_err(|e| OutboundError(e.to_string()))?;
+        let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+            .map_err(|e| OutboundError(e.to_string()))?;
+        let skills = skill_routes(cfg)?;
+        let outbound = Outbound {
+            skills,
+            peers,
+            addresses: cfg.outbound_peers.clone(),
+            cert,
+            key_pem: zeroize::Zeroizing::new(key_pem),
+            pool: cfg.config.app.pool.clone(),
+            max_response_bytes: cfg.config.limits.max_response_bytes,
+            clients: std::sync::Mutex::new(HashMap::new()),
+            routes: ArcSwap::from_pointee(HashMap::new()),
+            catalog: Arc::new(CatalogHandle::default()),
+            refreshing: tokio::sync::Mutex::new(()),
+            known: KnownTools::load(cfg.config.state_dir.join(KNOWN_TOOLS_FILE)),
+        };
+        outbound.restore_known(cfg);
+        Ok(outbound)
+    }
+
+    /// Whether `peer` is one this gateway calls (it has an address in `outbound.peers`).
+    pub fn dials(&self, peer: &str) -> bool {
+        self.addresses.contains_key(peer)
+    }
+
+    /// Confirm a pairing: `GET /v1/tools` on `peer` with the certificate just issued to it
+    /// pinned, retried for up to `window` until it answers a tools-v1 discovery. Only a peer
+    /// that activated the pairing can: it serves that certificate and trusts the gateway.
+    pub async fn confirm(
+        &self,
+        peer: &str,
+        fingerprint: &str,
+        window: std::time::Duration,
+    ) -> Result<(), String> {
+        let client = self
+            .pinned_client(peer, fingerprint)
+            .map_err(|e| e.to_string())?;
+        let deadline = tokio::time::Instant::now() + window;
+        loop {
+            let why = match discover(&client).await {
+                Ok(_) => return Ok(()),
+                Err(why) => why,
+            };
+            if tokio::time::Instant::now() + CONFIRM_RETRY >= deadline {
+                return Err(why);
+            }
+            tokio::time::sleep(CONFIRM_RETRY).await;
+        }
+    }
+
+    /// The client for `peer`, pinned to the certificate of its active paired record: checked
+    /// before every call, so a revoked peer is refused before any I/O, and a re-paired one
+    /// gets a new client (its old pooled connections are dropped).
+    fn client_for(&self, peer: &str) -> Result<AppClient, Rejection> {
+        let record = self
+            .peers
+            .active(peer)
+            .filter(|r| r.component_type == "tool_host" && !r.mtls_cert_fingerprint.is_empty())
+            .ok_or_else(|| {
+                // One answer for one state, whenever it is asked.
+                let status = self.peers.status_of(peer);
+                Rejection::Forbidden(format!(
+                    "peer {peer} is {}",
+                    status.as_deref().unwrap_or("not paired")
+                ))
+            })?;
+        self.pinned_client(peer, &record.mtls_cert_fingerprint)
+    }
+
+    /// A client for `peer` that accepts only the certificate with `fingerprint` (one per
+    /// peer, remade when the fingerprint changes).
+    fn pinned_client(&self, peer: &str, fingerprint: &str) -> Result<AppClient, Rejection> {
+        use rustls_pki_types::pem::PemObject;
+        let address = *self
+            .addresses
+            .get(peer)
+            .ok_or_else(|| Rejection::Internal(format!("no address for {peer}")))?;
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((fp, client)) = clients.get(peer) {
+            if fingerprints_match(fp, fingerprint) {
+                return Ok(client.clone());
+            }
+        }
+        let internal = |e: String| Rejection::Internal(format!("client for {peer}: {e}"));
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|e| internal(e.to_string()))?;
+        let provider = crate::tls::provider();
+        let verifier = Arc::new(PinnedPeer {
+            component_id: peer.to_string(),
+            fingerprint: fingerprint.to_string(),
+            provider: provider.clone(),
+        });
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| internal(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_client_auth_cert(vec![self.cert.clone()], key)
+            .map_err(|e| internal(e.to_string()))?;
+        let client = AppClient::mtls(
+            address,
+            Arc::new(config),
+            &self.pool,
+            self.max_response_bytes,
+        );
+        clients.insert(peer.to_string(), (fingerprint.to_string(), client.clone()));
+        Ok(client)
+    }
+
+    /// Ask every paired peer for its tools and swap in the merged registry; a peer that is
+    /// not paired (revoked, pending) or cannot be reached keeps the tools it last served (see
+    /// [`KnownTools`]), so calls to them are refused the same way whenever they come. A tool
+    /// served by two peers goes to the first (by id). One refresh runs at a time.
+    pub async fn refresh(&self, cfg: &Loaded) -> usize {
+        let _one_at_a_time = self.refreshing.lock().await;
+        let mut merged = Catalog::default();
+        let mut routes = HashMap::new();
+        for id in self.addresses.keys() {
+            if let Some(doc) = self.peer_tools(id).await {
+                add_peer_tools(id, &doc, cfg, &mut merged, &mut routes);
+            }
+        }
+        // Skills: capability -> skill_id -> url.
+        for (id, skill) in &self.skills {
+            tracing::info!(
+                "manifest_discovery_start skill_id={id} base_url={}",
+                skill.client.base_url()
+            );
+            let answer = skill
+                .client
+                .send(
+                    Method::GET,
+                    "/manifest",
+                    http::HeaderMap::new(),
+                    Bytes::new(),
+                )
+                .await;
+            let doc: Option<serde_json::Value> = match answer {
+                Ok(r) if r.status.is_success() => serde_json::from_slice(&r.body).ok(),
+                Ok(r) => {
+                    tracing::warn!("skill_skipped skill_id={id} reason=MANIFEST_INVALID");
+                    tracing::warn!("MANIFEST_INVALID: GET /manifest returned {}", r.status);
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!("skill_skipped skill_id={id} reason=DEPENDENCY_UNAVAILABLE");
+                    tracing::warn!("DEPENDENCY_UNAVAILABLE: {e}");
+                    None
+                }
+            };
+            let Some(doc) = doc else { continue };
+            match crate::catalog::skill_catalog(&doc, &skill.config, cfg) {
+                Ok(c) => {
+                    for (name, spec) in c.tools {
+                        if merged.tools.contains_key(&name) {
+                            tracing::warn!("outbound_tool_duplicate tool={name} skill={id}");
+                            continue;
+                        }
+                        routes.insert(name.clone(), Route::Skill(id.clone()));
+                        merged.tools.insert(name, spec);
+                    }
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    let reason = reason.split(':').next().unwrap_or_default().to_string();
+                    tracing::warn!("skill_skipped skill_id={id} reason={reason}");
+                    tracing::warn!("{e}");
+                }
+            }
+        }
+        let n = merged.tools.len();
+        merged.service = "carapace-outbound".into();
+        self.routes.store(Arc::new(routes));
+        self.catalog.replace(merged);
+        n
+    }
+}

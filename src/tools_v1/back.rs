@@ -1,0 +1,163 @@
+//! The tools-v1 back: calls to a tools-v1 app (`POST /v1/tools/call`) and the decoding of its answers.
+
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::{BoxFuture, Rejection};
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+use tower::Service;
+
+use super::RESPONSE;
+use crate::upstream::AppClient;
+
+/// The tools-v1 back: calls `POST /v1/tools/call` on the app.
+#[derive(Clone, Debug)]
+pub struct ToolsV1Back {
+    app: AppClient,
+}
+
+impl ToolsV1Back {
+    pub fn new(app: AppClient) -> Self {
+        ToolsV1Back { app }
+    }
+}
+
+/// The request body for a tools-v1 app, from any front's call. It borrows from the call, so
+/// serializing it copies the arguments once, straight into the body.
+/// Fields in the order a JSON value writes them (sorted), so the bytes are the same.
+#[derive(serde::Serialize)]
+pub struct AppRequest<'a> {
+    args: &'a Value,
+    call_id: &'a str,
+    context: AppContext<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idempotency_key: Option<&'a str>,
+    tenant_id: &'a str,
+    timeout_ms: u64,
+    tool_name: &'a str,
+    version: &'static str,
+}
+
+/// The caller's context, or for a front without one (skill-v1) a context naming the caller; no
+/// `request_origin` is claimed for it.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum AppContext<'a> {
+    Caller(&'a Value),
+    Named {
+        agent_id: &'a str,
+        session_id: &'a str,
+    },
+}
+
+pub fn encode_request(call: &ToolCall) -> AppRequest<'_> {
+    AppRequest {
+        args: &call.args,
+        call_id: &call.call_id,
+        context: match &call.context {
+            Some(c) => AppContext::Caller(c),
+            None => AppContext::Named {
+                agent_id: &call.principal.id,
+                session_id: &call.call_id,
+            },
+        },
+        idempotency_key: call.idempotency_key.as_deref(),
+        tenant_id: call.tenant_id.as_deref().unwrap_or("default"),
+        timeout_ms: call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+        tool_name: &call.tool.name,
+        version: "v1",
+    }
+}
+
+/// Decode a tools-v1 app's answer.
+pub fn decode_response(
+    status: StatusCode,
+    body: &[u8],
+    call: &ToolCall,
+) -> Result<CallOutcome, Rejection> {
+    let mut doc: Value = match serde_json::from_slice(body) {
+        Ok(d) => d,
+        Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
+        Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
+    };
+    if !status.is_success() {
+        // Even with a well-formed body, an HTTP error is not a successful call.
+        return Err(Rejection::AppHttp(status.as_u16()));
+    }
+    // Redacted: the app's answer must not reach the caller quoted in an error.
+    if let Err(v) = RESPONSE.validate_redacted(&doc) {
+        return Err(Rejection::AppInvalid(format!(
+            "answer breaks the tools-v1 response schema at `{}`: {}",
+            v[0].path, v[0].message
+        )));
+    }
+    if doc["call_id"] != call.call_id.as_str() || doc["tool_name"] != call.tool.name.as_str() {
+        return Err(Rejection::AppInvalid(
+            "answer is for another call_id or tool".into(),
+        ));
+    }
+    match doc["status"].as_str() {
+        Some("ok") => Ok(CallOutcome::Ok {
+            output: match doc.get_mut("result") {
+                Some(result) => result.take(),
+                None => json!({}),
+            },
+            meta: None,
+        }),
+        Some(s) => {
+            let e = doc.get("error");
+            let get = |k: &str| e.and_then(|e| e.get(k));
+            if s == "timeout" {
+                return Err(Rejection::Timeout(
+                    call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+                ));
+            }
+            Ok(CallOutcome::AppError {
+                code: get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("INTERNAL")
+                    .to_string(),
+                message: get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                details: get("details").cloned(),
+                // Only this status allows a retry; `error.retryable` is advice.
+                retryable: s == "retryable_error",
+            })
+        }
+        None => Err(Rejection::AppInvalid("answer has no status".into())),
+    }
+}
+
+impl Service<ToolCall> for ToolsV1Back {
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let app = self.app.clone();
+        Box::pin(async move { call_app(&app, &call).await })
+    }
+}
+
+/// Call a tools-v1 app (or peer) with `call` and decode its answer.
+pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+    let body = serde_json::to_vec(&encode_request(call)).expect("serializes");
+    let mut headers = http::HeaderMap::new();
+    carapace_filters::call::set_call_headers(&mut headers, call);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let resp = app
+        .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
+        .await?;
+    decode_response(resp.status, &resp.body, call)
+}
