@@ -13,6 +13,7 @@
 pub mod early;
 pub mod front;
 pub mod jsonrpc;
+pub mod results;
 pub mod session;
 
 pub use front::McpFront;
