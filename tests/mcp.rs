@@ -559,6 +559,89 @@ async fn a_kill_switched_tool_is_refused_from_the_headers() {
     assert!(env.app.received().is_empty());
 }
 
+/// A 2026-07-28 `tools/call` takes its per-tool rate-limit cell from the headers: the first
+/// call is counted once (a burst of one lets it through), the next is refused before its body
+/// is read, and an older-era call draws on the same bucket.
+#[tokio::test]
+async fn a_tool_over_its_rate_limit_is_refused_from_the_headers_and_counted_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new().await;
+    let r = env
+        .start(&mcp_yaml(
+            &env,
+            "",
+            "rate_limits: { tools: { memory.append: { per_minute: 1, burst: 1 } } }",
+        ))
+        .await;
+    let gw = env.gateway(&r);
+    let call = modern_body(
+        1,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": "once"}}),
+    );
+    let first = modern(&gw, &call).await;
+    assert_eq!(
+        first.json()["result"]["isError"],
+        false,
+        "{:?}",
+        first.json()
+    );
+    assert_eq!(env.app.received().len(), 1);
+
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: memory.append\r\n\
+         content-length: 1000\r\n\r\n"
+    );
+    let mut s = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
+        .await
+        .unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(3), s.read(&mut answer))
+        .await
+        .expect("answered without waiting for the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after:"),
+        "{answer}"
+    );
+    assert!(answer.contains(r#""id":null"#), "{answer}");
+    assert!(answer.contains("RATE_LIMITED"), "{answer}");
+
+    // Another tool has its own bucket.
+    let other = modern_body(
+        2,
+        "tools/call",
+        json!({"name": "memory.query", "arguments": {"query": "once"}}),
+    );
+    assert_eq!(modern(&gw, &other).await.json()["result"]["isError"], false);
+
+    // The older era meets the same bucket in the call stage.
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
+    let session = send(&gw, &init, &[]).await.headers["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let legacy = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "memory.append", "arguments": {"text": "again"}}});
+    let c = send(&gw, &legacy, &[("mcp-session-id", session)]).await;
+    assert_eq!(
+        c.json()["result"]["_meta"]["dev.carapace/error"]["code"],
+        "RATE_LIMITED",
+        "{:?}",
+        c.json()
+    );
+    assert_eq!(
+        env.app.received().len(),
+        2,
+        "only the first append and the query"
+    );
+}
+
 /// The MCP front's configuration is checked before anything starts.
 #[tokio::test]
 async fn mcp_configuration_mistakes_are_refused() {

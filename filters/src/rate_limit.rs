@@ -197,6 +197,21 @@ impl KeyedLimits {
     }
 }
 
+impl LimitCheck {
+    /// The answer for a limit of `scope` (`peer`, `tool`): `Ok(None)` when a cell was taken,
+    /// `Ok(Some(check))` when the shared store decides, the refusal otherwise.
+    pub fn decide(
+        self,
+        scope: &'static str,
+    ) -> Result<Option<BoxFuture<Result<(), Rejection>>>, Rejection> {
+        match self {
+            LimitCheck::Allowed => Ok(None),
+            LimitCheck::Wait(wait) => Err(rate_limited(scope, wait)),
+            LimitCheck::Pending(check) => Ok(Some(check)),
+        }
+    }
+}
+
 fn rate_limited(scope: &'static str, wait: Duration) -> Rejection {
     // Round up to whole seconds for Retry-After; never advertise 0.
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);

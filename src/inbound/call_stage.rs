@@ -58,9 +58,22 @@ pub(crate) fn auth_mode(m: AuthModeConfig) -> AuthMode {
     }
 }
 
-/// The call-stage stack: per-tool kill-switch, per-tool rate limit, signature, input schema,
-/// timeout, output schema, back.
-pub(crate) fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallStack {
+/// The per-tool rate limits, one set for the whole stack (the MCP front's header check and the
+/// call stage take cells from the same buckets).
+pub(crate) fn tool_limits(cfg: &Loaded, shared: &Shared) -> Arc<KeyedLimits> {
+    let limits = &cfg.config.rate_limits;
+    Arc::new(keyed_limits(shared, "tool", limits.per_tool, &limits.tools))
+}
+
+/// The call-stage stack: per-tool kill-switch, per-tool rate limit (unless `tool_limits` is
+/// `None`: the call took its cell before), authorization, signature, input schema, timeout,
+/// output schema, back.
+pub(crate) fn call_stack(
+    cfg: &Loaded,
+    shared: &Shared,
+    app: AppClient,
+    tool_limits: Option<Arc<KeyedLimits>>,
+) -> CallStack {
     let c = &cfg.config;
     let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match c.app.protocol {
         Protocol::ToolsV1 => BoxCloneSyncService::new(ToolsV1Back::new(app)),
@@ -83,12 +96,6 @@ pub(crate) fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallS
             ))
         }
     };
-    let tool_limits = Arc::new(keyed_limits(
-        shared,
-        "tool",
-        c.rate_limits.per_tool,
-        &c.rate_limits.tools,
-    ));
     let signature = c.front.auth.as_ref().map(|auth| {
         let keys = cfg
             .caller_keys
@@ -120,7 +127,7 @@ pub(crate) fn call_stack(cfg: &Loaded, shared: &Shared, app: AppClient) -> CallS
     BoxCloneSyncService::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-            .layer(ToolRateLimitLayer::new(tool_limits))
+            .option_layer(tool_limits.map(ToolRateLimitLayer::new))
             .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
             .layer(InputSchemaLayer)

@@ -15,7 +15,7 @@ use crate::config::{Loaded, Protocol};
 use crate::edge::{edge, HttpStack, PanicAnswer};
 use crate::errors::ToolsV1Answers;
 use crate::front::Envelope;
-use crate::inbound::call_stage::{auth_mode, call_stack, keyed_limits};
+use crate::inbound::call_stage::{auth_mode, call_stack, keyed_limits, tool_limits};
 /// The service every listener hands requests to.
 use crate::server::shared::Shared;
 use crate::skill_v1::SkillV1Front;
@@ -27,7 +27,9 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
     let c = &cfg.config;
     let control = Arc::downgrade(shared);
 
-    let calls = call_stack(cfg, shared, shared.app.load().as_ref().clone());
+    let app = shared.app.load().as_ref().clone();
+    let tool_limits = tool_limits(cfg, shared);
+    let calls = call_stack(cfg, shared, app.clone(), Some(tool_limits.clone()));
     let peer_limits = Arc::new(keyed_limits(
         shared,
         "peer",
@@ -45,6 +47,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         .option_layer((c.front.protocol == Protocol::Mcp).then(|| {
             crate::mcp::early::MirroredHeaderLayer::new(
                 shared.kill_switch.clone(),
+                tool_limits.clone(),
                 shared.clock.clone(),
             )
         }))
@@ -96,6 +99,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                 http.service(crate::mcp::McpFront::new(
                     shared.catalog.clone(),
                     calls,
+                    call_stack(cfg, shared, app, None),
                     shared.clock.clone(),
                     Arc::new(c.front.mcp.clone().unwrap_or_default()),
                     shared

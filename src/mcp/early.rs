@@ -2,11 +2,13 @@
 //!
 //! A modern request names its method and tool in `Mcp-Method` and `Mcp-Name`, and the front
 //! refuses a body that disagrees with them (`-32020`). So the tool's kill-switch and the
-//! caller's authorization can be decided from the headers alone: a refused call costs no body
-//! read and no JSON parse. Only requests whose `MCP-Protocol-Version` is 2026-07-28 (the
-//! revision that makes the front check the headers) are decided here; everything else goes on
-//! to the call stage, which checks the same things again. Per-tool rate limits stay in the
-//! call stage alone, so a call is counted once.
+//! caller's authorization and the tool's rate limit can be decided from the headers alone: a
+//! refused call costs no body read and no JSON parse. Only requests whose
+//! `MCP-Protocol-Version` is 2026-07-28 (the revision that makes the front check the headers)
+//! are decided here; everything else goes on to the call stage, which checks the same things,
+//! in the same order (kill-switch, rate limit, authorization). A call that passed here carries
+//! [`ToolLimitTaken`], and the front runs it through a call stack without the per-tool limiter,
+//! so it is counted once.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,25 +17,34 @@ use http::Request;
 use tower::{Layer, Service};
 
 use carapace_filters::call::Principal;
-use carapace_filters::future::ReadyOr;
+use carapace_filters::future::Gated;
 use carapace_filters::kill_switch::KillSwitch;
+use carapace_filters::rate_limit::KeyedLimits;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::Rejection;
 
 use super::{decode_header_value, MODERN_VERSION};
 
-/// Refuses a modern `tools/call` to a switched-off tool, or to one the caller may not call,
-/// from its headers. Sits after identity (it reads the principal) and before the body limit.
+/// Marks a request whose tool (named here) took its per-tool rate-limit cell from the headers.
+/// Only [`MirroredHeaderCheck`] inserts it; callers cannot set request extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolLimitTaken(pub String);
+
+/// Refuses a modern `tools/call` to a switched-off tool, to one over its rate limit, or to one
+/// the caller may not call, from its headers. Sits after identity (it reads the principal) and
+/// before the body limit. `limits` must be the same [`KeyedLimits`] the call stage uses.
 ///
 /// ```
 /// use std::sync::Arc;
 /// use carapace::mcp::early::MirroredHeaderLayer;
 /// use carapace_filters::kill_switch::{KillSwitch, Switches};
+/// use carapace_filters::rate_limit::KeyedLimits;
 ///
 /// let switch = KillSwitch::in_memory(Switches::default());
+/// let limits = Arc::new(KeyedLimits::new(None, []));
 /// let clock: carapace_filters::signature::UnixClock = Arc::new(carapace_filters::unix_now_ms);
 /// let stack = tower::ServiceBuilder::new()
-///     .layer(MirroredHeaderLayer::new(switch, clock))
+///     .layer(MirroredHeaderLayer::new(switch, limits, clock))
 ///     .service_fn(|_: http::Request<()>| async {
 ///         Ok::<_, carapace_filters::Rejection>(http::Response::new(()))
 ///     });
@@ -42,12 +53,17 @@ use super::{decode_header_value, MODERN_VERSION};
 #[derive(Clone)]
 pub struct MirroredHeaderLayer {
     switch: KillSwitch,
+    limits: Arc<KeyedLimits>,
     clock: UnixClock,
 }
 
 impl MirroredHeaderLayer {
-    pub fn new(switch: KillSwitch, clock: UnixClock) -> Self {
-        MirroredHeaderLayer { switch, clock }
+    pub fn new(switch: KillSwitch, limits: Arc<KeyedLimits>, clock: UnixClock) -> Self {
+        MirroredHeaderLayer {
+            switch,
+            limits,
+            clock,
+        }
     }
 }
 
@@ -57,6 +73,7 @@ impl<S> Layer<S> for MirroredHeaderLayer {
         MirroredHeaderCheck {
             inner,
             switch: self.switch.clone(),
+            limits: self.limits.clone(),
             clock: self.clock.clone(),
         }
     }
@@ -67,6 +84,7 @@ impl<S> Layer<S> for MirroredHeaderLayer {
 pub struct MirroredHeaderCheck<S> {
     inner: S,
     switch: KillSwitch,
+    limits: Arc<KeyedLimits>,
     clock: UnixClock,
 }
 
@@ -83,36 +101,180 @@ fn called_tool<B>(req: &Request<B>) -> Option<String> {
     decode_header_value(h.get("mcp-name")?.to_str().ok()?)
 }
 
+impl<S> MirroredHeaderCheck<S> {
+    /// The caller's authorization for `tool`.
+    fn authorized<B>(&self, req: &Request<B>, tool: &str) -> Result<(), Rejection> {
+        let principal = req.extensions().get::<Arc<Principal>>();
+        if principal
+            .and_then(|p| p.permissions.as_ref())
+            .is_some_and(|p| p.may_call(tool, (self.clock)()))
+        {
+            return Ok(());
+        }
+        let who = principal.map_or("the caller", |p| p.id.as_str());
+        Err(Rejection::Forbidden(format!("{who} may not call {tool}")))
+    }
+}
+
 impl<S, B> Service<Request<B>> for MirroredHeaderCheck<S>
 where
-    S: Service<Request<B>, Error = Rejection>,
+    S: Service<Request<B>, Error = Rejection> + Clone,
 {
     type Response = S::Response;
     type Error = Rejection;
-    type Future = ReadyOr<S::Future>;
+    type Future = Gated<S, Request<B>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        if let Some(tool) = called_tool(&req) {
-            if let Err(r) = self.switch.check(Some(&tool)) {
-                return ReadyOr::reject(r);
-            }
-            let allowed = req
-                .extensions()
-                .get::<Arc<Principal>>()
-                .and_then(|p| p.permissions.as_ref())
-                .is_some_and(|p| p.may_call(&tool, (self.clock)()));
-            if !allowed {
-                let who = req
-                    .extensions()
-                    .get::<Arc<Principal>>()
-                    .map_or("the caller", |p| p.id.as_str());
-                return ReadyOr::reject(Rejection::Forbidden(format!("{who} may not call {tool}")));
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let Some(tool) = called_tool(&req) else {
+            return Gated::inner(self.inner.call(req));
+        };
+        if let Err(r) = self.switch.check(Some(&tool)) {
+            return Gated::reject(r);
+        }
+        // Authorization is decided now but reported after the rate limit, as in the call stage.
+        let authorized = self.authorized(&req, &tool);
+        let pending = match self.limits.check(&tool).decide("tool") {
+            Err(limited) => return Gated::reject(limited),
+            Ok(pending) => pending,
+        };
+        req.extensions_mut().insert(ToolLimitTaken(tool));
+        match pending {
+            None => match authorized {
+                Ok(()) => Gated::inner(self.inner.call(req)),
+                Err(r) => Gated::reject(r),
+            },
+            Some(check) => {
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                let check = Box::pin(async move {
+                    check.await?;
+                    authorized
+                });
+                Gated::checking(check, ready, req)
             }
         }
-        ReadyOr::inner(self.inner.call(req))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use carapace_filters::kill_switch::Switches;
+    use carapace_filters::rate_limit::Rate;
+    use carapace_filters::shared::{SharedLimits, SharedStateError};
+    use carapace_filters::BoxFuture;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// A shared store that allows the first `allow` takes, and records every key it is asked.
+    struct Store {
+        asked: Mutex<Vec<String>>,
+        allow: usize,
+    }
+
+    impl SharedLimits for Store {
+        fn take(
+            &self,
+            key: &str,
+            _: Rate,
+        ) -> BoxFuture<Result<Result<(), Duration>, SharedStateError>> {
+            let mut asked = self.asked.lock().unwrap();
+            asked.push(key.to_owned());
+            let r = if asked.len() <= self.allow {
+                Ok(())
+            } else {
+                Err(Duration::from_secs(3))
+            };
+            Box::pin(async move { Ok(r) })
+        }
+    }
+
+    fn one_a_minute() -> Rate {
+        Rate::per(
+            NonZeroU32::new(1).unwrap(),
+            Duration::from_secs(60),
+            NonZeroU32::new(1).unwrap(),
+        )
+    }
+
+    fn request(tool: &str, principal: Principal) -> Request<()> {
+        let mut req = Request::post("/mcp")
+            .header("mcp-protocol-version", MODERN_VERSION)
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", tool)
+            .body(())
+            .unwrap();
+        req.extensions_mut().insert(Arc::new(principal));
+        req
+    }
+
+    fn stranger() -> Principal {
+        Principal {
+            permissions: None,
+            ..Principal::local()
+        }
+    }
+
+    /// What reached the inner service: the tool whose cell was taken, if any.
+    async fn run(
+        limits: Arc<KeyedLimits>,
+        req: Request<()>,
+    ) -> Result<Option<ToolLimitTaken>, Rejection> {
+        let clock: UnixClock = Arc::new(|| 0);
+        let layer =
+            MirroredHeaderLayer::new(KillSwitch::in_memory(Switches::default()), limits, clock);
+        let inner = tower::service_fn(|req: Request<()>| async move {
+            Ok::<_, Rejection>(req.extensions().get::<ToolLimitTaken>().cloned())
+        });
+        layer.layer(inner).oneshot(req).await
+    }
+
+    #[tokio::test]
+    async fn a_call_takes_its_cell_once_and_is_marked_for_the_front() {
+        let limits = Arc::new(KeyedLimits::new(None, [("t".into(), one_a_minute())]));
+        let first = run(limits.clone(), request("t", Principal::local())).await;
+        assert_eq!(first.unwrap(), Some(ToolLimitTaken("t".into())));
+        let second = run(limits.clone(), request("t", Principal::local())).await;
+        assert!(
+            matches!(second, Err(Rejection::RateLimited { scope: "tool", .. })),
+            "{second:?}"
+        );
+        // Not a modern tools/call: untouched, unmarked.
+        let mut list = request("t", Principal::local());
+        list.headers_mut()
+            .insert("mcp-method", http::HeaderValue::from_static("tools/list"));
+        assert_eq!(run(limits, list).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn with_a_shared_store_the_limit_is_decided_before_authorization() {
+        let store = Arc::new(Store {
+            asked: Mutex::default(),
+            allow: 1,
+        });
+        let limits = Arc::new(KeyedLimits::shared(
+            "tool",
+            Some(one_a_minute()),
+            [],
+            store.clone(),
+        ));
+        // Within the limit, a caller who may not call the tool is refused for that.
+        let denied = run(limits.clone(), request("t", stranger())).await;
+        assert!(matches!(denied, Err(Rejection::Forbidden(_))), "{denied:?}");
+        // Over it, the limit answers first, as in the call stage.
+        let limited = run(limits.clone(), request("t", stranger())).await;
+        assert!(
+            matches!(limited, Err(Rejection::RateLimited { .. })),
+            "{limited:?}"
+        );
+        assert_eq!(*store.asked.lock().unwrap(), vec!["tool:t", "tool:t"]);
     }
 }

@@ -17,6 +17,7 @@ use carapace_filters::call::{Credential, Principal, ToolCall};
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
+use super::early::ToolLimitTaken;
 use super::jsonrpc::{self, error_response, result_response, McpError, Message};
 use super::results::{refusal_result, tool_definition, tool_result};
 use super::session::{SessionRefused, Sessions};
@@ -49,6 +50,9 @@ enum Era {
 pub struct McpFront {
     catalog: Arc<CatalogHandle>,
     calls: CallStack,
+    /// The call stage without the per-tool rate limit, for calls that took their cell in
+    /// [`super::early`].
+    header_checked: CallStack,
     clock: UnixClock,
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
@@ -59,6 +63,7 @@ impl McpFront {
     pub fn new(
         catalog: Arc<CatalogHandle>,
         calls: CallStack,
+        header_checked: CallStack,
         clock: UnixClock,
         cfg: Arc<McpFrontConfig>,
         sessions: Arc<Sessions>,
@@ -67,6 +72,7 @@ impl McpFront {
         McpFront {
             catalog,
             calls,
+            header_checked,
             clock,
             cfg,
             sessions,
@@ -380,8 +386,16 @@ impl McpFront {
         };
         tracing::Span::current().record("tool", call.tool.name.as_str());
         let legacy_structured = version != LEGACY_VERSIONS[2];
+        let limit_taken = req
+            .extensions()
+            .get::<ToolLimitTaken>()
+            .is_some_and(|t| t.0 == call.tool.name);
         front::run_call(
-            &self.calls,
+            if limit_taken {
+                &self.header_checked
+            } else {
+                &self.calls
+            },
             call,
             started,
             |outcome, _, _, _| {
