@@ -161,38 +161,7 @@ pub(super) fn resolve_app(a: &mut AppConfig, base: &Path) {
     }
 }
 pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
-    d.app_address = if let Some(rest) = a.address.strip_prefix("unix:") {
-        if rest.is_empty() {
-            errors.push(err("/app/address", "unix: needs the socket's path"));
-            None
-        } else {
-            Some(AppAddress::Unix(PathBuf::from(rest)))
-        }
-    } else if let Some(rest) = a.address.strip_prefix("http://") {
-        match rest.trim_end_matches('/').parse::<SocketAddr>() {
-            Ok(addr) if addr.ip().is_loopback() => Some(AppAddress::Tcp(addr)),
-            Ok(_) => {
-                errors.push(err(
-                    "/app/address",
-                    "the app is reached over loopback or a Unix socket only",
-                ));
-                None
-            }
-            Err(_) => {
-                errors.push(err(
-                    "/app/address",
-                    format!("`{}` is not http://IP:PORT", a.address),
-                ));
-                None
-            }
-        }
-    } else {
-        errors.push(err(
-            "/app/address",
-            "must be http://127.0.0.1:PORT (loopback) or unix:/path",
-        ));
-        None
-    };
+    d.app_address = app_address(&a.address, errors);
     match (&a.protocol, &a.skill) {
         (Protocol::Mcp, _) => errors.push(err(
             "/app/protocol",
@@ -204,34 +173,7 @@ pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigE
         (Protocol::ToolsV1, Some(_)) => {
             errors.push(err("/app/skill", "only for an app that speaks skill-v1"))
         }
-        (Protocol::SkillV1, Some(skill)) => {
-            if skill.capabilities.is_empty() {
-                errors.push(err(
-                    "/app/skill/capabilities",
-                    "name at least one capability: only the registry's capabilities are served",
-                ));
-            }
-            if skill.timeout_ms_default == 0 || skill.timeout_ms_default > skill.timeout_ms_max {
-                errors.push(err(
-                    "/app/skill/timeout_ms_default",
-                    "must be between 1 and timeout_ms_max",
-                ));
-            }
-            if let Some(auth) = &skill.auth {
-                match load_secret(&auth.secret) {
-                    Ok(s) => d.app_secret = Some(s),
-                    Err(m) => errors.push(err("/app/skill/auth/secret", m)),
-                }
-                if let Some(h) = &auth.header_name {
-                    if !is_valid_header_name(h) {
-                        errors.push(err(
-                            "/app/skill/auth/header_name",
-                            format!("`{h}` is not a header name"),
-                        ));
-                    }
-                }
-            }
-        }
+        (Protocol::SkillV1, Some(skill)) => check_skill_app(skill, d, errors),
         (Protocol::ToolsV1, None) => {}
     }
     if a.discovery.timeout_ms == 0 {
@@ -239,6 +181,71 @@ pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigE
     }
     if a.pool.connect_timeout_ms == 0 {
         errors.push(err("/app/pool/connect_timeout_ms", "must be at least 1"));
+    }
+}
+
+/// `app.address`: `http://` on loopback, or `unix:/path`.
+fn app_address(address: &str, errors: &mut Vec<ConfigError>) -> Option<AppAddress> {
+    if let Some(rest) = address.strip_prefix("unix:") {
+        if rest.is_empty() {
+            errors.push(err("/app/address", "unix: needs the socket's path"));
+            return None;
+        }
+        return Some(AppAddress::Unix(PathBuf::from(rest)));
+    }
+    let Some(rest) = address.strip_prefix("http://") else {
+        errors.push(err(
+            "/app/address",
+            "must be http://127.0.0.1:PORT (loopback) or unix:/path",
+        ));
+        return None;
+    };
+    match rest.trim_end_matches('/').parse::<SocketAddr>() {
+        Ok(addr) if addr.ip().is_loopback() => Some(AppAddress::Tcp(addr)),
+        Ok(_) => {
+            errors.push(err(
+                "/app/address",
+                "the app is reached over loopback or a Unix socket only",
+            ));
+            None
+        }
+        Err(_) => {
+            errors.push(err(
+                "/app/address",
+                format!("`{address}` is not http://IP:PORT"),
+            ));
+            None
+        }
+    }
+}
+
+/// `app.skill`: capabilities, timeouts and the secret carapace signs with.
+fn check_skill_app(skill: &SkillAppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    if skill.capabilities.is_empty() {
+        errors.push(err(
+            "/app/skill/capabilities",
+            "name at least one capability: only the registry's capabilities are served",
+        ));
+    }
+    if skill.timeout_ms_default == 0 || skill.timeout_ms_default > skill.timeout_ms_max {
+        errors.push(err(
+            "/app/skill/timeout_ms_default",
+            "must be between 1 and timeout_ms_max",
+        ));
+    }
+    if let Some(auth) = &skill.auth {
+        match load_secret(&auth.secret) {
+            Ok(s) => d.app_secret = Some(s),
+            Err(m) => errors.push(err("/app/skill/auth/secret", m)),
+        }
+        if let Some(h) = &auth.header_name {
+            if !is_valid_header_name(h) {
+                errors.push(err(
+                    "/app/skill/auth/header_name",
+                    format!("`{h}` is not a header name"),
+                ));
+            }
+        }
     }
 }
 

@@ -121,78 +121,90 @@ pub(super) fn check_front(
                 ));
             }
         }
-        Protocol::SkillV1 => {
-            if f.answers.is_some() {
-                errors.push(err(
-                    "/front/answers",
-                    "answers is for tools-v1 fronts; skill-v1 answers as Skill Gateway v1 says",
-                ));
-            }
-            d.front_skill_id = f.skill_id.clone().or_else(|| {
-                app.and_then(|a| a.skill.as_ref())
-                    .map(|s| s.skill_id.clone())
-            });
-            // Only say it is missing when the app section could be read.
-            if d.front_skill_id.is_none() && app.is_some() {
-                errors.push(err(
-                    "/front/skill_id",
-                    "required for a skill-v1 front when the app is not a skill-v1 skill",
-                ));
-            }
-            let Some(auth) = &f.auth else {
-                errors.push(err(
-                    "/front/auth",
-                    "a skill-v1 front requires auth (hmac or api_key)",
-                ));
-                return;
-            };
-            if auth.keys.is_empty() {
-                errors.push(err("/front/auth/keys", "at least one key is required"));
-            }
-            let mut ids = std::collections::HashSet::new();
-            for (i, k) in auth.keys.iter().enumerate() {
-                if !ids.insert(k.id.clone()) {
-                    errors.push(err(
-                        format!("/front/auth/keys/{i}/id"),
-                        format!("duplicate key id `{}`", k.id),
-                    ));
-                }
-                match load_secret(&k.secret) {
-                    Ok(s) => d.caller_keys.push((k.id.clone(), s)),
-                    Err(m) => errors.push(err(format!("/front/auth/keys/{i}/secret"), m)),
-                }
-            }
-            if let Some(h) = &auth.header_name {
-                if !is_valid_header_name(h) {
-                    errors.push(err(
-                        "/front/auth/header_name",
-                        format!("`{h}` is not a header name"),
-                    ));
-                }
-            }
-            if !(1..=MAX_SKEW_S).contains(&auth.timestamp_skew_s) {
-                errors.push(err(
-                    "/front/auth/timestamp_skew_s",
-                    format!("must be between 1 and {MAX_SKEW_S}"),
-                ));
-            }
-            if auth.nonce_ttl_s < auth.timestamp_skew_s.saturating_mul(2) {
-                errors.push(err(
-                    "/front/auth/nonce_ttl_s",
-                    "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
-                ));
-            } else if auth.nonce_ttl_s > 86_400 {
-                errors.push(err(
-                    "/front/auth/nonce_ttl_s",
-                    "must be at most 86400 (a day)",
-                ));
-            }
-            if !(1..=MAX_NONCE_CAPACITY).contains(&auth.nonce_capacity) {
-                errors.push(err(
-                    "/front/auth/nonce_capacity",
-                    format!("must be between 1 and {MAX_NONCE_CAPACITY} (about 30 bytes each)"),
-                ));
-            }
+        Protocol::SkillV1 => check_skill_v1_front(f, app, d, errors),
+    }
+}
+
+/// A skill-v1 front: its skill id and the callers' signing keys.
+fn check_skill_v1_front(
+    f: &FrontConfig,
+    app: Option<&AppConfig>,
+    d: &mut Derived,
+    errors: &mut Vec<ConfigError>,
+) {
+    if f.answers.is_some() {
+        errors.push(err(
+            "/front/answers",
+            "answers is for tools-v1 fronts; skill-v1 answers as Skill Gateway v1 says",
+        ));
+    }
+    d.front_skill_id = f.skill_id.clone().or_else(|| {
+        app.and_then(|a| a.skill.as_ref())
+            .map(|s| s.skill_id.clone())
+    });
+    // Only say it is missing when the app section could be read.
+    if d.front_skill_id.is_none() && app.is_some() {
+        errors.push(err(
+            "/front/skill_id",
+            "required for a skill-v1 front when the app is not a skill-v1 skill",
+        ));
+    }
+    match &f.auth {
+        Some(auth) => check_front_auth(auth, d, errors),
+        None => errors.push(err(
+            "/front/auth",
+            "a skill-v1 front requires auth (hmac or api_key)",
+        )),
+    }
+}
+
+/// `front.auth`: keys, header, timestamp window and the nonce store that covers it.
+fn check_front_auth(auth: &CallerAuthConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    if auth.keys.is_empty() {
+        errors.push(err("/front/auth/keys", "at least one key is required"));
+    }
+    let mut ids = std::collections::HashSet::new();
+    for (i, k) in auth.keys.iter().enumerate() {
+        if !ids.insert(k.id.clone()) {
+            errors.push(err(
+                format!("/front/auth/keys/{i}/id"),
+                format!("duplicate key id `{}`", k.id),
+            ));
         }
+        match load_secret(&k.secret) {
+            Ok(s) => d.caller_keys.push((k.id.clone(), s)),
+            Err(m) => errors.push(err(format!("/front/auth/keys/{i}/secret"), m)),
+        }
+    }
+    if let Some(h) = &auth.header_name {
+        if !is_valid_header_name(h) {
+            errors.push(err(
+                "/front/auth/header_name",
+                format!("`{h}` is not a header name"),
+            ));
+        }
+    }
+    if !(1..=MAX_SKEW_S).contains(&auth.timestamp_skew_s) {
+        errors.push(err(
+            "/front/auth/timestamp_skew_s",
+            format!("must be between 1 and {MAX_SKEW_S}"),
+        ));
+    }
+    if auth.nonce_ttl_s < auth.timestamp_skew_s.saturating_mul(2) {
+        errors.push(err(
+            "/front/auth/nonce_ttl_s",
+            "must cover the whole timestamp window (at least 2 x timestamp_skew_s), or a replay inside the window would pass",
+        ));
+    } else if auth.nonce_ttl_s > 86_400 {
+        errors.push(err(
+            "/front/auth/nonce_ttl_s",
+            "must be at most 86400 (a day)",
+        ));
+    }
+    if !(1..=MAX_NONCE_CAPACITY).contains(&auth.nonce_capacity) {
+        errors.push(err(
+            "/front/auth/nonce_capacity",
+            format!("must be between 1 and {MAX_NONCE_CAPACITY} (about 30 bytes each)"),
+        ));
     }
 }

@@ -59,62 +59,54 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         front: c.front.protocol,
         answers,
     };
+    let metrics = shared.metrics.clone();
     match c.front.protocol {
-        Protocol::ToolsV1 => edge(
-            Envelope::new(
-                http.service(ToolsV1Front::new(
-                    shared.catalog.clone(),
-                    calls,
-                    shared.clock.clone(),
-                    answers,
-                    shared.in_flight.clone(),
-                )),
-                Protocol::ToolsV1,
+        Protocol::ToolsV1 => {
+            let front = ToolsV1Front::new(
+                shared.catalog.clone(),
+                calls,
+                shared.clock.clone(),
                 answers,
-                shared.metrics.clone(),
-            ),
-            panic,
-        ),
-        Protocol::SkillV1 => {
-            let auth = c.front.auth.as_ref().expect("validated");
-            edge(
-                Envelope::new(
-                    http.service(SkillV1Front::new(
-                        cfg.front_skill_id.as_deref().expect("validated"),
-                        auth_mode(auth.mode),
-                        auth.header_name.as_deref(),
-                        shared.catalog.clone(),
-                        calls,
-                        shared.clock.clone(),
-                    )),
-                    Protocol::SkillV1,
-                    ToolsV1Answers::default(),
-                    shared.metrics.clone(),
-                ),
-                panic,
-            )
+                shared.in_flight.clone(),
+            );
+            let envelope = Envelope::new(http.service(front), Protocol::ToolsV1, answers, metrics);
+            edge(envelope, panic)
         }
-        Protocol::Mcp => edge(
-            Envelope::new(
-                http.service(crate::mcp::McpFront::new(
-                    shared.catalog.clone(),
-                    calls,
-                    call_stack(cfg, shared, app, None),
-                    shared.clock.clone(),
-                    Arc::new(c.front.mcp.clone().unwrap_or_default()),
-                    shared
-                        .mcp_sessions
-                        .clone()
-                        .expect("made at start for an mcp front"),
-                    shared.in_flight.clone(),
-                )),
-                Protocol::Mcp,
-                answers,
-                shared.metrics.clone(),
-            ),
-            panic,
-        ),
+        Protocol::SkillV1 => {
+            let front = skill_v1_front(cfg, shared, calls);
+            let answers = ToolsV1Answers::default();
+            let envelope = Envelope::new(http.service(front), Protocol::SkillV1, answers, metrics);
+            edge(envelope, panic)
+        }
+        Protocol::Mcp => {
+            let front = crate::mcp::McpFront::new(
+                shared.catalog.clone(),
+                calls,
+                call_stack(cfg, shared, app, None),
+                shared.clock.clone(),
+                Arc::new(c.front.mcp.clone().unwrap_or_default()),
+                shared
+                    .mcp_sessions
+                    .clone()
+                    .expect("made at start for an mcp front"),
+                shared.in_flight.clone(),
+            );
+            let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
+            edge(envelope, panic)
+        }
     }
+}
+
+fn skill_v1_front(cfg: &Loaded, shared: &Shared, calls: crate::front::CallStack) -> SkillV1Front {
+    let auth = cfg.config.front.auth.as_ref().expect("validated");
+    SkillV1Front::new(
+        cfg.front_skill_id.as_deref().expect("validated"),
+        auth_mode(auth.mode),
+        auth.header_name.as_deref(),
+        shared.catalog.clone(),
+        calls,
+        shared.clock.clone(),
+    )
 }
 
 /// Identity, with the front's configured credential header counted as one.

@@ -1,0 +1,206 @@
+//! Commands that talk to a running carapace through its admin socket (`kill-switch`, `peers`,
+//! `reload`, `identity`), and `identity-secret`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use carapace::config;
+
+use crate::EXIT_CONFIG;
+
+#[derive(Subcommand, Clone)]
+pub(crate) enum PeersAction {
+    /// Print every peer record, with when its certificate expires (`mtls_cert_not_after`)
+    /// where carapace knows it and when it last made an accepted call (`last_seen_at`).
+    List,
+    /// Revoke a peer: its next request fails.
+    Revoke { component_id: String },
+}
+
+#[derive(Subcommand, Clone)]
+pub(crate) enum KillAction {
+    /// Print the kill-switch state.
+    Status,
+    /// Refuse every call, or every call to one tool.
+    Engage {
+        #[arg(long)]
+        tool: Option<String>,
+    },
+    /// Undo `engage`.
+    Release {
+        #[arg(long)]
+        tool: Option<String>,
+    },
+}
+
+fn admin_socket_of(
+    admin_socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<PathBuf, String> {
+    match (admin_socket, config) {
+        (Some(p), _) => Ok(p),
+        (None, Some(c)) => config::load(&c).map(|l| l.admin_socket()).map_err(|e| {
+            format!(
+                "{}: {}",
+                c.display(),
+                e.0.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        }),
+        (None, None) => Err("give --admin-socket PATH or -c CONFIG".into()),
+    }
+}
+
+/// The admin socket from the flags, or a usage error.
+fn socket_or_exit(
+    admin_socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<PathBuf, ExitCode> {
+    admin_socket_of(admin_socket, config).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+/// `carapace kill-switch status|engage|release`.
+pub(crate) fn kill_switch(
+    action: KillAction,
+    admin_socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> ExitCode {
+    let sock = match socket_or_exit(admin_socket, config) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let (method, body) = match &action {
+        KillAction::Status => (http::Method::GET, None),
+        KillAction::Engage { tool } => (
+            http::Method::PUT,
+            Some(serde_json::json!({"engaged": true, "tool": tool})),
+        ),
+        KillAction::Release { tool } => (
+            http::Method::PUT,
+            Some(serde_json::json!({"engaged": false, "tool": tool})),
+        ),
+    };
+    admin_call(&sock, method, "/v1/kill-switch", body)
+}
+
+/// `carapace peers list|revoke`.
+pub(crate) fn peers(
+    action: PeersAction,
+    admin_socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> ExitCode {
+    let sock = match socket_or_exit(admin_socket, config) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match action {
+        PeersAction::List => admin_call(&sock, http::Method::GET, "/v1/peers", None),
+        PeersAction::Revoke { component_id } => admin_call(
+            &sock,
+            http::Method::POST,
+            "/v1/peers/revoke",
+            Some(serde_json::json!({ "component_id": component_id })),
+        ),
+    }
+}
+
+/// `carapace reload`.
+pub(crate) fn reload(admin_socket: Option<PathBuf>, config: Option<PathBuf>) -> ExitCode {
+    match socket_or_exit(admin_socket, config) {
+        Ok(s) => admin_call(&s, http::Method::POST, "/v1/reload", None),
+        Err(code) => code,
+    }
+}
+
+/// `carapace identity-secret`.
+pub(crate) fn print_identity_secret(config: &Path, name: &str) -> ExitCode {
+    match identity_secret(config, name) {
+        Ok(secret) => {
+            println!("{secret}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The current pairing's files and the peer store, as a Kubernetes Secret (JSON, which
+/// `kubectl apply` reads as it reads YAML).
+fn identity_secret(config_path: &Path, name: &str) -> Result<String, String> {
+    use base64::Engine;
+    let loaded = config::load(config_path).map_err(|e| {
+        format!(
+            "{}: {}",
+            config_path.display(),
+            e.0.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    })?;
+    let state_dir = &loaded.config.state_dir;
+    let paired = carapace::tls::PairedFiles::current(state_dir)
+        .ok_or_else(|| format!("no completed pairing in {}", state_dir.display()))?;
+    let b64 = |path: &Path| {
+        carapace_filters::state_file::read_bounded(
+            path,
+            carapace_filters::state_file::MAX_DOCUMENT_BYTES,
+        )
+        .map(|b| base64::engine::general_purpose::STANDARD.encode(b))
+        .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let secret = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/name": "carapace",
+                "app.kubernetes.io/component": "identity",
+            },
+        },
+        "type": "Opaque",
+        "data": {
+            "tls.crt": b64(&paired.cert)?,
+            "tls.key": b64(&paired.key)?,
+            "ca.crt": b64(&paired.ca)?,
+            "peers.json": b64(&loaded.peers_file())?,
+        },
+    });
+    Ok(serde_json::to_string_pretty(&secret).expect("JSON"))
+}
+
+pub(crate) fn admin_call(
+    sock: &Path,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match rt.block_on(carapace::admin::request(sock, method, path, body)) {
+        Ok((status, value)) => {
+            println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+            if status.is_success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

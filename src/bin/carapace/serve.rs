@@ -1,0 +1,144 @@
+//! `serve`, `check`, `sample-app`: running carapace, its logs and its runtime.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use carapace::config::{self, LogFormat};
+
+use crate::EXIT_CONFIG;
+
+pub(crate) fn print_config_errors(path: &Path, errors: &config::ConfigErrors) {
+    eprintln!("{}: {} error(s)", path.display(), errors.0.len());
+    for e in &errors.0 {
+        eprintln!("  {e}");
+    }
+}
+
+pub(crate) fn init_logging(format: LogFormat, level: &str) {
+    init_tracing(format, level, None);
+}
+
+/// Logs on stderr, and spans over OTLP when `otlp` is set (its handle flushes at the end).
+pub(crate) fn init_tracing(
+    format: LogFormat,
+    level: &str,
+    otlp: Option<&carapace::telemetry::OtlpConfig>,
+) -> Option<carapace::telemetry::Exporter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
+        LogFormat::Text => fmt.with_ansi(false).with_filter(filter).boxed(),
+    };
+    let (spans, exporter) = match otlp.map(carapace::telemetry::otlp_layer) {
+        Some(Ok((layer, exporter))) => (Some(layer), Some(exporter)),
+        Some(Err(e)) => {
+            eprintln!("spans are not exported: {e}");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry().with(fmt).with(spans).init();
+    exporter
+}
+
+pub(crate) fn runtime(threads: Option<usize>) -> tokio::runtime::Runtime {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n);
+    }
+    b.enable_all().build().expect("tokio runtime")
+}
+
+/// `carapace check`: validate a configuration file.
+pub(crate) fn check(path: &Path) -> ExitCode {
+    match config::load(path) {
+        Ok(_) => {
+            println!("{}: ok", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            print_config_errors(path, &e);
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+pub(crate) fn serve(path: &Path) -> ExitCode {
+    let loaded = match config::load(path) {
+        Ok(l) => l,
+        Err(e) => {
+            print_config_errors(path, &e);
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let otlp = loaded
+        .config
+        .telemetry
+        .as_ref()
+        .and_then(|t| t.otlp.clone());
+    let exporter = init_tracing(
+        loaded.config.log.format,
+        &loaded.config.log.level,
+        otlp.as_ref(),
+    );
+    let rt = runtime(loaded.config.runtime.worker_threads);
+    let code = rt.block_on(async move {
+        // Handlers first, so a signal during start-up is not fatal.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        let running = match carapace::server::start(loaded).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot start: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = hup.recv() => { let _ = running.reload().await; }
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        tracing::info!("draining");
+        running.shutdown().await;
+        ExitCode::SUCCESS
+    });
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
+    code
+}
+
+/// `carapace sample-app`: the demo's memory tool host, until SIGINT or SIGTERM.
+pub(crate) fn sample_app(listen: std::net::SocketAddr) -> ExitCode {
+    init_logging(LogFormat::Text, "info");
+    runtime(Some(1)).block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("cannot listen on {listen}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        eprintln!("sample memory tool host on http://{listen}");
+        let app = std::sync::Arc::new(carapace::memory_app::MemoryApp::default());
+        let task = app.serve(listener);
+        // Until SIGINT or SIGTERM (what a container runtime sends).
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        task.abort();
+        ExitCode::SUCCESS
+    })
+}

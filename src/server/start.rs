@@ -1,0 +1,330 @@
+//! Start in named steps: open the stores and identities, make the shared state and its stacks,
+//! bind every listener, then serve. Nothing is served until everything is bound.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use carapace_filters::kill_switch::KillSwitch;
+use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
+use carapace_filters::signature::UnixClock;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+use super::bind::{bind_tcp, bind_unix_socket, pairing_endpoint};
+use super::error::StartError;
+use super::files::create_private_dir;
+use super::shared::{app_client, switches, tls_acceptor, Shared};
+use super::tasks::{discovery_loop, housekeeping, outbound_discovery};
+use super::{placeholder_stack, Running};
+use crate::catalog::CatalogHandle;
+use crate::config::{Loaded, Protocol, SharedStateBackend};
+use crate::inbound::build_stack;
+use crate::mcp::session::Sessions;
+use crate::ops::metrics::Metrics;
+use crate::outbound::stack::build_outbound_stack;
+use crate::outbound::Outbound;
+use crate::pairing::identity::{GatewayIdentity, HostIdentity};
+use crate::pairing::transport::PairingEndpoint;
+use crate::peers::PeerStore;
+use crate::shared_state::RedisState;
+
+/// What the state directory and the configuration's secrets give: stores and identities.
+struct Stores {
+    kill_switch: KillSwitch,
+    redis: Option<RedisState>,
+    nonces: Option<Arc<NonceStore>>,
+    peers: Arc<PeerStore>,
+    tls: Option<crate::tls::ListenerTls>,
+    gateway: Option<Arc<GatewayIdentity>>,
+    host: Option<Arc<HostIdentity>>,
+    mcp_sessions: Option<Arc<Sessions>>,
+}
+
+/// Every listener and socket, bound.
+struct Bound {
+    unix: Option<UnixListener>,
+    tcp: Option<TcpListener>,
+    ops: Option<TcpListener>,
+    pairing: Option<(TcpListener, Arc<PairingEndpoint>)>,
+    outbound: Option<(UnixListener, Arc<Outbound>)>,
+    admin: UnixListener,
+}
+
+/// Start with `clock` as the wall clock (Unix milliseconds).
+pub(super) async fn start(cfg: Loaded, clock: UnixClock) -> Result<Running, StartError> {
+    let stores = open_stores(&cfg, &clock).await?;
+    log_start(&cfg, &stores.kill_switch);
+    let host = stores.host.clone();
+    let shared = shared_state(&cfg, stores, clock);
+    let bound = bind_listeners(&cfg, &shared, host).await?;
+    Ok(serve(&cfg, shared, bound))
+}
+
+async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartError> {
+    let c = &cfg.config;
+    create_private_dir(&c.state_dir)?;
+    let kill_switch = KillSwitch::open(switches(cfg), c.state_dir.join("killswitch.json"))?;
+    let redis = open_redis(cfg).await?;
+    let nonces = match &c.front.auth {
+        Some(_) if redis.is_some() => None,
+        Some(auth) => Some(Arc::new(NonceStore::open(
+            NonceStoreConfig {
+                capacity: auth.nonce_capacity,
+                ttl: Duration::from_secs(auth.nonce_ttl_s),
+                journal: Some(c.state_dir.join("nonces.journal")),
+            },
+            clock(),
+        )?)),
+        None => None,
+    };
+    let peers = Arc::new(PeerStore::open(cfg.peers_file())?.with_clock(clock.clone()));
+    // No pairing runs yet: what unfinished ones left behind goes.
+    let stale = peers.remove_all_pending()?;
+    let unfinished = crate::tls::PairedFiles::remove_unfinished(&c.state_dir);
+    if stale + unfinished > 0 {
+        tracing::warn!("removed unfinished pairings: records={stale} directories={unfinished}");
+    }
+    let gateway = match &c.gateway {
+        Some(g) => Some(Arc::new(GatewayIdentity::load_or_create(
+            &c.state_dir,
+            &g.id,
+        )?)),
+        None => None,
+    };
+    let host = match &c.pairing {
+        Some(_) => Some(Arc::new(HostIdentity::load_or_create(&c.state_dir)?)),
+        None => None,
+    };
+    let mcp_sessions = match c.front.protocol {
+        Protocol::Mcp => {
+            let key = match &cfg.mcp_session_key {
+                Some(k) => k.bytes().to_vec(),
+                None => crate::mcp::session::load_or_create_key(&c.state_dir)
+                    .map_err(StartError::McpSessionKey)?,
+            };
+            let mcp = c.front.mcp.clone().unwrap_or_default();
+            Some(Arc::new(Sessions::new(&key, &mcp)))
+        }
+        _ => None,
+    };
+    Ok(Stores {
+        kill_switch,
+        redis,
+        nonces,
+        peers,
+        tls: tls_acceptor(cfg)?,
+        gateway,
+        host,
+        mcp_sessions,
+    })
+}
+
+/// The shared store, when configured. One that does not answer yet is not fatal: calls that
+/// need it are refused until it does.
+async fn open_redis(cfg: &Loaded) -> Result<Option<RedisState>, StartError> {
+    let c = &cfg.config;
+    let (SharedStateBackend::Redis, Some(r)) = (&c.shared_state.backend, &c.shared_state.redis)
+    else {
+        return Ok(None);
+    };
+    let redis = RedisState::new(r, cfg.redis_password.as_ref())?;
+    match redis.verify().await {
+        Ok(()) => tracing::info!("shared_state backend=redis usable=true"),
+        Err(e) => tracing::warn!(
+            "shared_state backend=redis usable=false: {e}; signed and rate-limited calls \
+             are refused with DEPENDENCY_UNAVAILABLE until it is"
+        ),
+    }
+    Ok(Some(redis))
+}
+
+/// The start markers operators and the reference tooling look for.
+fn log_start(cfg: &Loaded, kill_switch: &KillSwitch) {
+    tracing::info!("remote_gateway enabled=true");
+    tracing::info!(
+        "remote_gateway kill_switch={}",
+        kill_switch.global_engaged()
+    );
+    if kill_switch.global_engaged() {
+        tracing::warn!("GATEWAY_DISABLED");
+        tracing::warn!("registration_skipped reason=kill_switch_active");
+    }
+    tracing::info!("registry_loaded path={}", cfg.source.display());
+    if let Some(skill) = &cfg.config.app.skill {
+        tracing::info!(
+            "registry_summary skills=1 capabilities={}",
+            skill.capabilities.len()
+        );
+    }
+}
+
+/// The state every listener and operation shares, with the inbound stack built.
+fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
+    let metrics = Arc::new(Metrics::default());
+    metrics.peers.set(stores.peers.len() as i64);
+    let shared = Arc::new(Shared {
+        app: ArcSwap::from_pointee(app_client(cfg)),
+        config: ArcSwap::from_pointee(cfg.clone()),
+        kill_switch: stores.kill_switch,
+        nonces: stores.nonces,
+        redis: stores.redis,
+        peers: stores.peers,
+        catalog: Arc::new(CatalogHandle::default()),
+        metrics,
+        stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
+        outbound_stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
+        tls: arc_swap::ArcSwapOption::new(stores.tls.map(Arc::new)),
+        listening: AtomicBool::new(false),
+        rediscover: tokio::sync::Notify::new(),
+        outbound_rediscover: tokio::sync::Notify::new(),
+        clock,
+        reload_lock: tokio::sync::Mutex::new(()),
+        load_shed: std::sync::Mutex::new(None),
+        gateway: stores.gateway,
+        outbound: std::sync::OnceLock::new(),
+        mcp_sessions: stores.mcp_sessions,
+        in_flight: Arc::default(),
+    });
+    shared.stack.store(Arc::new(build_stack(cfg, &shared)));
+    shared
+}
+
+/// Bind everything before serving anything; the outbound role's stack is built here, with its
+/// socket.
+async fn bind_listeners(
+    cfg: &Loaded,
+    shared: &Arc<Shared>,
+    host: Option<Arc<HostIdentity>>,
+) -> Result<Bound, StartError> {
+    let c = &cfg.config;
+    let outbound = match (&c.outbound, &shared.gateway) {
+        (Some(o), Some(gateway)) => {
+            let ob = Arc::new(Outbound::new(cfg, gateway, shared.peers.clone())?);
+            let _ = shared.outbound.set(ob.clone());
+            shared
+                .outbound_stack
+                .store(Arc::new(build_outbound_stack(cfg, shared, ob.clone())));
+            let what = ("outbound socket", "outbound socket (mode)");
+            Some((bind_unix_socket(&o.socket, 0o660, true, what)?, ob))
+        }
+        _ => None,
+    };
+    let unix = match &c.listeners.unix {
+        Some(u) => {
+            let what = ("unix listener", "unix listener (mode)");
+            Some(bind_unix_socket(&u.path, cfg.unix_mode, true, what)?)
+        }
+        None => None,
+    };
+    let tcp = match cfg.tcp_address {
+        Some(a) => Some(bind_tcp(a, "tcp listener").await?),
+        None => None,
+    };
+    let ops = match cfg.ops_address {
+        Some(a) => Some(bind_tcp(a, "ops listener").await?),
+        None => None,
+    };
+    let pairing = match (cfg.pairing_address, &c.pairing, host) {
+        (Some(a), Some(p), Some(host)) => {
+            let l = bind_tcp(a, "pairing listener").await?;
+            Some((l, Arc::new(pairing_endpoint(cfg, p, host, shared, a)?)))
+        }
+        _ => None,
+    };
+    let what = ("admin socket", "admin socket (mode)");
+    let admin = bind_unix_socket(&cfg.admin_socket(), 0o600, false, what)?;
+    Ok(Bound {
+        unix,
+        tcp,
+        ops,
+        pairing,
+        outbound,
+        admin,
+    })
+}
+
+/// Serve every bound listener and start the background tasks.
+fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
+    let c = &cfg.config;
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
+    let mut tasks = tokio::task::JoinSet::new();
+    let tcp_address = bound.tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let ops_address = bound.ops.as_ref().and_then(|l| l.local_addr().ok());
+    let pairing_address = bound
+        .pairing
+        .as_ref()
+        .and_then(|(l, _)| l.local_addr().ok());
+    let max_conns = c.limits.max_connections;
+    let unix_path = c.listeners.unix.as_ref().map(|u| u.path.clone());
+    if let (Some(l), Some(path)) = (bound.unix, &unix_path) {
+        tracing::info!("listening unix={}", path.display());
+        tasks.spawn(crate::listener::accept_unix(
+            l,
+            shared.clone(),
+            shared.stack.clone(),
+            shutdown.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+    }
+    if let Some(l) = bound.tcp {
+        tracing::info!("listening tcp={}", tcp_address.expect("bound"));
+        let accept =
+            crate::listener::accept_tcp(l, shared.clone(), shutdown.clone(), graceful.clone());
+        tasks.spawn(accept);
+    }
+    if let Some(l) = bound.ops {
+        let a = ops_address.expect("bound");
+        if !a.ip().is_loopback() {
+            tracing::warn!("ops endpoint on non-loopback address {a}: metrics are unauthenticated");
+        }
+        tracing::info!("ops listening on {a}");
+        tasks.spawn(crate::ops::endpoint::serve(
+            l,
+            shared.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if let (Some((l, ob)), Some(o)) = (bound.outbound, &c.outbound) {
+        tracing::info!("outbound socket {}", o.socket.display());
+        tasks.spawn(crate::listener::accept_unix(
+            l,
+            shared.clone(),
+            shared.outbound_stack.clone(),
+            shutdown.clone(),
+            graceful.clone(),
+            max_conns,
+        ));
+        tasks.spawn(outbound_discovery(ob, shared.clone(), shutdown.clone()));
+    }
+    if let Some((l, endpoint)) = bound.pairing {
+        tracing::info!(
+            "pairing endpoint on ws://{}",
+            pairing_address.expect("bound")
+        );
+        tasks.spawn(endpoint.serve(l, shutdown.clone()));
+    }
+    tasks.spawn(crate::ops::admin::serve(
+        bound.admin,
+        shared.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(discovery_loop(shared.clone(), shutdown.clone()));
+    tasks.spawn(housekeeping(shared.clone(), shutdown));
+    shared.listening.store(true, Ordering::Release);
+    Running {
+        shared,
+        tcp_address,
+        ops_address,
+        pairing_address,
+        unix_path,
+        admin_socket: cfg.admin_socket(),
+        shutdown: shutdown_tx,
+        tasks,
+        graceful,
+    }
+}
