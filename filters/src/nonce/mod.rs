@@ -1,0 +1,592 @@
+//! Replay protection for signed requests: [`NonceStore`].
+//!
+//! Skill Gateway v1 requires that a nonce reused inside its TTL (default
+//! [`DEFAULT_TTL`], 5 minutes) is refused. The caller verifies the request
+//! signature first and only then calls [`NonceStore::check_and_insert`], a
+//! single atomic check-and-insert: it fails with [`NonceError::Replay`] if
+//! `(scope, nonce)` is still live, and otherwise records it until
+//! `now + ttl`. Nonces are only recorded for requests whose signature was
+//! verified, so an unauthenticated client cannot fill the store.
+//!
+//! # Bounded, never evicting
+//!
+//! The store holds at most `capacity` entries. When it is full it first drops
+//! expired entries; if it is still full the new nonce is *refused* with
+//! [`NonceError::Full`], whose `retry_after` is the time until the earliest
+//! entry expires. A live nonce is never evicted: evicting one would let its
+//! request be replayed. The earliest expiry is tracked so that a refused
+//! request costs O(1): the table is rescanned only once the clock has reached
+//! that earliest expiry.
+//!
+//! # Entries and memory
+//!
+//! An entry is not the nonce itself but a 64-bit keyed SipHash-2-4 of
+//! `(scope, nonce)` (each string prefixed by its length as a little-endian
+//! `u64`, so `("ab", "c")` and `("a", "bc")` differ), under a random 128-bit
+//! key, mapped to the expiry in unix seconds as a `u32`, rounded *up* so the
+//! TTL is never shortened (a nonce is refused for at least `ttl` and less than
+//! `ttl + 1s`). The table is a [`std::collections::HashMap`] with an identity
+//! hasher (the key is already a keyed hash). It starts small and grows with
+//! the live set, never past what `capacity` entries need (see
+//! [Growth](#growth)).
+//!
+//! Bytes per entry, for the hashbrown table behind `HashMap`:
+//!
+//! * payload: 8 bytes of hash + 4 bytes of expiry = **12 bytes**. The hash is
+//!   stored as two `u32` halves so the `(key, expiry)` tuple has alignment 4
+//!   and no padding; a plain `(u64, u32)` would be padded to 16 bytes. A
+//!   compile-time assertion pins the 12.
+//! * plus **1 control byte** per bucket: 13 bytes per bucket;
+//! * hashbrown keeps at most 7/8 of its buckets full, and the bucket count is
+//!   a power of two: `buckets = next_power_of_two(capacity * 8 / 7)`, so
+//!   `capacity * 8/7 <= buckets < 2 * capacity * 8/7`;
+//! * plus 16 trailing control bytes per table (one SIMD group).
+//!
+//! Per entry of a full store that is between `13 * 8/7 = 14.9` and
+//! `13 * 16/7 = 29.7` bytes (plus `16 / capacity`), i.e. at most 32 bytes for
+//! every capacity >= 3. For example 1 000 → 2 048 buckets → 26.6 B/entry;
+//! 100 000 → 131 072 buckets → 17.0 B/entry; 1 000 000 → 2 097 152 buckets →
+//! 27.3 B/entry. [`NonceStore::bytes_per_entry_upper_bound`] computes this
+//! from the table capacity a full store has. (Stores of 1 or 2 entries take 68
+//! bytes in total.) If a journal holds more live entries than `capacity` (the
+//! store was restarted with a smaller capacity), all of them are loaded —
+//! dropping a live nonce would allow a replay — and the table grows past this
+//! bound until they expire; no new nonce is accepted meanwhile.
+//!
+//! # Growth
+//!
+//! The table starts at [`INITIAL_TABLE_CAPACITY`] entries (or `capacity`, if
+//! smaller), so a store that is never busy stays small: a preallocated million
+//! entries would be 27 MB, resident as soon as nonces land across it. When an
+//! insert would make the table grow (or rehash, once removals have used up its
+//! free slots), the live entries are copied into a fresh table, twice as
+//! large if more than 3/4 of the old one is live, else the same size; the
+//! expired ones are left behind. So the table follows the live set (nonces
+//! per second × TTL), not the number ever accepted, and the next copy is at
+//! least a quarter of the table's inserts away: amortised O(1) per insert.
+//! Doubling stops at the table a full store of `capacity` entries needs, so
+//! the bound above holds for every store; while a copy runs both tables exist
+//! (at most 1.5 times the bound). The table does not shrink when the rate
+//! drops: it keeps the size of the busiest window until the process restarts.
+//!
+//! # Hash collisions
+//!
+//! Storing a 64-bit hash instead of the nonce has one failure mode: an honest,
+//! never-seen nonce whose hash equals that of a live entry is refused as a
+//! replay. For each request this happens with probability about
+//! `live_entries / 2^64` (about 5e-14 with a million live entries). The
+//! opposite error is impossible: a replayed `(scope, nonce)` always hashes to
+//! the same value, so it is always refused. The hash key is secret (random per
+//! store, kept only in the mode-0600 journal) so collisions cannot be aimed.
+//!
+//! # Journal (surviving restarts)
+//!
+//! With [`NonceStoreConfig::journal`] set, the store is persisted to an
+//! append-only file (opened with `O_APPEND`, mode 0600; a missing directory is
+//! created with mode 0700). Layout, all integers little-endian:
+//!
+//! ```text
+//! header: b"CNONCE01" (8 bytes) | SipHash key (16 bytes)      = 24 bytes
+//! record: hash (u64)            | expiry, unix seconds (u32)  = 12 bytes
+//! ```
+//!
+//! Every accepted nonce is appended, as one `write_all` of one record, before
+//! [`NonceStore::check_and_insert`] returns `Ok`. If that write fails the
+//! nonce is not recorded and the call fails with [`NonceError::Journal`] (fail
+//! closed). A failed write may have left part of a record in the file, so the
+//! next insert first rewrites the journal from memory; if that fails too, it
+//! fails closed as well.
+//!
+//! [`NonceStore::open`] validates the header (a bad magic or a truncated
+//! header is an error: the store never silently starts empty), loads every
+//! record whose expiry is still ahead, ignores a trailing partial record left
+//! by a crash, and compacts: header + live records are written to
+//! `<path>.tmp`, fsynced, renamed over `<path>`, the directory is fsynced, and
+//! appends go on in the new file. The store compacts the same way while running
+//! whenever the file holds more than `2 * capacity` records (inline, under
+//! the lock; this is rare and amortised O(1) per insert). If such a running
+//! compaction fails, the old journal stays valid and in use, and compaction
+//! is retried after another `capacity` appends.
+//!
+//! Appends are not fsynced one by one: the journal survives process crashes
+//! and restarts (the data is in the kernel once `write` returns), but a power
+//! loss or kernel crash can lose the most recent records. One journal file
+//! must be used by one process at a time.
+//!
+//! # Time
+//!
+//! The clock is injected: every method takes `now_unix_ms`, milliseconds
+//! since the Unix epoch, so the store never reads the system clock itself.
+//! Expiries are `u32` unix seconds and saturate in the year 2106.
+
+mod journal;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::io;
+#[cfg(test)]
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rand::RngCore;
+use siphasher::sip::SipHasher24;
+
+use journal::{
+    compact_threshold, create_parent_dir, load_journal, lock_journal, rewrite_journal,
+    sync_parent_dir, Journal,
+};
+
+/// The replay window Skill Gateway v1 prescribes: 5 minutes.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(5 * 60);
+
+/// Bytes of one `(Key, u32)` table entry.
+const ENTRY_BYTES: usize = 12;
+/// Entries the table is created for; it grows from there as needed.
+pub const INITIAL_TABLE_CAPACITY: usize = 4096;
+/// Control bytes hashbrown allocates past the last bucket (one SIMD group:
+/// 16 with SSE2, 8 elsewhere; 16 is the upper bound).
+const TRAILING_CTRL_BYTES: usize = 16;
+
+/// Configuration of a [`NonceStore`].
+#[derive(Debug, Clone)]
+pub struct NonceStoreConfig {
+    /// Maximum number of entries kept (live or not yet purged). Must be at
+    /// least 1. Memory grows with the live set up to this many entries.
+    pub capacity: usize,
+    /// How long a nonce stays refused after it was first accepted (rounded up
+    /// to whole seconds of the absolute expiry). Skill Gateway v1 uses
+    /// [`DEFAULT_TTL`].
+    pub ttl: Duration,
+    /// Append-only journal file that makes the store survive restarts; `None`
+    /// keeps the store in memory only.
+    pub journal: Option<PathBuf>,
+}
+
+impl NonceStoreConfig {
+    /// An in-memory store of `capacity` entries with the default TTL.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            ttl: DEFAULT_TTL,
+            journal: None,
+        }
+    }
+}
+
+/// Why a nonce was refused, or why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum NonceError {
+    /// `(scope, nonce)` was already accepted and has not expired yet.
+    #[error("nonce already used")]
+    Replay,
+    /// The store holds `capacity` live entries; nothing is evicted, so the
+    /// nonce is refused. One entry expires after `retry_after`.
+    #[error("nonce store is full; retry after {retry_after:?}")]
+    Full {
+        /// Time until the earliest entry expires (at least 1 ms).
+        retry_after: Duration,
+    },
+    /// Reading, writing or compacting the journal failed; the nonce was not
+    /// recorded. Also returned by [`NonceStore::open`] for a corrupt journal
+    /// (`InvalidData`) or a capacity of 0 (`InvalidInput`).
+    #[error("nonce journal: {0}")]
+    Journal(#[from] io::Error),
+}
+
+/// A 64-bit hash stored as two `u32` halves, so that `(Key, u32)` is 12 bytes
+/// with alignment 4 instead of a padded 16-byte `(u64, u32)`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Key {
+    lo: u32,
+    hi: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<(Key, u32)>() == ENTRY_BYTES);
+
+impl Key {
+    fn new(hash: u64) -> Self {
+        Self {
+            lo: hash as u32,
+            hi: (hash >> 32) as u32,
+        }
+    }
+
+    fn get(self) -> u64 {
+        u64::from(self.lo) | (u64::from(self.hi) << 32)
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.get());
+    }
+}
+
+/// Passes a `u64` through unchanged: table keys are already keyed SipHash
+/// values, hashing them again would only cost time.
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for `Key`, which only calls `write_u64`.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Table = HashMap<Key, u32, BuildHasherDefault<IdentityHasher>>;
+
+struct Inner {
+    map: Table,
+    /// Lower bound of the smallest expiry in `map` (`u32::MAX` when empty).
+    /// It is exact whenever it lies in the future: it only becomes stale when
+    /// an expired entry is overwritten, and then it is already in the past.
+    earliest: u32,
+    journal: Option<Journal>,
+    /// Entries the table's allocation holds (`HashMap::capacity` right after
+    /// it was built; removals make `capacity()` smaller until a rehash).
+    table_capacity: usize,
+    /// Full-table scans done (for tests of the O(1) refusal path).
+    rescans: u64,
+}
+
+/// Bounded, thread-safe, optionally persistent replay-protection store. See
+/// the [module docs](self) for the design.
+pub struct NonceStore {
+    inner: Mutex<Inner>,
+    capacity: usize,
+    ttl_ms: u64,
+    k0: u64,
+    k1: u64,
+}
+
+impl std::fmt::Debug for NonceStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The hash key is deliberately left out.
+        let inner = self.lock();
+        f.debug_struct("NonceStore")
+            .field("capacity", &self.capacity)
+            .field("ttl_ms", &self.ttl_ms)
+            .field("len", &inner.map.len())
+            .field("journal", &inner.journal.as_ref().map(|j| &j.path))
+            .finish_non_exhaustive()
+    }
+}
+
+impl NonceStore {
+    /// Opens a store. Without a journal it starts empty with a fresh random
+    /// hash key. With one, an existing journal is validated and its live
+    /// records are loaded, then it is compacted; a missing journal (and
+    /// directory) is created.
+    ///
+    /// # Errors
+    ///
+    /// [`NonceError::Journal`] if the journal cannot be read, created or
+    /// compacted, if it is corrupt (bad magic, truncated header:
+    /// `InvalidData`), or if `capacity` is 0 (`InvalidInput`).
+    pub fn open(config: NonceStoreConfig, now_unix_ms: u64) -> Result<Self, NonceError> {
+        if config.capacity == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nonce store capacity must be at least 1",
+            )
+            .into());
+        }
+        let ttl_ms = u64::try_from(config.ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        let mut map = Table::with_capacity_and_hasher(
+            config.capacity.min(INITIAL_TABLE_CAPACITY),
+            Default::default(),
+        );
+
+        let (key, journal) = match config.journal {
+            None => (random_key(), None),
+            Some(path) => {
+                create_parent_dir(&path)?;
+                let lock = lock_journal(&path)?;
+                let key = match File::open(&path) {
+                    Ok(file) if !file.metadata()?.is_file() => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "the nonce journal is not a regular file",
+                        )
+                        .into())
+                    }
+                    Ok(file) => load_journal(file, &mut map, now_unix_ms)?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => random_key(),
+                    Err(e) => return Err(e.into()),
+                };
+                let (writer, records) = rewrite_journal(&path, &key, &map)?;
+                sync_parent_dir(&path)?;
+                let journal = Journal {
+                    path,
+                    key,
+                    writer: Box::new(writer),
+                    records,
+                    compact_above: compact_threshold(config.capacity),
+                    dirty: false,
+                    _lock: lock,
+                };
+                (key, Some(journal))
+            }
+        };
+
+        let earliest = map.values().copied().min().unwrap_or(u32::MAX);
+        let (k0, k1) = split_key(&key);
+        Ok(Self {
+            inner: Mutex::new(Inner {
+                table_capacity: map.capacity(),
+                map,
+                earliest,
+                journal,
+                rescans: 0,
+            }),
+            capacity: config.capacity,
+            ttl_ms,
+            k0,
+            k1,
+        })
+    }
+
+    /// Atomically: `Err(Replay)` if `(scope, nonce)` is live; else records it
+    /// with expiry `now + ttl` (rounded up to a whole second).
+    ///
+    /// Call it only after the request's signature was verified. With a
+    /// journal, the entry is appended to it before `Ok` is returned.
+    ///
+    /// # Errors
+    ///
+    /// * [`NonceError::Replay`]: the nonce is live in this scope;
+    /// * [`NonceError::Full`]: `capacity` live entries and none expired; the
+    ///   nonce is not recorded and nothing is evicted;
+    /// * [`NonceError::Journal`]: the journal write failed; the nonce is not
+    ///   recorded (fail closed).
+    pub fn check_and_insert(
+        &self,
+        scope: &str,
+        nonce: &str,
+        now_unix_ms: u64,
+    ) -> Result<(), NonceError> {
+        let key = self.key_for(scope, nonce);
+        let expiry = expiry_secs(now_unix_ms, self.ttl_ms);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+
+        match inner.map.get(&key) {
+            Some(&old) if is_live(old, now_unix_ms) => return Err(NonceError::Replay),
+            // An expired entry that was not purged yet: its slot is reused.
+            Some(_) => {}
+            None => {
+                if inner.map.len() >= self.capacity {
+                    inner.purge(now_unix_ms);
+                    if inner.map.len() >= self.capacity {
+                        let retry_ms = secs_to_ms(inner.earliest).saturating_sub(now_unix_ms);
+                        return Err(NonceError::Full {
+                            retry_after: Duration::from_millis(retry_ms.max(1)),
+                        });
+                    }
+                }
+                if inner.map.len() >= inner.map.capacity() {
+                    inner.make_room(now_unix_ms, self.capacity);
+                }
+            }
+        }
+
+        // Journal first: if the write fails the table was never touched, which
+        // is the rollback.
+        if let Some(journal) = inner.journal.as_mut() {
+            journal.append(key, expiry, &inner.map, now_unix_ms)?;
+        }
+        inner.map.insert(key, expiry);
+        inner.earliest = inner.earliest.min(expiry);
+
+        if inner
+            .journal
+            .as_ref()
+            .is_some_and(|j| j.records > j.compact_above)
+        {
+            inner.purge(now_unix_ms);
+            if let Some(journal) = inner.journal.as_mut() {
+                journal.compact(&inner.map, self.capacity);
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of entries held: live ones plus expired ones not purged yet.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Whether the store holds no entry at all.
+    pub fn is_empty(&self) -> bool {
+        self.lock().map.is_empty()
+    }
+
+    /// The configured maximum number of entries.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Drops expired entries from memory and returns how many were removed.
+    /// Scans only if some entry may have expired. Full stores purge by
+    /// themselves; this is for keeping [`len`](Self::len) meaningful. The
+    /// journal is compacted separately.
+    pub fn purge_expired(&self, now_unix_ms: u64) -> usize {
+        self.lock().purge(now_unix_ms)
+    }
+
+    /// Bytes of the in-memory table per entry of a full store: the
+    /// allocation of the table that holds `capacity` entries (see the module
+    /// docs) divided by `capacity`. At most 32 for capacity >= 3.
+    pub fn bytes_per_entry_upper_bound(&self) -> f64 {
+        table_bytes(self.capacity) as f64 / self.capacity as f64
+    }
+
+    /// Bytes the in-memory table takes now (it grows with the live set).
+    pub fn table_bytes(&self) -> usize {
+        table_bytes(self.lock().table_capacity)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every critical section leaves `Inner` consistent, so a panic in
+        // another thread does not invalidate it.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn key_for(&self, scope: &str, nonce: &str) -> Key {
+        Key::new(hash_pair(self.k0, self.k1, scope, nonce))
+    }
+
+    /// Replaces the journal writer, to simulate write failures.
+    #[cfg(test)]
+    fn set_journal_writer(&self, writer: Box<dyn Write + Send>) {
+        self.lock()
+            .journal
+            .as_mut()
+            .expect("store has a journal")
+            .writer = writer;
+    }
+}
+
+impl Inner {
+    /// Called when one more entry would make hashbrown grow or rehash the
+    /// table (it is full, or removals left it short of free slots): copies
+    /// the live entries into a fresh table, twice as large if more than 3/4
+    /// of the old one is live, else the same size. The fresh table has at
+    /// least a quarter of its slots free, so this is amortised O(1) per
+    /// insert. The caller has checked `len < capacity`; the table never grows
+    /// past the one `capacity` entries need.
+    fn make_room(&mut self, now_ms: u64, capacity: usize) {
+        self.rescans += 1;
+        let full = self.table_capacity;
+        let live = self
+            .map
+            .values()
+            .filter(|&&expiry| is_live(expiry, now_ms))
+            .count();
+        let entries = if live > full - full / 4 {
+            (full + 1).min(capacity)
+        } else {
+            full
+        };
+        let mut fresh = Table::with_capacity_and_hasher(entries.max(live + 1), Default::default());
+        let mut earliest = u32::MAX;
+        for (&key, &expiry) in &self.map {
+            if is_live(expiry, now_ms) {
+                fresh.insert(key, expiry);
+                earliest = earliest.min(expiry);
+            }
+        }
+        self.table_capacity = fresh.capacity();
+        self.map = fresh;
+        self.earliest = earliest;
+    }
+
+    /// Removes expired entries if any may exist; recomputes `earliest`.
+    fn purge(&mut self, now_ms: u64) -> usize {
+        if now_ms < secs_to_ms(self.earliest) {
+            return 0;
+        }
+        self.rescans += 1;
+        let before = self.map.len();
+        let mut earliest = u32::MAX;
+        self.map.retain(|_, &mut expiry| {
+            let live = is_live(expiry, now_ms);
+            if live {
+                earliest = earliest.min(expiry);
+            }
+            live
+        });
+        self.earliest = earliest;
+        before - self.map.len()
+    }
+}
+
+/// Keyed SipHash-2-4 of `(scope, nonce)`, each prefixed by its length.
+fn hash_pair(k0: u64, k1: u64, scope: &str, nonce: &str) -> u64 {
+    let mut h = SipHasher24::new_with_keys(k0, k1);
+    h.write(&(scope.len() as u64).to_le_bytes());
+    h.write(scope.as_bytes());
+    h.write(&(nonce.len() as u64).to_le_bytes());
+    h.write(nonce.as_bytes());
+    h.finish()
+}
+
+fn random_key() -> [u8; 16] {
+    let mut key = [0u8; 16];
+    rand::rngs::OsRng.fill_bytes(&mut key);
+    key
+}
+
+fn split_key(key: &[u8; 16]) -> (u64, u64) {
+    let mut k0 = [0u8; 8];
+    let mut k1 = [0u8; 8];
+    k0.copy_from_slice(&key[..8]);
+    k1.copy_from_slice(&key[8..]);
+    (u64::from_le_bytes(k0), u64::from_le_bytes(k1))
+}
+
+/// `ceil((now + ttl) / 1s)`, saturating at `u32::MAX`.
+fn expiry_secs(now_ms: u64, ttl_ms: u64) -> u32 {
+    let secs = now_ms.saturating_add(ttl_ms).div_ceil(1000);
+    u32::try_from(secs).unwrap_or(u32::MAX)
+}
+
+fn secs_to_ms(secs: u32) -> u64 {
+    u64::from(secs) * 1000
+}
+
+fn is_live(expiry: u32, now_ms: u64) -> bool {
+    secs_to_ms(expiry) > now_ms
+}
+
+/// Allocation of a hashbrown table of `(Key, u32)` that holds
+/// `table_capacity` elements (`HashMap::capacity`).
+fn table_bytes(table_capacity: usize) -> usize {
+    if table_capacity == 0 {
+        return 0;
+    }
+    // hashbrown: capacity = buckets - 1 below 8 buckets, buckets * 7/8 above.
+    let buckets = if table_capacity < 8 {
+        (table_capacity + 1).next_power_of_two()
+    } else {
+        (table_capacity * 8 / 7).next_power_of_two()
+    };
+    buckets * (ENTRY_BYTES + 1) + TRAILING_CTRL_BYTES
+}
+
+#[cfg(test)]
+mod tests;

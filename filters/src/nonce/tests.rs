@@ -1,0 +1,489 @@
+use super::journal::{encode_record, tmp_path, HEADER_LEN, MAGIC, RECORD_LEN};
+use super::*;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+
+const T0: u64 = 1_700_000_000_000;
+const TTL: Duration = DEFAULT_TTL;
+const TTL_MS: u64 = 300_000;
+
+fn mem_store(capacity: usize) -> NonceStore {
+    NonceStore::open(NonceStoreConfig::new(capacity), T0).unwrap()
+}
+
+fn journal_config(path: &Path, capacity: usize) -> NonceStoreConfig {
+    NonceStoreConfig {
+        capacity,
+        ttl: TTL,
+        journal: Some(path.to_path_buf()),
+    }
+}
+
+fn file_len(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().len()
+}
+
+fn journal_size(records: u64) -> u64 {
+    HEADER_LEN as u64 + records * RECORD_LEN as u64
+}
+
+struct FailingWriter;
+
+impl Write for FailingWriter {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::other("disk on fire"))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn replay_refused_inside_ttl() {
+    let store = mem_store(10);
+    store.check_and_insert("k1", "n1", T0).unwrap();
+    assert!(matches!(
+        store.check_and_insert("k1", "n1", T0),
+        Err(NonceError::Replay)
+    ));
+    assert!(matches!(
+        store.check_and_insert("k1", "n1", T0 + TTL_MS - 1),
+        Err(NonceError::Replay)
+    ));
+    assert_eq!(store.len(), 1);
+}
+
+#[test]
+fn accepted_again_after_ttl() {
+    let store = mem_store(10);
+    store.check_and_insert("k1", "n1", T0).unwrap();
+    // T0 is a whole second, so the expiry is exactly T0 + TTL.
+    assert!(matches!(
+        store.check_and_insert("k1", "n1", T0 + TTL_MS - 1),
+        Err(NonceError::Replay)
+    ));
+    store.check_and_insert("k1", "n1", T0 + TTL_MS).unwrap();
+    assert_eq!(store.len(), 1);
+}
+
+#[test]
+fn expiry_is_rounded_up_never_down() {
+    let store = mem_store(10);
+    let now = T0 + 1_500;
+    store.check_and_insert("k", "n", now).unwrap();
+    // Deadline now + ttl = T0 + 301.5 s rounds up to T0 + 302 s.
+    assert!(matches!(
+        store.check_and_insert("k", "n", now + TTL_MS),
+        Err(NonceError::Replay)
+    ));
+    assert!(matches!(
+        store.check_and_insert("k", "n", T0 + 301_999),
+        Err(NonceError::Replay)
+    ));
+    store.check_and_insert("k", "n", T0 + 302_000).unwrap();
+}
+
+#[test]
+fn scopes_are_independent() {
+    let store = mem_store(10);
+    store.check_and_insert("scope-a", "n", T0).unwrap();
+    store.check_and_insert("scope-b", "n", T0).unwrap();
+    // Length prefixes: ("ab", "c") and ("a", "bc") are different entries.
+    store.check_and_insert("ab", "c", T0).unwrap();
+    store.check_and_insert("a", "bc", T0).unwrap();
+    store.check_and_insert("", "abc", T0).unwrap();
+    store.check_and_insert("abc", "", T0).unwrap();
+    assert_eq!(store.len(), 6);
+    assert!(matches!(
+        store.check_and_insert("scope-b", "n", T0 + 1),
+        Err(NonceError::Replay)
+    ));
+}
+
+#[test]
+fn full_store_refuses_without_evicting() {
+    let store = mem_store(3);
+    store.check_and_insert("k", "a", T0).unwrap();
+    store.check_and_insert("k", "b", T0 + 10_000).unwrap();
+    store.check_and_insert("k", "c", T0 + 20_000).unwrap();
+
+    match store.check_and_insert("k", "d", T0 + 30_000) {
+        Err(NonceError::Full { retry_after }) => {
+            assert_eq!(retry_after, Duration::from_millis(TTL_MS - 30_000));
+        }
+        other => panic!("expected Full, got {other:?}"),
+    }
+    match store.check_and_insert("k", "d", T0 + TTL_MS - 1) {
+        Err(NonceError::Full { retry_after }) => {
+            assert_eq!(retry_after, Duration::from_millis(1));
+        }
+        other => panic!("expected Full, got {other:?}"),
+    }
+    // Nothing was evicted: all three are still refused as replays.
+    for n in ["a", "b", "c"] {
+        assert!(matches!(
+            store.check_and_insert("k", n, T0 + TTL_MS - 1),
+            Err(NonceError::Replay)
+        ));
+    }
+    assert_eq!(store.len(), 3);
+
+    // Refusals did not rescan the table: the earliest expiry is known.
+    assert_eq!(store.lock().rescans, 0);
+    for i in 0..100 {
+        let _ = store.check_and_insert("k", &format!("x{i}"), T0 + 40_000);
+    }
+    assert_eq!(store.lock().rescans, 0);
+}
+
+#[test]
+fn full_store_accepts_after_expiry() {
+    let store = mem_store(3);
+    store.check_and_insert("k", "a", T0).unwrap();
+    store.check_and_insert("k", "b", T0 + 10_000).unwrap();
+    store.check_and_insert("k", "c", T0 + 20_000).unwrap();
+    assert!(matches!(
+        store.check_and_insert("k", "d", T0 + 1),
+        Err(NonceError::Full { .. })
+    ));
+
+    // "a" has expired: the refusal path purges it once and accepts "d".
+    store.check_and_insert("k", "d", T0 + TTL_MS).unwrap();
+    assert_eq!(store.len(), 3);
+    assert_eq!(store.lock().rescans, 1);
+    // Full again; "b" expires 10 s later.
+    match store.check_and_insert("k", "e", T0 + TTL_MS) {
+        Err(NonceError::Full { retry_after }) => {
+            assert_eq!(retry_after, Duration::from_secs(10));
+        }
+        other => panic!("expected Full, got {other:?}"),
+    }
+    assert!(matches!(
+        store.check_and_insert("k", "b", T0 + TTL_MS),
+        Err(NonceError::Replay)
+    ));
+}
+
+#[test]
+fn purge_expired_counts_and_len() {
+    let store = mem_store(10);
+    assert!(store.is_empty());
+    store.check_and_insert("k", "a", T0).unwrap();
+    store.check_and_insert("k", "b", T0 + 60_000).unwrap();
+    assert_eq!(store.purge_expired(T0 + TTL_MS - 1), 0);
+    assert_eq!(store.purge_expired(T0 + TTL_MS), 1);
+    assert_eq!(store.len(), 1);
+    assert_eq!(store.purge_expired(T0 + TTL_MS + 60_000), 1);
+    assert!(store.is_empty());
+    assert_eq!(store.capacity(), 10);
+}
+
+#[test]
+fn zero_capacity_is_rejected() {
+    let err = NonceStore::open(NonceStoreConfig::new(0), T0).unwrap_err();
+    assert!(matches!(err, NonceError::Journal(e) if e.kind() == io::ErrorKind::InvalidInput));
+}
+
+#[test]
+fn one_journal_serves_one_store_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    let first = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+    let err = NonceStore::open(journal_config(&path, 100), T0).unwrap_err();
+    assert!(
+        matches!(&err, NonceError::Journal(e) if e.kind() == io::ErrorKind::WouldBlock),
+        "{err:?}"
+    );
+    drop(first);
+    NonceStore::open(journal_config(&path, 100), T0).unwrap();
+}
+
+#[test]
+fn restart_keeps_live_nonces_and_compacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    {
+        let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+        store.check_and_insert("k", "old", T0).unwrap();
+        store.check_and_insert("k", "live", T0 + 200_000).unwrap();
+        assert_eq!(file_len(&path), journal_size(2));
+    }
+    // "old" expired at T0 + 300 s, "live" lives until T0 + 500 s.
+    let now = T0 + 350_000;
+    let store = NonceStore::open(journal_config(&path, 100), now).unwrap();
+    assert_eq!(store.len(), 1, "the expired record must not be reloaded");
+    assert_eq!(file_len(&path), journal_size(1), "compacted on open");
+    assert!(!tmp_path(&path).exists());
+    assert!(matches!(
+        store.check_and_insert("k", "live", now),
+        Err(NonceError::Replay)
+    ));
+    store.check_and_insert("k", "old", now).unwrap();
+    assert_eq!(file_len(&path), journal_size(2));
+    drop(store);
+
+    // And a third generation still knows both.
+    let store = NonceStore::open(journal_config(&path, 100), now + 1).unwrap();
+    for n in ["live", "old"] {
+        assert!(matches!(
+            store.check_and_insert("k", n, now + 1),
+            Err(NonceError::Replay)
+        ));
+    }
+}
+
+#[test]
+fn torn_trailing_record_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    {
+        let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+        store.check_and_insert("k", "a", T0).unwrap();
+        store.check_and_insert("k", "b", T0).unwrap();
+    }
+    let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+    file.write_all(&[0xAB; 7]).unwrap();
+    drop(file);
+    assert_eq!(file_len(&path), journal_size(2) + 7);
+
+    let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
+    assert_eq!(store.len(), 2);
+    assert_eq!(file_len(&path), journal_size(2));
+    for n in ["a", "b"] {
+        assert!(matches!(
+            store.check_and_insert("k", n, T0 + 1),
+            Err(NonceError::Replay)
+        ));
+    }
+}
+
+#[test]
+fn bad_magic_or_truncated_header_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    let mut bad = b"XNONCE01".to_vec();
+    bad.extend_from_slice(&[0u8; 16]);
+    bad.extend_from_slice(&encode_record(1, u32::MAX));
+    for contents in [bad, b"CNONCE01\0\0\0".to_vec(), Vec::new()] {
+        fs::write(&path, &contents).unwrap();
+        let err = NonceStore::open(journal_config(&path, 100), T0).unwrap_err();
+        assert!(
+            matches!(&err, NonceError::Journal(e) if e.kind() == io::ErrorKind::InvalidData),
+            "{err:?}"
+        );
+        // The corrupt file is left alone for inspection.
+        assert_eq!(fs::read(&path).unwrap(), contents);
+    }
+}
+
+#[test]
+fn journal_write_failure_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+    store.check_and_insert("k", "a", T0).unwrap();
+
+    store.set_journal_writer(Box::new(FailingWriter));
+    let err = store.check_and_insert("k", "b", T0).unwrap_err();
+    assert!(matches!(err, NonceError::Journal(_)), "{err:?}");
+    assert_eq!(store.len(), 1, "the failed insert was rolled back");
+
+    // Not recorded: the next attempt is not a replay. It first rewrites
+    // the journal (the failed write may have torn a record), then appends.
+    store.check_and_insert("k", "b", T0).unwrap();
+    assert_eq!(file_len(&path), journal_size(2));
+    drop(store);
+
+    let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
+    assert_eq!(store.len(), 2);
+    for n in ["a", "b"] {
+        assert!(matches!(
+            store.check_and_insert("k", n, T0 + 1),
+            Err(NonceError::Replay)
+        ));
+    }
+}
+
+#[test]
+fn journal_that_cannot_be_repaired_keeps_failing_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let jdir = dir.path().join("j");
+    let path = jdir.join("nonces.journal");
+    let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+    store.check_and_insert("k", "a", T0).unwrap();
+
+    store.set_journal_writer(Box::new(FailingWriter));
+    fs::remove_dir_all(&jdir).unwrap();
+    for _ in 0..3 {
+        let err = store.check_and_insert("k", "b", T0).unwrap_err();
+        assert!(matches!(err, NonceError::Journal(_)), "{err:?}");
+    }
+    assert_eq!(store.len(), 1);
+    // Replays are still detected from memory.
+    assert!(matches!(
+        store.check_and_insert("k", "a", T0),
+        Err(NonceError::Replay)
+    ));
+}
+
+#[test]
+fn journal_is_compacted_while_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    let config = NonceStoreConfig {
+        capacity: 2,
+        ttl: Duration::from_secs(1),
+        journal: Some(path.clone()),
+    };
+    let store = NonceStore::open(config, T0).unwrap();
+    // One nonce every 2 s: each has expired when the next arrives.
+    for i in 0..4u64 {
+        store
+            .check_and_insert("k", &format!("n{i}"), T0 + i * 2_000)
+            .unwrap();
+        assert_eq!(file_len(&path), journal_size(i + 1));
+    }
+    // The fifth record exceeds 2 * capacity: the file is rewritten with
+    // the one live entry.
+    store.check_and_insert("k", "n4", T0 + 8_000).unwrap();
+    assert_eq!(file_len(&path), journal_size(1));
+    assert_eq!(store.len(), 1);
+    store.check_and_insert("k", "n5", T0 + 8_000).unwrap();
+    assert_eq!(file_len(&path), journal_size(2));
+    drop(store);
+
+    let config = NonceStoreConfig {
+        capacity: 2,
+        ttl: Duration::from_secs(1),
+        journal: Some(path.clone()),
+    };
+    let store = NonceStore::open(config, T0 + 8_500).unwrap();
+    assert!(matches!(
+        store.check_and_insert("k", "n5", T0 + 8_500),
+        Err(NonceError::Replay)
+    ));
+}
+
+#[test]
+fn journal_file_mode_is_0600_and_new_dirs_0700() {
+    let dir = tempfile::tempdir().unwrap();
+    let jdir = dir.path().join("state").join("nonces");
+    let path = jdir.join("nonces.journal");
+    let store = NonceStore::open(journal_config(&path, 10), T0).unwrap();
+    store.check_and_insert("k", "a", T0).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(&jdir), 0o700);
+    assert_eq!(mode(jdir.parent().unwrap()), 0o700);
+    drop(store);
+    // Still 0600 after the compaction of a reopen.
+    let _store = NonceStore::open(journal_config(&path, 10), T0 + 1).unwrap();
+    assert_eq!(mode(&path), 0o600);
+    let bytes = fs::read(&path).unwrap();
+    assert_eq!(&bytes[..8], MAGIC);
+    assert_eq!(bytes.len() as u64, journal_size(1));
+}
+
+#[test]
+fn concurrent_inserts_of_one_nonce_accept_exactly_one() {
+    let store = Arc::new(mem_store(100));
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                store.check_and_insert("k", "same", T0)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1);
+    assert_eq!(
+        results
+            .iter()
+            .filter(|r| matches!(r, Err(NonceError::Replay)))
+            .count(),
+        7
+    );
+    assert_eq!(store.len(), 1);
+}
+
+#[test]
+fn bytes_per_entry_at_most_32() {
+    assert_eq!(std::mem::size_of::<(Key, u32)>(), 12);
+    for capacity in [1_000, 100_000, 1_000_000] {
+        let store = mem_store(capacity);
+        let bytes = store.bytes_per_entry_upper_bound();
+        assert!(bytes <= 32.0, "capacity {capacity}: {bytes} bytes/entry");
+    }
+    // Filled to the brim, the table is the one the bound was computed
+    // for, and a refused nonce does not make it grow.
+    let store = mem_store(100_000);
+    for i in 0..100_000 {
+        store.check_and_insert("k", &i.to_string(), T0).unwrap();
+    }
+    let full = store.table_bytes();
+    assert_eq!(full, table_bytes(100_000));
+    assert!(full as f64 / 100_000.0 <= 32.0);
+    assert!(matches!(
+        store.check_and_insert("k", "one more", T0),
+        Err(NonceError::Full { .. })
+    ));
+    assert_eq!(store.table_bytes(), full);
+}
+
+#[test]
+fn an_idle_store_is_small_whatever_its_capacity() {
+    let store = mem_store(1_000_000);
+    assert!(store.table_bytes() <= table_bytes(INITIAL_TABLE_CAPACITY));
+    assert!(store.table_bytes() < 128 * 1024, "{}", store.table_bytes());
+    assert_eq!(mem_store(10).table_bytes(), table_bytes(10));
+}
+
+#[test]
+fn the_table_follows_the_live_set_not_the_total() {
+    // 1,000 nonces a second for 100 s with a 10 s TTL: at most 11,000
+    // live at once (expiries round up), 100,000 accepted in all.
+    let config = NonceStoreConfig {
+        ttl: Duration::from_secs(10),
+        ..NonceStoreConfig::new(1_000_000)
+    };
+    let store = NonceStore::open(config, T0).unwrap();
+    let mut peak_len = 0;
+    for i in 0..100_000u64 {
+        let now = T0 + i;
+        store.check_and_insert("k", &i.to_string(), now).unwrap();
+        peak_len = peak_len.max(store.len());
+    }
+    let table = store.lock().table_capacity;
+    // Never sized for the 100,000 accepted: at most one doubling above
+    // the 4/3 x live set that triggers growth.
+    assert!(table >= 11_000, "{table}");
+    assert!(table <= 28_672, "{table}");
+    assert!(peak_len <= table, "{peak_len} {table}");
+    // Purges are amortised: each one is at least a quarter table apart.
+    let rescans = store.lock().rescans;
+    assert!(rescans <= 100_000 / (7_168 / 4), "{rescans} purges");
+    // Every live nonce is still refused.
+    for i in 100_000 - 9_000..100_000u64 {
+        assert!(matches!(
+            store.check_and_insert("k", &i.to_string(), T0 + 100_000),
+            Err(NonceError::Replay)
+        ));
+    }
+}
+
+#[test]
+fn growth_stops_at_the_table_capacity_entries_need() {
+    let store = mem_store(20_000);
+    for i in 0..20_000 {
+        store.check_and_insert("k", &i.to_string(), T0).unwrap();
+    }
+    assert_eq!(store.table_bytes(), table_bytes(20_000));
+    assert!(store.lock().table_capacity < 2 * 20_000);
+}
