@@ -18,7 +18,9 @@ use serde_json::{json, Value};
 use carapace_filters::call::ToolSpec;
 use carapace_filters::schema::CompiledSchema;
 
+use crate::app::AppConn;
 use crate::config::{Loaded, Protocol, SkillAppConfig};
+use crate::mcp::back::McpUpstream;
 use crate::upstream::AppClient;
 
 /// The protocol's ceiling for `timeout_ms`.
@@ -110,13 +112,16 @@ impl CatalogHandle {
     /// logged as skipped.
     pub async fn refresh(
         &self,
-        app: &AppClient,
+        app: &AppConn,
         cfg: &Loaded,
         disabled: bool,
     ) -> Result<usize, DiscoveryError> {
         let previous = self.load();
         let reuse = !self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
-        let result = discover(app, cfg, &previous, reuse).await;
+        let result = match app {
+            AppConn::Http(app) => discover(app, cfg, &previous, reuse).await,
+            AppConn::Mcp(server) => discover_mcp(server, cfg, &previous, reuse).await,
+        };
         match result {
             Ok(Some(catalog)) => {
                 let n = catalog.tools.len();
@@ -175,7 +180,7 @@ async fn discover(
     let path = match cfg.config.app.protocol {
         Protocol::ToolsV1 => "/v1/tools",
         Protocol::SkillV1 => "/manifest",
-        Protocol::Mcp => unreachable!("refused by the configuration check"),
+        Protocol::Mcp => unreachable!("an MCP app is discovered by discover_mcp"),
     };
     let skill = cfg.config.app.skill.as_ref();
     if let Some(skill) = skill {
@@ -238,6 +243,44 @@ async fn discover(
         }
     }
     result.map(Some)
+}
+
+/// Every page of an MCP server's `tools/list`, compiled; `Ok(None)` when unchanged.
+async fn discover_mcp(
+    server: &McpUpstream,
+    cfg: &Loaded,
+    previous: &Catalog,
+    reuse: bool,
+) -> Result<Option<Catalog>, DiscoveryError> {
+    let timeout = Duration::from_millis(cfg.config.app.discovery.timeout_ms);
+    let tools = match tokio::time::timeout(timeout, server.list_tools()).await {
+        Err(_) => Err(DiscoveryError::Unavailable(format!(
+            "tools/list timed out after {} ms",
+            timeout.as_millis()
+        ))),
+        Ok(Err(e)) => Err(DiscoveryError::Unavailable(e.to_string())),
+        Ok(Ok(tools)) => Ok(tools),
+    };
+    let tools = match tools {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("tools_discovery_failed reason={e}");
+            return Err(e);
+        }
+    };
+    let d = digest(&serde_json::to_vec(&tools).expect("JSON values serialize"));
+    if reuse && previous.digest == d && !previous.tools.is_empty() {
+        return Ok(None);
+    }
+    let tools = crate::mcp::back::catalog_tools(&tools, |name| {
+        clamp_max(name, PROTOCOL_TIMEOUT_MAX_MS, cfg)
+    });
+    Ok(Some(Catalog {
+        tools,
+        service: String::new(),
+        version: None,
+        digest: d,
+    }))
 }
 
 fn clamp_max(name: &str, declared: u64, cfg: &Loaded) -> u64 {

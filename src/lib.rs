@@ -4,6 +4,7 @@
 //! `carapace-filters` crate; this crate holds the protocol fronts and backs, configuration,
 //! listeners, discovery, the peer store, the admin socket and operations endpoints.
 
+pub mod app;
 pub mod caller_body;
 pub mod catalog;
 pub mod client;

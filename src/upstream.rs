@@ -174,6 +174,7 @@ impl std::fmt::Debug for AppClient {
 #[derive(Debug)]
 pub struct AppResponse {
     pub status: StatusCode,
+    pub headers: http::HeaderMap,
     pub body: Bytes,
 }
 
@@ -259,13 +260,17 @@ impl AppClient {
             .request(req)
             .await
             .map_err(|e| request_failure(&e))?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), self.max_response_bytes)
+        let (head, body) = resp.into_parts();
+        let body = Limited::new(body, self.max_response_bytes)
             .collect()
             .await
             .map_err(|e| Rejection::AppInvalid(format!("reading answer: {e}")))?
             .to_bytes();
-        Ok(AppResponse { status, body })
+        Ok(AppResponse {
+            status: head.status,
+            headers: head.headers,
+            body,
+        })
     }
 }
 

@@ -657,8 +657,32 @@ async fn mcp_configuration_mistakes_are_refused() {
             "/front/mcp",
         ),
         (
-            mcp_yaml(&env, "", "").replace("app: { protocol: tools-v1", "app: { protocol: mcp"),
-            "/app/protocol",
+            mcp_yaml(&env, "", "").replace(
+                "app: { protocol: tools-v1,",
+                "app: { protocol: tools-v1, command: [node],",
+            ),
+            "/app/command",
+        ),
+        (
+            mcp_yaml(&env, "", "").replace(
+                "app: { protocol: tools-v1,",
+                "app: { protocol: mcp, command: [node],",
+            ),
+            "/app/address",
+        ),
+        (
+            mcp_yaml(&env, "", "").replace(
+                "app: { protocol: tools-v1,",
+                "app: { protocol: tools-v1, env: { A: b },",
+            ),
+            "/app/env",
+        ),
+        (
+            mcp_yaml(&env, "", "").replace(
+                "app: { protocol: tools-v1,",
+                "app: { protocol: tools-v1, mcp: { path: /mcp },",
+            ),
+            "/app/mcp",
         ),
         (
             mcp_yaml(

@@ -158,14 +158,31 @@ pub fn set_call_headers(headers: &mut http::HeaderMap, call: &ToolCall) {
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallOutcome {
     /// The tool ran and produced `output` (checked against the output schema).
-    Ok { output: Value, meta: Option<Value> },
+    Ok {
+        output: Value,
+        meta: Option<Value>,
+        content: Option<ServerContent>,
+    },
     /// The tool ran and reported an error of its own (passed through to the caller).
     AppError {
         code: String,
         message: String,
         details: Option<Value>,
         retryable: bool,
+        content: Option<ServerContent>,
     },
+}
+
+/// An MCP server's own rendering of a tool's answer, which the MCP front passes on as it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerContent {
+    /// The result's `content` blocks (text, images, resources, ...).
+    pub blocks: Value,
+    /// Whether the call's `output` is the server's `structuredContent`; otherwise `output` is
+    /// `{"content": blocks}`, and the MCP front sends no `structuredContent`.
+    pub structured: bool,
+    /// The result's `_meta`, when the server gave one.
+    pub meta: Option<Value>,
 }
 
 #[cfg(test)]

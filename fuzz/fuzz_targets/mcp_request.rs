@@ -35,6 +35,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
             Ok(CallOutcome::Ok {
                 output: call.args,
                 meta: None,
+                content: None,
             })
         },
     ));
@@ -46,6 +47,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     let session = sessions.open("2025-03-26", "local", NOW_MS).expect("a session");
     let front = McpFront::new(
         Arc::new(handle),
+        calls.clone(),
         calls,
         Arc::new(|| NOW_MS),
         Arc::new(mcp),

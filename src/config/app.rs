@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::app_command::{child_spec, resolve_command_paths, ChildLimits, EnvValue};
 use super::secrets::{fix_secret, load_secret, SecretRef};
 use super::{
-    err, is_valid_header_name, AppAddress, AuthModeConfig, ConfigError, Derived, Protocol,
+    err, is_valid_header_name, AppAddress, AppTarget, AuthModeConfig, ConfigError, Derived,
+    Protocol,
 };
 
 /// The app behind carapace.
@@ -18,8 +20,26 @@ use super::{
 pub struct AppConfig {
     /// What the app speaks.
     pub protocol: Protocol,
-    /// `http://127.0.0.1:PORT` (loopback) or `unix:/path/to/app.sock`.
-    pub address: String,
+    /// `http://127.0.0.1:PORT` (loopback) or `unix:/path/to/app.sock`. An MCP app is this or
+    /// a `command`.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// An MCP app only: a stdio MCP server carapace starts and supervises (argv, no shell).
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// The command's environment: nothing else is passed. Values, or secrets by reference
+    /// (`{ env: NAME }`, `{ file: PATH }`).
+    #[serde(default)]
+    pub env: BTreeMap<String, EnvValue>,
+    /// The command's working directory.
+    #[serde(default)]
+    pub working_dir: Option<PathBuf>,
+    /// The command's resource limits.
+    #[serde(default)]
+    pub limits: ChildLimits,
+    /// An MCP app over Streamable HTTP: its endpoint's path.
+    #[serde(default)]
+    pub mcp: Option<McpAppConfig>,
     /// skill-v1 apps only (required there).
     #[serde(default)]
     pub skill: Option<SkillAppConfig>,
@@ -29,6 +49,27 @@ pub struct AppConfig {
     /// Connection pool to the app.
     #[serde(default)]
     pub pool: PoolConfig,
+}
+
+/// An MCP server reached over Streamable HTTP.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpAppConfig {
+    /// The MCP endpoint's path.
+    #[serde(default = "default_mcp_path")]
+    pub path: String,
+}
+
+impl Default for McpAppConfig {
+    fn default() -> Self {
+        McpAppConfig {
+            path: default_mcp_path(),
+        }
+    }
+}
+
+fn default_mcp_path() -> String {
+    "/mcp".into()
 }
 
 /// A skill-v1 app (a legacy `/run` skill).
@@ -153,20 +194,23 @@ pub(super) fn resolve_app(a: &mut AppConfig, base: &Path) {
     if let Some(auth) = a.skill.as_mut().and_then(|s| s.auth.as_mut()) {
         fix_secret(&mut auth.secret, base);
     }
-    if let Some(rest) = a.address.strip_prefix("unix:") {
-        let p = Path::new(rest);
-        if p.is_relative() && !rest.is_empty() {
-            a.address = format!("unix:{}", base.join(p).display());
+    if let Some(address) = &mut a.address {
+        if let Some(rest) = address.strip_prefix("unix:") {
+            let p = Path::new(rest);
+            if p.is_relative() && !rest.is_empty() {
+                *address = format!("unix:{}", base.join(p).display());
+            }
         }
     }
+    resolve_command_paths(&mut a.env, &mut a.working_dir, base);
 }
 pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
-    d.app_address = app_address(&a.address, errors);
+    d.app_target = app_target(a, errors);
     match (&a.protocol, &a.skill) {
-        (Protocol::Mcp, _) => errors.push(err(
-            "/app/protocol",
-            "an app speaking MCP is not supported behind carapace; the app must speak tools-v1 or skill-v1",
-        )),
+        (Protocol::Mcp, Some(_)) => {
+            errors.push(err("/app/skill", "only for an app that speaks skill-v1"))
+        }
+        (Protocol::Mcp, None) => {}
         (Protocol::SkillV1, None) => {
             errors.push(err("/app/skill", "required when the app speaks skill-v1"))
         }
@@ -182,6 +226,62 @@ pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigE
     if a.pool.connect_timeout_ms == 0 {
         errors.push(err("/app/pool/connect_timeout_ms", "must be at least 1"));
     }
+}
+
+/// Where the app is: an address, or (an MCP app) a command to start.
+fn app_target(a: &AppConfig, errors: &mut Vec<ConfigError>) -> Option<AppTarget> {
+    if a.mcp.is_some() && (a.protocol != Protocol::Mcp || a.command.is_some()) {
+        errors.push(err("/app/mcp", "only for an MCP app reached at an address"));
+    }
+    if a.mcp.as_ref().is_some_and(|m| !m.path.starts_with('/')) {
+        errors.push(err("/app/mcp/path", "a path starts with `/`"));
+    }
+    let Some(argv) = &a.command else {
+        for (set, key) in [
+            (!a.env.is_empty(), "env"),
+            (a.working_dir.is_some(), "working_dir"),
+            (a.limits != ChildLimits::default(), "limits"),
+        ] {
+            if set {
+                errors.push(err(
+                    format!("/app/{key}"),
+                    "only for an app that is a command",
+                ));
+            }
+        }
+        let Some(address) = &a.address else {
+            errors.push(err(
+                "/app/address",
+                "required (an MCP app may give `command` instead)",
+            ));
+            return None;
+        };
+        return app_address(address, errors).map(AppTarget::Http);
+    };
+    if a.protocol != Protocol::Mcp {
+        errors.push(err(
+            "/app/command",
+            "only an MCP app (a stdio MCP server) can be a command",
+        ));
+        return None;
+    }
+    if a.address.is_some() {
+        errors.push(err("/app/address", "give `address` or `command`, not both"));
+        return None;
+    }
+    let name = argv
+        .first()
+        .and_then(|p| Path::new(p).file_name())
+        .map_or_else(|| "app".into(), |n| n.to_string_lossy().into_owned());
+    child_spec(
+        &name,
+        argv,
+        &a.env,
+        a.working_dir.as_ref(),
+        &a.limits,
+        errors,
+    )
+    .map(AppTarget::Command)
 }
 
 /// `app.address`: `http://` on loopback, or `unix:/path`.

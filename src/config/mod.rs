@@ -22,8 +22,11 @@ mod front;
 pub use front::{CallerAuthConfig, FrontConfig, KeyConfig, MAX_NONCE_CAPACITY, MAX_SKEW_S};
 mod app;
 pub use app::{
-    AppAuthConfig, AppConfig, DiscoveryConfig, PoolConfig, SkillAppConfig, ToolOverride,
+    AppAuthConfig, AppConfig, DiscoveryConfig, McpAppConfig, PoolConfig, SkillAppConfig,
+    ToolOverride,
 };
+mod app_command;
+pub use app_command::{ChildLimits, ChildSpec, EnvValue};
 mod peers;
 pub use peers::{KillSwitchConfig, PeersConfig};
 mod rate_limits;
@@ -167,12 +170,19 @@ pub enum AppAddress {
     Unix(PathBuf),
 }
 
+/// The app behind carapace: reached at an address, or a command carapace starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppTarget {
+    Http(AppAddress),
+    Command(ChildSpec),
+}
+
 /// A validated configuration with its secrets loaded.
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub config: Config,
     pub source: PathBuf,
-    pub app_address: AppAddress,
+    pub app_target: AppTarget,
     pub tcp_address: Option<SocketAddr>,
     pub ops_address: Option<SocketAddr>,
     pub unix_mode: u32,
@@ -316,11 +326,11 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     let mut errors = Vec::new();
     let d = check_meaning(&Parts::of(&config), &mut errors);
     check_telemetry(config.telemetry.as_ref(), &mut errors);
-    match d.app_address {
-        Some(app_address) if errors.is_empty() => Ok(Loaded {
+    match d.app_target {
+        Some(app_target) if errors.is_empty() => Ok(Loaded {
             config,
             source: PathBuf::new(),
-            app_address,
+            app_target,
             tcp_address: d.tcp_address,
             ops_address: d.ops_address,
             unix_mode: d.unix_mode,
@@ -350,7 +360,7 @@ fn is_valid_header_name(name: &str) -> bool {
 /// What the meaning checks derive from the configuration.
 #[derive(Default)]
 struct Derived {
-    app_address: Option<AppAddress>,
+    app_target: Option<AppTarget>,
     tcp_address: Option<SocketAddr>,
     ops_address: Option<SocketAddr>,
     unix_mode: u32,

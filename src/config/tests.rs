@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use super::secrets::{load_secret, SecretRef};
-use super::{parse, AppAddress, ConfigErrors};
+use super::{parse, AppAddress, AppTarget, ConfigErrors};
 
 fn errors(text: &str) -> Vec<String> {
     match parse(text, Path::new("/nonexistent")) {
@@ -21,8 +21,8 @@ app: { protocol: tools-v1, address: 'http://127.0.0.1:8080' }
 fn minimal_config_loads_with_defaults() {
     let l = parse(MINIMAL, Path::new("/")).unwrap();
     assert_eq!(
-        l.app_address,
-        AppAddress::Tcp("127.0.0.1:8080".parse().unwrap())
+        l.app_target,
+        AppTarget::Http(AppAddress::Tcp("127.0.0.1:8080".parse().unwrap()))
     );
     assert_eq!(l.config.limits.max_body_bytes, 1 << 20);
     assert_eq!(l.ops_address, Some("127.0.0.1:9464".parse().unwrap()));

@@ -19,13 +19,14 @@ use carapace_filters::Rejection;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
+use crate::app::AppConn;
 use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
 use crate::front::CallStack;
+use crate::mcp::back::McpBack;
 /// The service every listener hands requests to.
 use crate::server::shared::Shared;
 use crate::skill_v1::{AppSigning, SkillV1Back};
 use crate::tools_v1::ToolsV1Back;
-use crate::upstream::AppClient;
 
 pub(crate) fn rate(r: RateConfig) -> Rate {
     let (n, window) = r.quota().expect("validated");
@@ -71,14 +72,15 @@ pub(crate) fn tool_limits(cfg: &Loaded, shared: &Shared) -> Arc<KeyedLimits> {
 pub(crate) fn call_stack(
     cfg: &Loaded,
     shared: &Shared,
-    app: AppClient,
+    app: AppConn,
     tool_limits: Option<Arc<KeyedLimits>>,
 ) -> CallStack {
     let c = &cfg.config;
-    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match c.app.protocol {
-        Protocol::ToolsV1 => BoxCloneSyncService::new(ToolsV1Back::new(app)),
-        Protocol::Mcp => unreachable!("refused by the configuration check"),
-        Protocol::SkillV1 => {
+    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match (c.app.protocol, app) {
+        (_, AppConn::Mcp(server)) => BoxCloneSyncService::new(McpBack::new(server)),
+        (Protocol::ToolsV1, AppConn::Http(app)) => BoxCloneSyncService::new(ToolsV1Back::new(app)),
+        (Protocol::Mcp, AppConn::Http(_)) => unreachable!("an MCP app is reached as one"),
+        (Protocol::SkillV1, AppConn::Http(app)) => {
             let skill = c.app.skill.as_ref().expect("validated");
             let signing = skill.auth.as_ref().map(|a| AppSigning {
                 mode: auth_mode(a.mode),

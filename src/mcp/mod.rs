@@ -10,6 +10,7 @@
 //! `tools/call` becomes the same internal call as on every other front, so the whole call
 //! stage applies (authorization, rate limits, kill-switch, schemas, timeout).
 
+pub mod back;
 pub mod early;
 pub mod front;
 pub mod jsonrpc;

@@ -41,15 +41,28 @@ pub fn tool_definition(t: &ToolSpec, version: &str) -> Value {
     d
 }
 
-/// A tool's answer as a `CallToolResult`.
+/// A tool's answer as a `CallToolResult`. An MCP server's own content is passed on as it is.
 pub fn tool_result(outcome: &CallOutcome, version: &str, structured: bool) -> Value {
     match outcome {
-        CallOutcome::Ok { output, .. } => {
-            let text = serde_json::to_string(output).expect("JSON values serialize");
-            let mut r = json!({"content": [{"type": "text", "text": text}], "isError": false});
+        CallOutcome::Ok {
+            output, content, ..
+        } => {
+            let (mut r, has_structured) = match content {
+                Some(c) => (json!({"content": c.blocks, "isError": false}), c.structured),
+                None => {
+                    let text = serde_json::to_string(output).expect("JSON values serialize");
+                    (
+                        json!({"content": [{"type": "text", "text": text}], "isError": false}),
+                        true,
+                    )
+                }
+            };
             // Before 2026-07-28 structured content is an object.
-            if structured && (version == MODERN_VERSION || output.is_object()) {
+            if structured && has_structured && (version == MODERN_VERSION || output.is_object()) {
                 r["structuredContent"] = output.clone();
+            }
+            if let Some(meta) = content.as_ref().and_then(|c| c.meta.clone()) {
+                r["_meta"] = meta;
             }
             r
         }
@@ -58,13 +71,18 @@ pub fn tool_result(outcome: &CallOutcome, version: &str, structured: bool) -> Va
             message,
             details,
             retryable,
+            content,
         } => {
             let mut error = json!({"code": code, "retryable": retryable});
             if let Some(d) = details {
                 error["details"] = d.clone();
             }
+            let blocks = match content {
+                Some(c) => c.blocks.clone(),
+                None => json!([{"type": "text", "text": format!("{code}: {message}")}]),
+            };
             json!({
-                "content": [{"type": "text", "text": format!("{code}: {message}")}],
+                "content": blocks,
                 "isError": true,
                 "_meta": {ERROR_META: error},
             })

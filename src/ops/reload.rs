@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::config::Loaded;
 use crate::inbound::http_stage::build_stack;
 /// The service every listener hands requests to.
-use crate::server::shared::{app_client, switches, tls_acceptor, Shared};
+use crate::server::shared::{switches, tls_acceptor, Shared};
 
 /// Settings that only take effect at start; a reload that changes one is refused.
 fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
@@ -130,10 +130,16 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
     // Tool settings from the configuration (timeouts, the skill) shape the compiled catalog.
     let tools_changed = format!("{:?}{:?}", new.config.tools, new.config.app.skill)
         != format!("{:?}{:?}", old.config.tools, old.config.app.skill);
-    if new.app_address != old.app_address
-        || format!("{:?}", new.config.app.pool) != format!("{:?}", old.config.app.pool)
-    {
-        shared.app.store(Arc::new(app_client(&new)));
+    // (`ChildSpec` compares the environment's values; its `Debug` shows only the names.)
+    let app = |l: &Loaded| {
+        let a = &l.config.app;
+        format!("{:?}{:?}{:?}", a.protocol, a.pool, a.mcp)
+    };
+    if new.app_target != old.app_target || app(&new) != app(&old) {
+        // A command app is stopped when the last call using it ends, and a new one started.
+        shared
+            .app
+            .store(Arc::new(crate::app::AppConn::connect(&new)));
     }
     let stack = build_stack(&new, shared);
     shared.kill_switch.set_config(switches(&new));

@@ -83,6 +83,7 @@ fn peer_error(doc: &serde_json::Value, call: &ToolCall) -> Option<Result<CallOut
         details: error.get("details").filter(|d| d.is_object()).cloned(),
         // Only this status allows a retry; `error.retryable` is advice.
         retryable: status == "retryable_error",
+        content: None,
     }))
 }
 

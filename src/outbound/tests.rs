@@ -122,6 +122,7 @@ fn a_refusal_with_an_http_error_status_keeps_its_code_details_and_retryability()
         message,
         details,
         retryable,
+        ..
     }) = got
     else {
         panic!("{got:?}")

@@ -18,7 +18,6 @@ use crate::ops::metrics::Metrics;
 use crate::outbound::Outbound;
 use crate::peers::PeerStore;
 use crate::shared_state::RedisState;
-use crate::upstream::AppClient;
 
 /// State shared by listeners, the admin socket, the ops endpoint and reloads.
 pub struct Shared {
@@ -30,7 +29,7 @@ pub struct Shared {
     pub peers: Arc<PeerStore>,
     pub catalog: Arc<CatalogHandle>,
     pub metrics: Arc<Metrics>,
-    pub app: ArcSwap<AppClient>,
+    pub app: ArcSwap<crate::app::AppConn>,
     pub(crate) stack: Arc<ArcSwap<HttpStack>>,
     /// The outbound role's stack (serves only when `outbound` is configured).
     pub(super) outbound_stack: Arc<ArcSwap<HttpStack>>,
@@ -78,14 +77,6 @@ impl Shared {
     pub fn ready(&self) -> bool {
         self.listening.load(Ordering::Acquire) && self.catalog.discovered()
     }
-}
-
-pub(crate) fn app_client(cfg: &Loaded) -> AppClient {
-    AppClient::new(
-        cfg.app_address.clone(),
-        &cfg.config.app.pool,
-        cfg.config.limits.max_response_bytes,
-    )
 }
 
 pub(crate) fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTls>, StartError> {

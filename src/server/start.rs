@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use super::bind::{bind_tcp, bind_unix_socket, pairing_endpoint};
 use super::error::StartError;
 use super::files::create_private_dir;
-use super::shared::{app_client, switches, tls_acceptor, Shared};
+use super::shared::{switches, tls_acceptor, Shared};
 use super::tasks::{discovery_loop, housekeeping, outbound_discovery};
 use super::{placeholder_stack, Running};
 use crate::catalog::CatalogHandle;
@@ -166,7 +166,7 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
     let metrics = Arc::new(Metrics::default());
     metrics.peers.set(stores.peers.len() as i64);
     let shared = Arc::new(Shared {
-        app: ArcSwap::from_pointee(app_client(cfg)),
+        app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg)),
         config: ArcSwap::from_pointee(cfg.clone()),
         kill_switch: stores.kill_switch,
         nonces: stores.nonces,

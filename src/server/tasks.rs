@@ -39,9 +39,17 @@ pub(crate) async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Rec
         } else {
             Duration::from_secs(cfg.config.app.discovery.interval_s)
         };
+        let list_changed = app.list_changed();
+        let server_says = async {
+            match &list_changed {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = shared.rediscover.notified() => {}
+            _ = server_says => tracing::info!("tools_list_changed: discovering again"),
             _ = shutdown.changed() => return,
         }
     }

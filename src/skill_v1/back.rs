@@ -123,11 +123,13 @@ pub fn decode_run_response(status: StatusCode, body: &[u8]) -> Result<CallOutcom
         message: doc["message"].as_str().unwrap_or("").to_string(),
         details: doc.get("details").cloned(),
         retryable: false,
+        content: None,
     };
     match doc.get("ok") {
         Some(Value::Bool(true)) => Ok(CallOutcome::Ok {
             output: doc.get("output").cloned().unwrap_or(Value::Null),
             meta: doc.get("meta").cloned(),
+            content: None,
         }),
         Some(_) => Ok(app_error(&doc)),
         None => Err(Rejection::AppInvalid("answer has no `ok` flag".into())),

@@ -272,7 +272,7 @@ struct RunOk<'a> {
 
 fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
     match outcome {
-        CallOutcome::Ok { output, meta } => {
+        CallOutcome::Ok { output, meta, .. } => {
             let mut meta = match meta {
                 Some(Value::Object(m)) => Value::Object(m.clone()),
                 _ => json!({}),

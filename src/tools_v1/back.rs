@@ -105,6 +105,7 @@ pub fn decode_response(
                 None => json!({}),
             },
             meta: None,
+            content: None,
         }),
         Some(s) => {
             let e = doc.get("error");
@@ -126,6 +127,7 @@ pub fn decode_response(
                 details: get("details").cloned(),
                 // Only this status allows a retry; `error.retryable` is advice.
                 retryable: s == "retryable_error",
+                content: None,
             })
         }
         None => Err(Rejection::AppInvalid("answer has no status".into())),

