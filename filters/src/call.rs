@@ -47,9 +47,12 @@ impl Principal {
 }
 
 /// One tool as served by the app, with its schemas compiled once at discovery.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ToolSpec {
+    /// The name callers use.
     pub name: String,
+    /// The app's own name for the tool, when it is served under another (`app.filter.rename`).
+    pub app_name: Option<String>,
     pub description: String,
     pub input: CompiledSchema,
     pub output: Option<CompiledSchema>,
@@ -60,6 +63,11 @@ pub struct ToolSpec {
 }
 
 impl ToolSpec {
+    /// The name the app knows the tool by.
+    pub fn app_name(&self) -> &str {
+        self.app_name.as_deref().unwrap_or(&self.name)
+    }
+
     /// The call's timeout: its own `timeout_ms` (or the tool default), clamped to the tool max.
     pub fn effective_timeout(&self, requested_ms: Option<u64>) -> Duration {
         let ms = requested_ms
@@ -195,6 +203,7 @@ pub(crate) mod testing {
     pub fn tool(name: &str, default_ms: u64, max_ms: u64) -> Arc<ToolSpec> {
         Arc::new(ToolSpec {
             name: name.into(),
+            app_name: None,
             description: String::new(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: Some(

@@ -12,9 +12,10 @@ use crate::{BoxFuture, Rejection, SchemaViolation};
 /// Most violations reported back to a caller for one instance.
 const MAX_VIOLATIONS: usize = 16;
 
-/// A JSON Schema compiled once (at discovery), validated many times.
+/// A JSON Schema compiled once (at discovery), validated many times; clones share it.
+#[derive(Clone)]
 pub struct CompiledSchema {
-    validator: jsonschema::Validator,
+    validator: Arc<jsonschema::Validator>,
     source: Arc<Value>,
 }
 
@@ -40,7 +41,7 @@ impl CompiledSchema {
             .build(&schema)
             .map_err(|e| SchemaError(e.to_string()))?;
         Ok(CompiledSchema {
-            validator,
+            validator: Arc::new(validator),
             source: Arc::new(schema),
         })
     }

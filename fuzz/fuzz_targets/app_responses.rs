@@ -23,6 +23,7 @@ static CALL: LazyLock<ToolCall> = LazyLock::new(|| ToolCall {
     call_id: "call-1".into(),
     tool: Arc::new(ToolSpec {
         name: "echo".into(),
+        app_name: None,
         description: String::new(),
         input: CompiledSchema::compile(json!({"type": "object"})).expect("compiles"),
         output: None,

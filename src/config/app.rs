@@ -40,6 +40,9 @@ pub struct AppConfig {
     /// An MCP app over Streamable HTTP: its endpoint's path.
     #[serde(default)]
     pub mcp: Option<McpAppConfig>,
+    /// Which of the app's tools are served, under which names and descriptions.
+    #[serde(default)]
+    pub filter: ToolFilterConfig,
     /// skill-v1 apps only (required there).
     #[serde(default)]
     pub skill: Option<SkillAppConfig>,
@@ -49,6 +52,32 @@ pub struct AppConfig {
     /// Connection pool to the app.
     #[serde(default)]
     pub pool: PoolConfig,
+}
+
+/// Static tool filtering: applied to what discovery finds, before authorization and before any
+/// front offers a tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFilterConfig {
+    /// Only the app's tools matching one of these are served (a name, or a prefix ending in
+    /// `*`); empty: all.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// The app's tools matching one of these are never served (wins over `allow`).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Serve a tool under another name: the app's name → the served name.
+    #[serde(default)]
+    pub rename: BTreeMap<String, String>,
+    /// Replace a tool's description, by served name.
+    #[serde(default)]
+    pub descriptions: BTreeMap<String, String>,
+}
+
+impl ToolFilterConfig {
+    pub fn is_empty(&self) -> bool {
+        self == &ToolFilterConfig::default()
+    }
 }
 
 /// An MCP server reached over Streamable HTTP.
@@ -220,11 +249,33 @@ pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigE
         (Protocol::SkillV1, Some(skill)) => check_skill_app(skill, d, errors),
         (Protocol::ToolsV1, None) => {}
     }
+    check_filter(&a.filter, errors);
     if a.discovery.timeout_ms == 0 {
         errors.push(err("/app/discovery/timeout_ms", "must be at least 1"));
     }
     if a.pool.connect_timeout_ms == 0 {
         errors.push(err("/app/pool/connect_timeout_ms", "must be at least 1"));
+    }
+}
+
+fn check_filter(f: &ToolFilterConfig, errors: &mut Vec<ConfigError>) {
+    for (list, key) in [(&f.allow, "allow"), (&f.deny, "deny")] {
+        for (i, p) in list.iter().enumerate() {
+            if p.is_empty() {
+                errors.push(err(format!("/app/filter/{key}/{i}"), "an empty pattern"));
+            }
+        }
+    }
+    let mut served = std::collections::BTreeSet::new();
+    for (from, to) in &f.rename {
+        if to.is_empty() || to.chars().any(char::is_control) {
+            errors.push(err(format!("/app/filter/rename/{from}"), "not a tool name"));
+        } else if !served.insert(to) {
+            errors.push(err(
+                format!("/app/filter/rename/{from}"),
+                format!("two tools renamed to `{to}`"),
+            ));
+        }
     }
 }
 

@@ -23,7 +23,7 @@ pub use front::{CallerAuthConfig, FrontConfig, KeyConfig, MAX_NONCE_CAPACITY, MA
 mod app;
 pub use app::{
     AppAuthConfig, AppConfig, DiscoveryConfig, McpAppConfig, PoolConfig, SkillAppConfig,
-    ToolOverride,
+    ToolFilterConfig, ToolOverride,
 };
 mod app_command;
 pub use app_command::{ChildLimits, ChildSpec, EnvValue};

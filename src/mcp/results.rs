@@ -113,6 +113,7 @@ mod tests {
     fn tool(output: Option<Value>) -> ToolSpec {
         ToolSpec {
             name: "t".into(),
+            app_name: None,
             description: "d".into(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: output.map(|o| CompiledSchema::compile(o).unwrap()),

@@ -128,8 +128,11 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
     };
     let new = Arc::new(new);
     // Tool settings from the configuration (timeouts, the skill) shape the compiled catalog.
-    let tools_changed = format!("{:?}{:?}", new.config.tools, new.config.app.skill)
-        != format!("{:?}{:?}", old.config.tools, old.config.app.skill);
+    let tools = |l: &Loaded| {
+        let c = &l.config;
+        format!("{:?}{:?}{:?}", c.tools, c.app.skill, c.app.filter)
+    };
+    let tools_changed = tools(&new) != tools(&old);
     // (`ChildSpec` compares the environment's values; its `Debug` shows only the names.)
     let app = |l: &Loaded| {
         let a = &l.config.app;

@@ -63,7 +63,7 @@ fn peer_error(doc: &serde_json::Value, call: &ToolCall) -> Option<Result<CallOut
             .and_then(serde_json::Value::as_str)
             .is_some_and(|v| !v.is_empty() && v != ours)
     };
-    if other("call_id", &call.call_id) || other("tool_name", &call.tool.name) {
+    if other("call_id", &call.call_id) || other("tool_name", call.tool.app_name()) {
         return Some(Err(Rejection::AppInvalid(
             "answer is for another call_id or tool".into(),
         )));

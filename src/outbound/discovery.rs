@@ -1,7 +1,9 @@
 //! Discovering the peers' tools and routing each to the peer that serves it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+use carapace_filters::call::ToolSpec;
 
 use bytes::Bytes;
 use http::Method;
@@ -12,27 +14,61 @@ use crate::catalog::{tools_v1_catalog, Catalog};
 use crate::config::Loaded;
 use crate::upstream::AppClient;
 
-/// Add the tools of peer `id`'s discovery document to `merged`, routed to it; a tool
-/// already there stays with its peer.
-pub(super) fn add_peer_tools(
+/// The tools of peer `id`'s discovery document (none when it does not compile).
+pub(super) fn compiled_peer_tools(
     id: &str,
     doc: &serde_json::Value,
     cfg: &Loaded,
+) -> BTreeMap<String, Arc<ToolSpec>> {
+    match tools_v1_catalog(doc, cfg) {
+        Ok(c) => c.tools,
+        Err(e) => {
+            tracing::warn!("outbound_discovery_failed peer={id} reason={e}");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// One registry from every source's tools, names kept collision-free: a name only one source
+/// offers is served as it is; a name several offer is served once per source as
+/// `<source id>.<name>` (the peer's component id or the skill's id), and each call reaches its
+/// source under the plain name.
+pub(super) fn merge(
+    sources: Vec<(Route, BTreeMap<String, Arc<ToolSpec>>)>,
     merged: &mut Catalog,
     routes: &mut HashMap<String, Route>,
 ) {
-    match tools_v1_catalog(doc, cfg) {
-        Ok(c) => {
-            for (name, spec) in c.tools {
-                if merged.tools.contains_key(&name) {
-                    tracing::warn!("outbound_tool_duplicate tool={name} peer={id}");
-                    continue;
-                }
-                routes.insert(name.clone(), Route::Peer(id.to_string()));
-                merged.tools.insert(name, spec);
-            }
+    let mut offered: HashMap<&str, usize> = HashMap::new();
+    for (_, tools) in &sources {
+        for name in tools.keys() {
+            *offered.entry(name).or_default() += 1;
         }
-        Err(e) => tracing::warn!("outbound_discovery_failed peer={id} reason={e}"),
+    }
+    let shared: std::collections::HashSet<String> = offered
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    for (route, tools) in sources {
+        let source = match &route {
+            Route::Peer(id) | Route::Skill(id) => id.clone(),
+        };
+        for (name, spec) in tools {
+            let (served, spec) = if shared.contains(&name) {
+                let mut qualified = (*spec).clone();
+                qualified.name = format!("{source}.{name}");
+                qualified.app_name = Some(name);
+                (qualified.name.clone(), Arc::new(qualified))
+            } else {
+                (name, spec)
+            };
+            if merged.tools.contains_key(&served) {
+                tracing::warn!("outbound_tool_duplicate tool={served} source={source}");
+                continue;
+            }
+            routes.insert(served.clone(), route.clone());
+            merged.tools.insert(served, spec);
+        }
     }
 }
 
@@ -64,14 +100,16 @@ impl Outbound {
     pub(super) fn restore_known(&self, cfg: &Loaded) {
         let mut merged = Catalog::default();
         let mut routes = HashMap::new();
+        let mut sources = Vec::new();
         for id in self.addresses.keys() {
             if self.peers.status_of(id).is_none() {
                 continue;
             }
             if let Some(doc) = self.known.get(id) {
-                add_peer_tools(id, &doc, cfg, &mut merged, &mut routes);
+                sources.push((Route::Peer(id.clone()), compiled_peer_tools(id, &doc, cfg)));
             }
         }
+        merge(sources, &mut merged, &mut routes);
         if routes.is_empty() {
             return;
         }

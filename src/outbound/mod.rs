@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use carapace_filters::Rejection;
-use discovery::{add_peer_tools, discover};
+use discovery::{compiled_peer_tools, discover, merge};
 use http::Method;
 use known::KnownTools;
 use routes::{skill_routes, Route, SkillRoute};
@@ -29,6 +29,7 @@ pub use pinned::PinnedPeer;
 mod back;
 mod discovery;
 mod known;
+pub mod mcp_stdio;
 mod routes;
 pub(crate) mod stack;
 pub use back::OutboundBack;
@@ -193,15 +194,19 @@ impl Outbound {
 
     /// Ask every paired peer for its tools and swap in the merged registry; a peer that is
     /// not paired (revoked, pending) or cannot be reached keeps the tools it last served (see
-    /// [`KnownTools`]), so calls to them are refused the same way whenever they come. A tool
-    /// served by two peers goes to the first (by id). One refresh runs at a time.
+    /// [`KnownTools`]), so calls to them are refused the same way whenever they come. A name
+    /// several sources offer is served once per source, qualified (see [`merge`]). One refresh
+    /// runs at a time.
+    ///
+    /// [`merge`]: discovery::merge
     pub async fn refresh(&self, cfg: &Loaded) -> usize {
         let _one_at_a_time = self.refreshing.lock().await;
         let mut merged = Catalog::default();
         let mut routes = HashMap::new();
+        let mut sources = Vec::new();
         for id in self.addresses.keys() {
             if let Some(doc) = self.peer_tools(id).await {
-                add_peer_tools(id, &doc, cfg, &mut merged, &mut routes);
+                sources.push((Route::Peer(id.clone()), compiled_peer_tools(id, &doc, cfg)));
             }
         }
         // Skills: capability -> skill_id -> url.
@@ -234,16 +239,7 @@ impl Outbound {
             };
             let Some(doc) = doc else { continue };
             match crate::catalog::skill_catalog(&doc, &skill.config, cfg) {
-                Ok(c) => {
-                    for (name, spec) in c.tools {
-                        if merged.tools.contains_key(&name) {
-                            tracing::warn!("outbound_tool_duplicate tool={name} skill={id}");
-                            continue;
-                        }
-                        routes.insert(name.clone(), Route::Skill(id.clone()));
-                        merged.tools.insert(name, spec);
-                    }
-                }
+                Ok(c) => sources.push((Route::Skill(id.clone()), c.tools)),
                 Err(e) => {
                     let reason = e.to_string();
                     let reason = reason.split(':').next().unwrap_or_default().to_string();
@@ -252,6 +248,7 @@ impl Outbound {
                 }
             }
         }
+        merge(sources, &mut merged, &mut routes);
         let n = merged.tools.len();
         merged.service = "carapace-outbound".into();
         self.routes.store(Arc::new(routes));

@@ -1,5 +1,5 @@
-//! The outbound role's stack: the local agent's tools-v1 calls, validated and routed to paired
-//! peers and skills.
+//! The outbound role's stack: the local agent's calls, tools-v1 or MCP (at `/mcp`), validated
+//! and routed to paired peers and skills.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +13,12 @@ use carapace_filters::timeout::CallTimeoutLayer;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
+use crate::caller_body::CallerBody;
+use crate::config::mcp::McpFrontConfig;
 use crate::config::{Loaded, Protocol};
 use crate::edge::{edge, HttpStack, PanicAnswer};
 use crate::front::{CallStack, Envelope};
+use crate::mcp::McpFront;
 use crate::outbound::{Outbound, OutboundBack};
 /// The service every listener hands requests to.
 use crate::server::shared::Shared;
@@ -42,28 +45,72 @@ pub(crate) fn build_outbound_stack(
         max_bytes: c.limits.max_body_bytes,
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
     };
-    let http = ServiceBuilder::new()
-        .layer(IdentityLayer::new(shared.peers.clone(), false))
-        .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-        .layer(shared.load_shed_layer(c.limits.max_in_flight))
-        .layer(BodyLimitLayer::new(body));
-    let panic = PanicAnswer {
-        front: Protocol::ToolsV1,
-        answers,
+    let http = || {
+        ServiceBuilder::new()
+            .layer(IdentityLayer::new(shared.peers.clone(), false))
+            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+            .layer(shared.load_shed_layer(c.limits.max_in_flight))
+            .layer(BodyLimitLayer::new(body))
     };
-    edge(
-        Envelope::new(
-            http.service(ToolsV1Front::new(
-                outbound.catalog.clone(),
-                calls,
-                shared.clock.clone(),
-                answers,
-                shared.in_flight.clone(),
-            )),
-            Protocol::ToolsV1,
-            answers,
-            shared.metrics.clone(),
-        ),
-        panic,
-    )
+    let metrics = shared.metrics.clone();
+    let mcp_cfg = Arc::new(McpFrontConfig::default());
+    let mcp = McpFront::new(
+        outbound.catalog.clone(),
+        calls.clone(),
+        calls.clone(),
+        shared.clock.clone(),
+        mcp_cfg.clone(),
+        shared
+            .mcp_sessions
+            .clone()
+            .expect("made at start for the outbound role"),
+        shared.in_flight.clone(),
+    );
+    let mcp = Envelope::new(http().service(mcp), Protocol::Mcp, answers, metrics.clone());
+    let tools = ToolsV1Front::new(
+        outbound.catalog.clone(),
+        calls,
+        shared.clock.clone(),
+        answers,
+        shared.in_flight.clone(),
+    );
+    let tools = Envelope::new(http().service(tools), Protocol::ToolsV1, answers, metrics);
+    let panic = |front| PanicAnswer { front, answers };
+    BoxCloneSyncService::new(ByPath {
+        path: mcp_cfg.path.clone().into(),
+        on_path: edge(mcp, panic(Protocol::Mcp)),
+        elsewhere: edge(tools, panic(Protocol::ToolsV1)),
+    })
+}
+
+/// Sends requests for `path` to one stack and every other request to another.
+#[derive(Clone)]
+struct ByPath {
+    path: Arc<str>,
+    on_path: HttpStack,
+    elsewhere: HttpStack,
+}
+
+impl tower::Service<http::Request<CallerBody>> for ByPath {
+    type Response = <HttpStack as tower::Service<http::Request<CallerBody>>>::Response;
+    type Error = std::convert::Infallible;
+    type Future = <HttpStack as tower::Service<http::Request<CallerBody>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // Both stacks are always ready (boxed edges over `Envelope`s that are).
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<CallerBody>) -> Self::Future {
+        use tower::ServiceExt;
+        let stack = if req.uri().path() == &*self.path {
+            self.on_path.clone()
+        } else {
+            self.elsewhere.clone()
+        };
+        Box::pin(stack.oneshot(req))
+    }
 }

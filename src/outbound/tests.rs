@@ -12,6 +12,7 @@ fn call(call_id: &str, tool: &str) -> ToolCall {
         call_id: call_id.into(),
         tool: Arc::new(ToolSpec {
             name: tool.into(),
+            app_name: None,
             description: String::new(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: None,
@@ -168,4 +169,59 @@ fn a_refusal_with_an_http_error_status_keeps_its_code_details_and_retryability()
     );
     let got = decode_peer_answer(http::StatusCode::BAD_GATEWAY, b"bad gateway", &c);
     assert!(matches!(got, Err(Rejection::AppHttp(502))), "{got:?}");
+}
+
+#[test]
+fn a_name_several_sources_offer_is_served_once_per_source_qualified() {
+    use super::discovery::merge;
+    use super::routes::Route;
+    use std::collections::{BTreeMap, HashMap};
+    let tools = |names: &[&str]| -> BTreeMap<String, Arc<ToolSpec>> {
+        names
+            .iter()
+            .map(|n| {
+                let spec = ToolSpec {
+                    name: n.to_string(),
+                    app_name: None,
+                    description: String::new(),
+                    input: CompiledSchema::compile(json!({})).unwrap(),
+                    output: None,
+                    timeout_ms_default: 1000,
+                    timeout_ms_max: 1000,
+                    idempotent: false,
+                    side_effects: true,
+                };
+                (n.to_string(), Arc::new(spec))
+            })
+            .collect()
+    };
+    let mut merged = crate::catalog::Catalog::default();
+    let mut routes = HashMap::new();
+    merge(
+        vec![
+            (
+                Route::Peer("east".into()),
+                tools(&["memory.append", "east.only"]),
+            ),
+            (Route::Peer("west".into()), tools(&["memory.append"])),
+            (Route::Skill("demo.echo".into()), tools(&["demo.echo"])),
+        ],
+        &mut merged,
+        &mut routes,
+    );
+    let names: Vec<&str> = merged.tools.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "demo.echo",
+            "east.memory.append",
+            "east.only",
+            "west.memory.append"
+        ]
+    );
+    let west = &merged.tools["west.memory.append"];
+    assert_eq!(west.app_name(), "memory.append");
+    assert_eq!(routes["west.memory.append"], Route::Peer("west".into()));
+    assert_eq!(routes["demo.echo"], Route::Skill("demo.echo".into()));
+    assert_eq!(merged.tools["east.only"].app_name(), "east.only");
 }

@@ -98,17 +98,17 @@ async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartErr
         Some(_) => Some(Arc::new(HostIdentity::load_or_create(&c.state_dir)?)),
         None => None,
     };
-    let mcp_sessions = match c.front.protocol {
-        Protocol::Mcp => {
-            let key = match &cfg.mcp_session_key {
-                Some(k) => k.bytes().to_vec(),
-                None => crate::mcp::session::load_or_create_key(&c.state_dir)
-                    .map_err(StartError::McpSessionKey)?,
-            };
-            let mcp = c.front.mcp.clone().unwrap_or_default();
-            Some(Arc::new(Sessions::new(&key, &mcp)))
-        }
-        _ => None,
+    // The MCP front, and the outbound role's MCP endpoint, seal their session ids.
+    let mcp_sessions = if c.front.protocol == Protocol::Mcp || c.outbound.is_some() {
+        let key = match &cfg.mcp_session_key {
+            Some(k) => k.bytes().to_vec(),
+            None => crate::mcp::session::load_or_create_key(&c.state_dir)
+                .map_err(StartError::McpSessionKey)?,
+        };
+        let mcp = c.front.mcp.clone().unwrap_or_default();
+        Some(Arc::new(Sessions::new(&key, &mcp)))
+    } else {
+        None
     };
     Ok(Stores {
         kill_switch,

@@ -62,7 +62,7 @@ pub fn encode_run(
     let mut body = json!({
         "gateway_protocol_version": protocol_version,
         "skill_id": skill_id,
-        "capability": call.tool.name,
+        "capability": call.tool.app_name(),
         "input": call.args,
         "timestamp": now_ms,
         "nonce": nonce,

@@ -66,7 +66,7 @@ pub fn encode_request(call: &ToolCall) -> AppRequest<'_> {
         idempotency_key: call.idempotency_key.as_deref(),
         tenant_id: call.tenant_id.as_deref().unwrap_or("default"),
         timeout_ms: call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
-        tool_name: &call.tool.name,
+        tool_name: call.tool.app_name(),
         version: "v1",
     }
 }
@@ -93,7 +93,7 @@ pub fn decode_response(
             v[0].path, v[0].message
         )));
     }
-    if doc["call_id"] != call.call_id.as_str() || doc["tool_name"] != call.tool.name.as_str() {
+    if doc["call_id"] != call.call_id.as_str() || doc["tool_name"] != call.tool.app_name() {
         return Err(Rejection::AppInvalid(
             "answer is for another call_id or tool".into(),
         ));

@@ -12,6 +12,7 @@ fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
         call_id: "c1".into(),
         tool: Arc::new(ToolSpec {
             name: "memory.query".into(),
+            app_name: None,
             description: String::new(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: None,

@@ -97,6 +97,16 @@ enum Command {
         #[arg(long)]
         name: String,
     },
+    /// A stdio MCP server for a local agent: every tool the gateway's outbound role offers (its
+    /// paired tool hosts and skills), through the outbound socket's MCP endpoint.
+    McpStdio {
+        /// The gateway's outbound socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The MCP endpoint's path on it.
+        #[arg(long, default_value = "/mcp")]
+        path: String,
+    },
     /// Ask a running carapace to reload its configuration (same as SIGHUP).
     Reload {
         #[arg(long)]
@@ -145,5 +155,29 @@ fn main() -> ExitCode {
             admin_socket,
             config,
         } => admin::reload(admin_socket, config),
+        Command::McpStdio { socket, path } => mcp_stdio(socket, &path),
+    }
+}
+
+/// `carapace mcp-stdio`: MCP on stdin and stdout, bridged to the outbound socket. Logs go to
+/// stderr; stdout carries only MCP messages.
+fn mcp_stdio(socket: PathBuf, path: &str) -> ExitCode {
+    serve::init_logging(carapace::config::LogFormat::Text, "warn");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let input = tokio::io::BufReader::new(tokio::io::stdin());
+    match rt.block_on(carapace::outbound::mcp_stdio::run(
+        socket,
+        path,
+        input,
+        tokio::io::stdout(),
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("carapace mcp-stdio: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -74,7 +74,7 @@ impl HttpServer {
 }
 
 /// A mirrored header value: as it is when it is visible ASCII, else `=?base64?…?=`.
-fn mirrored(v: &str) -> HeaderValue {
+pub(crate) fn mirrored(v: &str) -> HeaderValue {
     use base64::Engine;
     if v.bytes().all(|b| b.is_ascii_graphic() || b == b' ') && !v.starts_with(' ') {
         if let Ok(h) = HeaderValue::from_str(v) {

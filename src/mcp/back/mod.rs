@@ -51,10 +51,9 @@ impl Service<ToolCall> for McpBack {
     fn call(&mut self, call: ToolCall) -> Self::Future {
         let server = self.server.clone();
         Box::pin(async move {
-            let params = json!({"name": call.tool.name, "arguments": call.args});
-            let reply = server
-                .request("tools/call", params, Some(&call.tool.name))
-                .await?;
+            let name = call.tool.app_name();
+            let params = json!({"name": name, "arguments": call.args});
+            let reply = server.request("tools/call", params, Some(name)).await?;
             Ok(outcome(reply))
         })
     }
@@ -175,6 +174,7 @@ fn tool_spec(name: &str, t: &Value, max: u64) -> Result<ToolSpec, String> {
     };
     Ok(ToolSpec {
         name: name.to_owned(),
+        app_name: None,
         description: t
             .get("description")
             .and_then(Value::as_str)

@@ -6,6 +6,8 @@
 //! schemas). Schemas are compiled once per discovery; an unchanged answer reuses the compiled
 //! catalog. Skill Gateway v1 log markers are emitted exactly as that text spells them.
 
+mod filter;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,7 +125,9 @@ impl CatalogHandle {
             AppConn::Mcp(server) => discover_mcp(server, cfg, &previous, reuse).await,
         };
         match result {
-            Ok(Some(catalog)) => {
+            Ok(Some(mut catalog)) => {
+                let tools = std::mem::take(&mut catalog.tools);
+                catalog.tools = filter::apply(tools, &cfg.config.app.filter);
                 let n = catalog.tools.len();
                 self.log_registration(&catalog, disabled);
                 self.current.store(Arc::new(catalog));
@@ -358,6 +362,7 @@ pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryE
             let max = clamp_max(name, u("timeout_ms_max", PROTOCOL_TIMEOUT_MAX_MS), cfg);
             Ok(ToolSpec {
                 name: name.to_string(),
+                app_name: None,
                 description: t
                     .get("description")
                     .and_then(Value::as_str)
@@ -484,6 +489,7 @@ pub fn skill_catalog(
             name.to_string(),
             Arc::new(ToolSpec {
                 name: name.to_string(),
+                app_name: None,
                 description: description.to_string(),
                 input,
                 output: Some(output),

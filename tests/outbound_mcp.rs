@@ -1,0 +1,231 @@
+//! The outbound role as one MCP server: every paired tool host's and configured skill's tools
+//! on the outbound socket's `/mcp`, and through `carapace mcp-stdio` for an agent that only
+//! starts commands.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use carapace::client::{Client, Transport};
+use carapace::server::Running;
+use common::{write_peers, Env};
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const MODERN: &str = "2026-07-28";
+
+/// A gateway with a paired tool host (the memory app behind carapace) and a skill.
+struct Setup {
+    env: Env,
+    _host: Running,
+    gw: Running,
+    _skill: std::sync::Arc<common::SkillApp>,
+    socket: PathBuf,
+}
+
+async fn setup() -> Setup {
+    let env = Env::new().await;
+    write_peers(&env.path().join("peers.json"), &[]);
+    let secret = b"skill-secret-for-outbound";
+    let (skill, skill_addr) =
+        common::SkillApp::start(secret, common::SkillApp::vagus_manifest()).await;
+    std::fs::write(env.path().join("skill.key"), secret).unwrap();
+    let d = env.path().join("gw");
+    std::fs::create_dir_all(d.join("state")).unwrap();
+    let gw_key =
+        carapace::pairing::identity::GatewayIdentity::load_or_create(&d.join("state"), "gw_home")
+            .unwrap()
+            .public_key_ed25519();
+    let pairing = format!(
+        "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}"
+    );
+    let host = env.start(&env.tools_yaml(&pairing)).await;
+    std::fs::write(
+        d.join("carapace.yaml"),
+        format!(
+            r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{ memory-east: {{ url: "https://{tools}" }} }}
+  skills:
+    demo.echo:
+      url: "http://{skill_addr}"
+      capabilities: [demo.echo]
+      auth: {{ mode: hmac, header_name: X-Skill-Signature, secret: {{ file: {key} }} }}
+"#,
+            d = d.display(),
+            app = env.app_addr,
+            tools = host.tcp_address.unwrap(),
+            key = env.path().join("skill.key").display(),
+        ),
+    )
+    .unwrap();
+    let gw = carapace::server::start(carapace::config::load(&d.join("carapace.yaml")).unwrap())
+        .await
+        .unwrap();
+    let (status, result) = carapace::admin::request(
+        &gw.admin_socket,
+        Method::POST,
+        "/v1/pairings",
+        Some(
+            json!({"component_type": "tool", "component_id": "memory-east",
+            "endpoint": format!("ws://{}/v1/pair", host.pairing_address.unwrap())}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{result}");
+    let socket = d.join("outbound.sock");
+    let agent = Client::new(Transport::Unix(socket.clone()));
+    for _ in 0..200 {
+        let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+        let names = list.json()["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        if names.iter().any(|n| n == "memory.append") && names.iter().any(|n| n == "demo.echo") {
+            return Setup {
+                env,
+                _host: host,
+                gw,
+                _skill: skill,
+                socket,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the gateway did not discover the tool host's and the skill's tools");
+}
+
+fn modern_body(id: i64, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+async fn modern(client: &Client, body: &Value) -> Value {
+    let mut h = vec![
+        ("mcp-protocol-version", MODERN.to_string()),
+        ("mcp-method", body["method"].as_str().unwrap().to_string()),
+    ];
+    if let Some(name) = body["params"]["name"].as_str() {
+        h.push(("mcp-name", name.to_string()));
+    }
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    client.post_json("/mcp", &h, body).await.unwrap().json()
+}
+
+#[tokio::test]
+async fn the_outbound_socket_serves_every_paired_tool_and_skill_over_mcp() {
+    let s = setup().await;
+    let agent = Client::new(Transport::Unix(s.socket.clone()));
+    let list = modern(&agent, &modern_body(1, "tools/list", json!({}))).await;
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"memory.append") && names.contains(&"demo.echo"),
+        "{list}"
+    );
+
+    let call = modern_body(
+        2,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": "over mcp"}}),
+    );
+    let answer = modern(&agent, &call).await;
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    let seen = s.env.app.received();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
+    assert_eq!(seen[0].body["args"]["text"], "over mcp");
+
+    let echo = modern_body(
+        3,
+        "tools/call",
+        json!({"name": "demo.echo", "arguments": {"message": "hi"}}),
+    );
+    let answer = modern(&agent, &echo).await;
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["result"], "echo:hi",
+        "{answer}"
+    );
+    s.gw.shutdown().await;
+}
+
+fn interop(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(rel)
+}
+
+/// The Python SDK's stdio client starts `carapace mcp-stdio` and, in each era, lists and
+/// calls the paired tool host's tools through it.
+#[tokio::test]
+async fn the_python_sdk_reaches_paired_tool_hosts_through_carapace_mcp_stdio() {
+    let s = setup().await;
+    let command = json!([
+        env!("CARGO_BIN_EXE_carapace"),
+        "mcp-stdio",
+        "--socket",
+        s.socket
+    ]);
+    for mode in ["2026-07-28", "legacy"] {
+        let command = command.to_string();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("timeout")
+                .arg("60")
+                .arg("python3")
+                .arg(interop("mcp_python_client.py"))
+                .args(["--stdio", &command, "--mode", mode])
+                .output()
+                .expect("python3 runs")
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+        let tools = seen["tools"].as_array().unwrap();
+        assert!(
+            tools.contains(&json!("memory.append")) && tools.contains(&json!("demo.echo")),
+            "{seen}"
+        );
+        assert_eq!(seen["good"]["is_error"], false, "{mode}: {seen}");
+        assert!(
+            seen["bad"]["text"][0]
+                .as_str()
+                .unwrap()
+                .starts_with("INVALID_ARGS"),
+            "{mode}: {seen}"
+        );
+    }
+    // Only the good calls reached the tool host, each from the gateway.
+    let seen = s.env.app.received();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen
+        .iter()
+        .all(|r| r.headers["x-carapace-peer-id"] == "gw_home"));
+    s.gw.shutdown().await;
+}
