@@ -389,6 +389,7 @@ async fn mcp_steps(
 state_dir: {dir}/mcp
 front: {{ protocol: mcp }}
 listeners:
+  unix: {{ path: {dir}/mcp.sock }}
   tcp:
     address: "127.0.0.1:0"
     tls: {{ cert_file: {dir}/server.crt, key_file: {dir}/server.key, client_ca_file: {dir}/ca.pem }}
@@ -469,6 +470,49 @@ ops: {{ address: "" }}
         in_session.json()["result"]["isError"],
         without.status.as_u16()
     );
+    mcp_back_step(dir).await?;
     mcp.shutdown().await;
     Ok(vec![bad_code])
+}
+
+/// 9: carapace in front of a stdio MCP server. The server is `carapace mcp-stdio` bridging to
+/// step 7's MCP endpoint, so the demo needs nothing else installed; any stdio MCP server is
+/// configured the same way.
+async fn mcp_back_step(dir: &Path) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let behind = start(
+        &dir.join("behind"),
+        &format!(
+            r#"
+state_dir: {dir}/behind
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {dir}/behind.sock }} }}
+app:
+  protocol: mcp
+  command: ["{exe}", mcp-stdio, --socket, "{dir}/mcp.sock"]
+peers: {{ file: {dir}/peers.json }}
+ops: {{ address: "" }}
+"#,
+            dir = dir.display(),
+            exe = exe.display(),
+        ),
+    )
+    .await?;
+    let local = Client::new(Transport::Unix(dir.join("behind.sock")));
+    let call = json!({"version": "v1", "call_id": "c-9", "tool_name": "memory.query",
+        "tenant_id": "home", "args": {"query": "cat"},
+        "context": {"agent_id": "demo", "session_id": "s-9"}});
+    let reply = local.post_json("/v1/tools/call", &[], &call).await?;
+    if reply.json()["status"] != "ok" {
+        return Err(format!(
+            "call to the MCP server failed: {}",
+            String::from_utf8_lossy(&reply.body)
+        ));
+    }
+    println!(
+        "9. MCP back       tools-v1 front over a stdio MCP server (`carapace mcp-stdio` to step 7) -> memory.query \"ok\" result={}",
+        reply.json()["result"]
+    );
+    behind.shutdown().await;
+    Ok(())
 }
