@@ -24,6 +24,8 @@ if [ ${#targets[@]} -eq 0 ]; then
     config
     app_responses
     mcp_request
+    mcp_stdio_framing
+    mcp_response
   )
 fi
 

@@ -107,7 +107,7 @@ impl Transport for HttpServer {
                 .get("mcp-session-id")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            let messages = messages(&resp)?;
+            let messages = messages(resp.status, &resp.headers, &resp.body)?;
             let mut reply = None;
             for m in messages {
                 if m.get("method").is_some() {
@@ -165,26 +165,29 @@ impl HttpServer {
 }
 
 /// The JSON-RPC messages of an answer: one JSON document, or the `data` of each SSE event.
-fn messages(resp: &AppResponse) -> Result<Vec<Value>, Rejection> {
-    let sse = resp
-        .headers
+pub fn messages(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Vec<Value>, Rejection> {
+    let sse = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !sse {
-        if resp.body.is_empty() {
+        if body.is_empty() {
             return Ok(Vec::new());
         }
-        return match serde_json::from_slice::<Value>(&resp.body) {
+        return match serde_json::from_slice::<Value>(body) {
             Ok(Value::Array(items)) => Ok(items),
             Ok(v) => Ok(vec![v]),
-            Err(_) if !resp.status.is_success() => Ok(Vec::new()),
+            Err(_) if !status.is_success() => Ok(Vec::new()),
             Err(e) => Err(Rejection::AppInvalid(format!(
                 "the MCP server's answer is not JSON: {e}"
             ))),
         };
     }
-    Ok(sse_events(&resp.body)
+    Ok(sse_events(body)
         .into_iter()
         .filter_map(|data| serde_json::from_str::<Value>(&data).ok())
         .collect())

@@ -140,37 +140,29 @@ impl Link {
 
     /// One message (or batch) from the child's stdout.
     fn incoming(&self, msg: Value) {
-        if let Value::Array(items) = msg {
-            for item in items {
-                self.incoming(item);
-            }
-            return;
-        }
-        let method = msg.get("method").and_then(Value::as_str);
-        match (method, msg.get("id")) {
-            (None, Some(id)) => {
-                let Some(reply) = Reply::from_response(&msg) else {
-                    return tracing::warn!(app = %self.name, "mcp_server_message_invalid: a response without result or error");
-                };
-                let tx = id
-                    .as_u64()
-                    .and_then(|id| self.pending.lock().expect("lock").remove(&id));
-                match tx {
-                    Some(tx) => {
-                        let _ = tx.send(Ok(reply));
-                    }
-                    None => {
-                        tracing::debug!(app = %self.name, "answer to no request in flight: {id}")
+        for m in classify(msg) {
+            match m {
+                Incoming::Response { id, reply } => {
+                    let tx = id.and_then(|id| self.pending.lock().expect("lock").remove(&id));
+                    match tx {
+                        Some(tx) => {
+                            let _ = tx.send(Ok(reply));
+                        }
+                        None => tracing::debug!(app = %self.name, "answer to no request in flight"),
                     }
                 }
-            }
-            (Some(method), Some(id)) => self.server_request(method, id.clone()),
-            (Some("notifications/tools/list_changed"), None) => self.list_changed.notify_one(),
-            (Some(method), None) => {
-                tracing::debug!(app = %self.name, "mcp_server_notification method={method}")
-            }
-            (None, None) => {
-                tracing::warn!(app = %self.name, "mcp_server_message_invalid: neither a request nor a response")
+                Incoming::Request { method, id } => self.server_request(&method, id),
+                Incoming::Notification { method }
+                    if method == "notifications/tools/list_changed" =>
+                {
+                    self.list_changed.notify_one()
+                }
+                Incoming::Notification { method } => {
+                    tracing::debug!(app = %self.name, "mcp_server_notification method={method}")
+                }
+                Incoming::Invalid(why) => {
+                    tracing::warn!(app = %self.name, "mcp_server_message_invalid: {why}")
+                }
             }
         }
     }
@@ -189,6 +181,55 @@ impl Link {
         if self.out.try_send(Bytes::from(line)).is_err() {
             tracing::warn!(app = %self.name, "answer to the server's `{method}` dropped: queue full");
         }
+    }
+}
+
+/// What a message from the server is.
+#[derive(Debug, PartialEq)]
+pub enum Incoming {
+    /// An answer; `id` is carapace's request id when it is one carapace could have sent.
+    Response {
+        id: Option<u64>,
+        reply: Reply,
+    },
+    /// A request of the server to its client.
+    Request {
+        method: String,
+        id: Value,
+    },
+    Notification {
+        method: String,
+    },
+    Invalid(&'static str),
+}
+
+/// Sort one message, or each message of a batch.
+pub fn classify(msg: Value) -> Vec<Incoming> {
+    match msg {
+        Value::Array(items) => items.into_iter().map(classify_one).collect(),
+        one => vec![classify_one(one)],
+    }
+}
+
+fn classify_one(msg: Value) -> Incoming {
+    if !msg.is_object() {
+        return Incoming::Invalid("not a JSON-RPC object");
+    }
+    let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+    match (method, msg.get("id")) {
+        (None, Some(id)) => match Reply::from_response(&msg) {
+            Some(reply) => Incoming::Response {
+                id: id.as_u64(),
+                reply,
+            },
+            None => Incoming::Invalid("a response without result or error"),
+        },
+        (Some(method), Some(id)) => Incoming::Request {
+            method,
+            id: id.clone(),
+        },
+        (Some(method), None) => Incoming::Notification { method },
+        (None, None) => Incoming::Invalid("neither a request nor a response"),
     }
 }
 
