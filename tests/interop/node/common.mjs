@@ -26,11 +26,23 @@ export async function unknownTool(call) {
   }
 }
 
+/**
+ * The tool to call and its good and bad arguments: `--tool NAME --good JSON --bad JSON`, by
+ * default the memory app's `memory.append` with `good` as its text.
+ */
+export function callArgs(good) {
+  return {
+    tool: arg('--tool', 'memory.append'),
+    good: JSON.parse(arg('--good', JSON.stringify({ text: good }))),
+    bad: JSON.parse(arg('--bad', JSON.stringify({ text: 5 }))),
+  };
+}
+
 /** Print what was seen as one JSON line; the exit status: 0 when it is what a user expects. */
-export function summarize(seen) {
+export function summarize(seen, tool = 'memory.append') {
   console.log(JSON.stringify(seen));
   const ok =
-    seen.tools.includes('memory.append') &&
+    seen.tools.includes(tool) &&
     !seen.good.is_error &&
     seen.bad.is_error &&
     String(seen.bad.text[0] ?? '').startsWith('INVALID_ARGS') &&
