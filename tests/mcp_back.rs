@@ -578,3 +578,125 @@ async fn a_signed_skill_v1_caller_uses_the_reference_memory_server() {
     );
     r.shutdown().await;
 }
+
+/// An MCP server's resources and prompts pass through the MCP front, authorized in the same
+/// policy model as tools: this gateway may not read `notes://secret/*` nor get `internal`, so
+/// it does not see them listed and is refused when it asks, before the server is asked.
+#[tokio::test]
+async fn resources_and_prompts_pass_through_with_authorization() {
+    let env = Env::new().await;
+    let peers = json!({"version": 1, "peers": [{
+        "component_type": "gateway", "component_id": "gw_test", "role": "gateway",
+        "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active",
+        "policy": {"deny": ["resource.read:notes://secret/*", "prompt.get:internal"]}}]});
+    std::fs::write(env.path().join("peers.json"), peers.to_string()).unwrap();
+    let sock = env.path().join("py.sock");
+    let _server = tokio::process::Command::new("python3")
+        .arg(interop("mcp_python_server.py"))
+        .arg("--uds")
+        .arg(&sock)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    let r = start(
+        &env,
+        &yaml(
+            &env,
+            "mcp",
+            &format!("address: \"unix:{}\"", sock.display()),
+        ),
+    )
+    .await;
+    let gw = env.gateway(&r);
+
+    let discover = modern(&gw, &modern_body(1, "server/discover", json!({}))).await;
+    let caps = &discover.json()["result"]["capabilities"];
+    assert!(
+        caps["resources"].is_object() && caps["prompts"].is_object(),
+        "{caps}"
+    );
+
+    let list = modern(&gw, &modern_body(2, "resources/list", json!({})))
+        .await
+        .json();
+    let uris: Vec<&str> = list["result"]["resources"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .map(|r| r["uri"].as_str().unwrap())
+        .collect();
+    assert_eq!(uris, ["notes://public/readme"], "{list}");
+    assert_eq!(list["result"]["cacheScope"], "private", "{list}");
+
+    let mut read = modern_body(3, "resources/read", json!({"uri": "notes://public/readme"}));
+    let answer = modern_named(&gw, &read, "notes://public/readme")
+        .await
+        .json();
+    assert_eq!(
+        answer["result"]["contents"][0]["text"], "public notes",
+        "{answer}"
+    );
+    read["params"]["uri"] = json!("notes://secret/plan");
+    let refused = modern_named(&gw, &read, "notes://secret/plan").await.json();
+    assert_eq!(refused["error"]["data"]["code"], "FORBIDDEN", "{refused}");
+
+    let prompts = modern(&gw, &modern_body(4, "prompts/list", json!({})))
+        .await
+        .json();
+    let names: Vec<&str> = prompts["result"]["prompts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{prompts}"))
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["greet"], "{prompts}");
+    let get = modern_body(
+        5,
+        "prompts/get",
+        json!({"name": "greet", "arguments": {"name": "Ada"}}),
+    );
+    let got = modern_named(&gw, &get, "greet").await.json();
+    assert!(
+        got["result"]["messages"][0]["content"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Ada")),
+        "{got}"
+    );
+    let internal = modern_body(6, "prompts/get", json!({"name": "internal"}));
+    let refused = modern_named(&gw, &internal, "internal").await.json();
+    assert_eq!(refused["error"]["data"]["code"], "FORBIDDEN", "{refused}");
+
+    // An older-era session reaches them too; the server's own errors are passed on.
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
+    let i = gw.post_json("/mcp", &[], &init).await.unwrap();
+    assert!(
+        i.json()["result"]["capabilities"]["resources"].is_object(),
+        "{}",
+        i.json()
+    );
+    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    let missing = json!({"jsonrpc": "2.0", "id": 7, "method": "resources/read",
+        "params": {"uri": "notes://public/nothing-here"}});
+    let answer = gw
+        .post_json("/mcp", &[("mcp-session-id", &session)], &missing)
+        .await
+        .unwrap()
+        .json();
+    assert!(answer["error"]["code"].is_i64(), "{answer}");
+    assert!(
+        answer["error"]["data"]["code"].is_null(),
+        "the server's own error: {answer}"
+    );
+    r.shutdown().await;
+}
+
+/// A 2026-07-28 request naming `name` in `Mcp-Name` (`resources/read`, `prompts/get`).
+async fn modern_named(client: &Client, body: &Value, name: &str) -> Reply {
+    let h = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", body["method"].as_str().unwrap()),
+        ("mcp-name", name),
+    ];
+    client.post_json("/mcp", &h, body).await.unwrap()
+}

@@ -14,7 +14,8 @@
 //! to what the peer may do and its `deny` takes away from it; once it expires it contributes
 //! nothing, neither grant nor deny.
 //!
-//! Actions are strings: `tool.call:<tool name>` for tool calls, `event.subscribe:<topic>` and
+//! Actions are strings: `tool.call:<tool name>` for tool calls, `resource.read:<uri>` and
+//! `prompt.get:<prompt name>` for an MCP server's resources and prompts, `event.subscribe:<topic>` and
 //! `event.publish:<topic>` for events, `control:<action>` for control-plane requests, and
 //! `pair.start`, which no role grants remotely and no policy or lease can grant either. A
 //! pattern is an exact action or a prefix ending in `*` (`tool.call:memory.*`, `tool.call:*`).
@@ -35,8 +36,9 @@ pub const PAIR_START: &str = "pair.start";
 /// The role defaults, as the Remote Tool Protocol lists them.
 pub fn role_defaults(role: &str) -> &'static [&'static str] {
     match role {
-        // The paired gateway calls the tools of the host it paired with.
-        "gateway" => &["tool.call:*"],
+        // The paired gateway calls the tools of the host it paired with (and reads an MCP
+        // server's resources and prompts there).
+        "gateway" => &["tool.call:*", "resource.read:*", "prompt.get:*"],
         "tool_host" => &[
             "event.subscribe:tool.call.requested",
             "event.publish:tool.call.completed",
@@ -119,13 +121,18 @@ impl Permissions {
         }
     }
 
-    /// Every tool call allowed: the local principal of the Unix socket, and callers of a
-    /// signed front, whose every call carries a valid signature.
+    /// Every tool call (and every MCP resource and prompt) allowed: the local principal of
+    /// the Unix socket, and callers of a signed front, whose every call carries a valid
+    /// signature.
     pub fn all_tools(role: &str) -> Self {
         Permissions::new(
             role,
             Policy {
-                allow: vec!["tool.call:*".into()],
+                allow: vec![
+                    "tool.call:*".into(),
+                    "resource.read:*".into(),
+                    "prompt.get:*".into(),
+                ],
                 ..Policy::default()
             },
         )
@@ -149,6 +156,16 @@ impl Permissions {
     /// Whether the peer may call `tool`.
     pub fn may_call(&self, tool: &str, now_ms: u64) -> bool {
         self.allows(&format!("tool.call:{tool}"), now_ms)
+    }
+
+    /// Whether the peer may read the MCP resource `uri` (or see it listed).
+    pub fn may_read(&self, uri: &str, now_ms: u64) -> bool {
+        self.allows(&format!("resource.read:{uri}"), now_ms)
+    }
+
+    /// Whether the peer may get the MCP prompt `name` (or see it listed).
+    pub fn may_get_prompt(&self, name: &str, now_ms: u64) -> bool {
+        self.allows(&format!("prompt.get:{name}"), now_ms)
     }
 }
 

@@ -11,6 +11,7 @@ use carapace_filters::kill_switch::KillSwitchLayer;
 use carapace_filters::rate_limit::PeerRateLimitLayer;
 use tower::ServiceBuilder;
 
+use crate::app::AppConn;
 use crate::config::{Loaded, Protocol};
 use crate::edge::{edge, HttpStack, PanicAnswer};
 use crate::errors::ToolsV1Answers;
@@ -82,7 +83,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
             let front = crate::mcp::McpFront::new(
                 shared.catalog.clone(),
                 calls,
-                call_stack(cfg, shared, app, None),
+                call_stack(cfg, shared, app.clone(), None),
                 shared.clock.clone(),
                 Arc::new(c.front.mcp.clone().unwrap_or_default()),
                 shared
@@ -90,7 +91,11 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                     .clone()
                     .expect("made at start for an mcp front"),
                 shared.in_flight.clone(),
-            );
+            )
+            .with_server(match &app {
+                AppConn::Mcp(server) => Some(server.clone()),
+                AppConn::Http(_) => None,
+            });
             let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
             edge(envelope, panic)
         }

@@ -17,8 +17,10 @@ use carapace_filters::call::{Credential, Principal, ToolCall};
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
+use super::back::McpUpstream;
 use super::early::ToolLimitTaken;
 use super::jsonrpc::{self, error_response, result_response, McpError, Message};
+use super::passthrough;
 use super::results::{refusal_result, tool_definition, tool_result};
 use super::session::{SessionRefused, Sessions};
 use super::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
@@ -57,9 +59,18 @@ pub struct McpFront {
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
     in_flight: Arc<InFlightCalls>,
+    /// The MCP server behind carapace, when the app is one: its resources, prompts and
+    /// completions are passed through.
+    server: Option<Arc<McpUpstream>>,
 }
 
 impl McpFront {
+    /// Pass resources, prompts and completions through to `server`.
+    pub fn with_server(mut self, server: Option<Arc<McpUpstream>>) -> Self {
+        self.server = server;
+        self
+    }
+
     pub fn new(
         catalog: Arc<CatalogHandle>,
         calls: CallStack,
@@ -77,6 +88,7 @@ impl McpFront {
             cfg,
             sessions,
             in_flight,
+            server: None,
         }
     }
 
@@ -204,6 +216,27 @@ impl McpFront {
                     Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
                 };
             }
+            m if passthrough::METHODS.contains(&m) && self.server.is_some() => {
+                let server = self.server.as_ref().expect("checked");
+                let now = (self.clock)();
+                return match passthrough::forward(server, m, params, &principal, now).await {
+                    Ok((mut r, filtered)) => {
+                        if version == MODERN_VERSION
+                            && (m.ends_with("/list") || m == "resources/read")
+                        {
+                            r["ttlMs"] = Value::from(self.cfg.list_ttl_ms);
+                            let scope = if filtered || m == "resources/read" {
+                                "private"
+                            } else {
+                                "public"
+                            };
+                            r["cacheScope"] = Value::from(scope);
+                        }
+                        result_response(&id, complete(r, version))
+                    }
+                    Err(e) => refused(Some(&id), &e),
+                };
+            }
             other => Err(McpError::MethodNotFound(other.into())),
         };
         match result {
@@ -246,8 +279,13 @@ impl McpFront {
             )));
         }
         agree(req.headers(), METHOD_HEADER, method)?;
-        if method == "tools/call" {
-            let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        let named = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            _ => None,
+        };
+        if let Some(key) = named {
+            let name = params.get(key).and_then(Value::as_str).unwrap_or("");
             agree(req.headers(), NAME_HEADER, name)?;
         }
         Ok(Era::Modern)
@@ -290,9 +328,11 @@ impl McpFront {
             Ok(s) => s,
             Err(e) => return refused(Some(id), &session_error(e)),
         };
+        let mut capabilities = self.passed_through();
+        capabilities.insert("tools".into(), json!({"listChanged": false}));
         let result = json!({
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": false}},
+            "capabilities": capabilities,
             "serverInfo": server_info(),
         });
         let mut resp = result_response(id, result);
@@ -324,10 +364,21 @@ impl McpFront {
         }
     }
 
+    /// The capabilities of the MCP server behind carapace that are passed through.
+    fn passed_through(&self) -> Map<String, Value> {
+        self.server
+            .as_ref()
+            .and_then(|s| s.negotiated())
+            .map(|n| passthrough::capabilities(&n.capabilities))
+            .unwrap_or_default()
+    }
+
     fn discover(&self) -> Value {
+        let mut capabilities = self.passed_through();
+        capabilities.insert("tools".into(), json!({}));
         json!({
             "supportedVersions": SUPPORTED_VERSIONS,
-            "capabilities": {"tools": {}},
+            "capabilities": capabilities,
             "ttlMs": self.cfg.list_ttl_ms,
             "cacheScope": "public",
         })
@@ -488,6 +539,7 @@ fn refused(id: Option<&Value>, e: &McpError) -> Resp {
         McpError::InvalidParams(_) | McpError::MissingMeta(_) => "invalid_params",
         McpError::Parse(_) | McpError::InvalidRequest(_) => "invalid_request",
         McpError::Cancelled => "cancelled",
+        McpError::Upstream { .. } => "app_error",
     };
     let mut resp = error_response(id, e);
     if let McpError::Refused(r) = e {

@@ -82,6 +82,13 @@ pub enum McpError {
     Cancelled,
     #[error("{}", errors::message(.0))]
     Refused(Rejection),
+    /// The MCP server's own JSON-RPC error, passed on as it is.
+    #[error("{message}")]
+    Upstream {
+        code: i64,
+        message: String,
+        data: Option<Value>,
+    },
 }
 
 impl McpError {
@@ -109,6 +116,7 @@ impl McpError {
                 let (_, status) = errors::tools_v1(r);
                 (status, rejection_code(r), Some(carapace_error(r)))
             }
+            McpError::Upstream { code, data, .. } => (StatusCode::OK, *code, data.clone()),
         }
     }
 }

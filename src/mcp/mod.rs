@@ -14,6 +14,7 @@ pub mod back;
 pub mod early;
 pub mod front;
 pub mod jsonrpc;
+pub mod passthrough;
 pub mod results;
 pub mod session;
 

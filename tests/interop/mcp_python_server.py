@@ -4,6 +4,7 @@
     python3 mcp_python_server.py --stdio         # stdio
 
 Tools: `add` (structured output), `echo` (text), `fail` (the tool reports an error).
+Resources: `notes://public/readme`, `notes://secret/plan`; prompts: `greet`, `internal`.
 """
 
 import argparse
@@ -36,6 +37,30 @@ def echo(message: str) -> str:
 def fail(reason: str) -> str:
     """Always fails with the reason."""
     raise ToolError(reason)
+
+
+@server.resource("notes://public/readme")
+def readme() -> str:
+    """Public notes."""
+    return "public notes"
+
+
+@server.resource("notes://secret/plan")
+def plan() -> str:
+    """Secret notes."""
+    return "the secret plan"
+
+
+@server.prompt()
+def greet(name: str) -> str:
+    """Greet someone."""
+    return f"Say hello to {name}."
+
+
+@server.prompt()
+def internal() -> str:
+    """Not for everyone."""
+    return "internal instructions"
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ pub struct Negotiated {
     pub modern: bool,
     /// The `Mcp-Session-Id` an HTTP server gave at `initialize`.
     pub session: Option<String>,
+    /// What the server said it offers (`capabilities` of its discover or initialize answer).
+    pub capabilities: Value,
 }
 
 /// A JSON-RPC request to send.
@@ -253,6 +255,7 @@ async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
         version: MODERN_VERSION.into(),
         modern: true,
         session: None,
+        capabilities: Value::Null,
     });
     let discover = Outgoing {
         method: "server/discover".into(),
@@ -264,7 +267,12 @@ async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
         Ok(Answer::Reply {
             reply: Reply::Result(r),
             ..
-        }) if offers_modern(&r) => return Ok((*modern).clone()),
+        }) if offers_modern(&r) => {
+            return Ok(Negotiated {
+                capabilities: r.get("capabilities").cloned().unwrap_or(Value::Null),
+                ..(*modern).clone()
+            })
+        }
         // Not reachable at all: no point trying `initialize`.
         Err(e @ (Rejection::AppUnavailable(_) | Rejection::Timeout(_))) => return Err(e),
         _ => {}
@@ -307,6 +315,7 @@ async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
         version: version.to_owned(),
         modern: false,
         session,
+        capabilities: result.get("capabilities").cloned().unwrap_or(Value::Null),
     };
     t.notify(Outgoing {
         method: "notifications/initialized".into(),
