@@ -406,6 +406,23 @@ async fn the_python_sdk_client_calls_mcp_servers_through_carapace_in_every_era()
         &yaml(&env, "mcp", &format!("command: {}", json_list(&everything))),
     )
     .await;
+    // The server's own tool definitions are shown as it gave them.
+    let list = modern(
+        &env.gateway(&stdio),
+        &modern_body(1, "tools/list", json!({})),
+    )
+    .await;
+    let list = list.json();
+    let echo = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "echo")
+        .cloned()
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(echo["title"], "Echo Tool", "{echo}");
+    assert_eq!(echo["annotations"]["destructiveHint"], false, "{echo}");
+    assert_eq!(echo["execution"]["taskSupport"], "forbidden", "{echo}");
     python_client_in_every_era(&stdio, "echo", r#"{"message": "hi"}"#, "Echo: hi").await;
     stdio.shutdown().await;
 

@@ -53,6 +53,9 @@ pub struct ToolSpec {
     pub name: String,
     /// The app's own name for the tool, when it is served under another (`app.filter.rename`).
     pub app_name: Option<String>,
+    /// The tool's definition as an MCP server gave it, when it came from one: the MCP front
+    /// shows its `title`, `icons`, `annotations`, `execution` and `_meta` as they are.
+    pub definition: Option<Arc<Value>>,
     pub description: String,
     pub input: CompiledSchema,
     pub output: Option<CompiledSchema>,
@@ -204,6 +207,7 @@ pub(crate) mod testing {
         Arc::new(ToolSpec {
             name: name.into(),
             app_name: None,
+            definition: None,
             description: String::new(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: Some(

@@ -24,6 +24,7 @@ static CALL: LazyLock<ToolCall> = LazyLock::new(|| ToolCall {
     tool: Arc::new(ToolSpec {
         name: "echo".into(),
         app_name: None,
+        definition: None,
         description: String::new(),
         input: CompiledSchema::compile(json!({"type": "object"})).expect("compiles"),
         output: None,

@@ -74,6 +74,7 @@ mod tests {
         let spec = ToolSpec {
             name: name.into(),
             app_name: None,
+            definition: None,
             description: format!("{name} as the app describes it"),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: None,

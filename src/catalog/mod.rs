@@ -363,6 +363,7 @@ pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryE
             Ok(ToolSpec {
                 name: name.to_string(),
                 app_name: None,
+                definition: None,
                 description: t
                     .get("description")
                     .and_then(Value::as_str)
@@ -490,6 +491,7 @@ pub fn skill_catalog(
             Arc::new(ToolSpec {
                 name: name.to_string(),
                 app_name: None,
+                definition: None,
                 description: description.to_string(),
                 input,
                 output: Some(output),

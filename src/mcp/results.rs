@@ -24,6 +24,13 @@ pub fn tool_definition(t: &ToolSpec, version: &str) -> Value {
         "inputSchema": input,
         "annotations": {"readOnlyHint": !t.side_effects, "idempotentHint": t.idempotent},
     });
+    if let Some(def) = &t.definition {
+        for key in ["title", "icons", "annotations", "execution", "_meta"] {
+            if let Some(v) = def.get(key) {
+                d[key] = v.clone();
+            }
+        }
+    }
     if let Some(out) = &t.output {
         let schema = out.source();
         // 2025-03-26 has no output schemas. 2025-06-18 and 2025-11-25 type one as an object
@@ -114,6 +121,7 @@ mod tests {
         ToolSpec {
             name: "t".into(),
             app_name: None,
+            definition: None,
             description: "d".into(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: output.map(|o| CompiledSchema::compile(o).unwrap()),

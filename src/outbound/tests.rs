@@ -13,6 +13,7 @@ fn call(call_id: &str, tool: &str) -> ToolCall {
         tool: Arc::new(ToolSpec {
             name: tool.into(),
             app_name: None,
+            definition: None,
             description: String::new(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: None,
@@ -183,6 +184,7 @@ fn a_name_several_sources_offer_is_served_once_per_source_qualified() {
                 let spec = ToolSpec {
                     name: n.to_string(),
                     app_name: None,
+                    definition: None,
                     description: String::new(),
                     input: CompiledSchema::compile(json!({})).unwrap(),
                     output: None,

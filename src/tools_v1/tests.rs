@@ -13,6 +13,7 @@ fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
         tool: Arc::new(ToolSpec {
             name: "memory.query".into(),
             app_name: None,
+            definition: None,
             description: String::new(),
             input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
             output: None,

@@ -175,6 +175,7 @@ fn tool_spec(name: &str, t: &Value, max: u64) -> Result<ToolSpec, String> {
     Ok(ToolSpec {
         name: name.to_owned(),
         app_name: None,
+        definition: Some(Arc::new(t.clone())),
         description: t
             .get("description")
             .and_then(Value::as_str)
