@@ -25,6 +25,12 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(None, "memory.append").await
+}
+
+/// The same, with the tool host's app `host_app` (the inside of `app: { ... }`; the memory
+/// app when `None`), ready once the gateway lists `tool`.
+async fn setup_with(host_app: Option<String>, tool: &str) -> Setup {
     let env = Env::new().await;
     write_peers(&env.path().join("peers.json"), &[]);
     let secret = b"skill-secret-for-outbound";
@@ -40,7 +46,27 @@ async fn setup() -> Setup {
     let pairing = format!(
         "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}"
     );
-    let host = env.start(&env.tools_yaml(&pairing)).await;
+    let mut host_yaml = env.tools_yaml(&pairing);
+    if let Some(app) = host_app {
+        host_yaml = host_yaml.replace(
+            &format!(
+                "app: {{ protocol: tools-v1, address: \"http://{}\" }}",
+                env.app_addr
+            ),
+            &format!("app: {{ {app} }}"),
+        );
+    }
+    let host = env.start_with(&host_yaml, false).await;
+    for _ in 0..400 {
+        if host.shared.ready() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        host.shared.ready(),
+        "the tool host discovered its app's tools"
+    );
     std::fs::write(
         d.join("carapace.yaml"),
         format!(
@@ -94,7 +120,7 @@ outbound:
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        if names.iter().any(|n| n == "memory.append") && names.iter().any(|n| n == "demo.echo") {
+        if names.iter().any(|n| n == tool) && names.iter().any(|n| n == "demo.echo") {
             return Setup {
                 env,
                 _host: host,
@@ -227,5 +253,43 @@ async fn the_python_sdk_reaches_paired_tool_hosts_through_carapace_mcp_stdio() {
     assert!(seen
         .iter()
         .all(|r| r.headers["x-carapace-peer-id"] == "gw_home"));
+    s.gw.shutdown().await;
+}
+
+/// A paired tool host whose app is an MCP server (the Python SDK's, over stdio): the gateway's
+/// agent calls its tools with tools-v1 and with MCP, through mTLS and both carapaces.
+#[tokio::test]
+async fn the_gateways_agent_calls_an_mcp_server_behind_a_paired_tool_host() {
+    let argv = json!(["python3", interop("mcp_python_server.py"), "--stdio"]);
+    let path = std::env::var("PATH").unwrap_or_default();
+    let app = format!("protocol: mcp, command: {argv}, env: {{ PATH: \"{path}\" }}");
+    let s = setup_with(Some(app), "echo").await;
+    let agent = Client::new(Transport::Unix(s.socket.clone()));
+    let reply = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("add", json!({"a": 20, "b": 22})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok", "{}", reply.json());
+    assert_eq!(reply.json()["result"], json!({"sum": 42}));
+    let bad = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("add", json!({"a": "x", "b": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(common::code(&bad), "INVALID_ARGS", "{}", bad.json());
+    let echo = modern_body(
+        1,
+        "tools/call",
+        json!({"name": "echo", "arguments": {"message": "far"}}),
+    );
+    let answer = modern(&agent, &echo).await;
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
     s.gw.shutdown().await;
 }
