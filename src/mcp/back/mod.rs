@@ -6,7 +6,8 @@
 //! A result becomes the call's output: its `structuredContent` when it has one, else
 //! `{"content": [...]}`; the MCP front passes the server's own `content` on unchanged. A
 //! result with `isError` is the tool's own error (`TOOL_ERROR`), and a JSON-RPC error is mapped
-//! to the Remote Tool Protocol's code (`-32602` → `INVALID_ARGS`, else `INTERNAL`).
+//! to the Remote Tool Protocol's code (`-32602` → `INVALID_ARGS`, else `INTERNAL`). A 2026-07-28
+//! "input required" result is `INPUT_REQUIRED` until carapace relays such questions.
 
 pub mod http;
 pub mod lines;
@@ -82,6 +83,24 @@ pub fn outcome(reply: Reply) -> CallOutcome {
             };
         }
     };
+    // 2026-07-28: the server asks the caller for input and expects the request retried with
+    // the answers. Not relayed yet: a clear error on every front, never an empty success.
+    if let Some(kind) = result
+        .get("resultType")
+        .and_then(Value::as_str)
+        .filter(|k| *k != "complete")
+    {
+        return CallOutcome::AppError {
+            code: "INPUT_REQUIRED".into(),
+            message: format!(
+                "the MCP server asks the caller for input (resultType `{kind}`), which carapace \
+                 does not relay yet"
+            ),
+            details: None,
+            retryable: false,
+            content: None,
+        };
+    }
     let blocks = match result.get("content") {
         Some(c @ Value::Array(_)) => c.clone(),
         _ => json!([]),
@@ -228,6 +247,18 @@ mod tests {
             matches!(&failed, CallOutcome::AppError { code, message, .. } if code == "TOOL_ERROR" && message == "no such file"),
             "{failed:?}"
         );
+        let asks = outcome(Reply::Result(json!({
+            "resultType": "input_required",
+            "inputRequests": {"confirm": {"method": "elicitation/create", "params": {}}},
+        })));
+        assert!(
+            matches!(&asks, CallOutcome::AppError { code, .. } if code == "INPUT_REQUIRED"),
+            "{asks:?}"
+        );
+        let complete = outcome(Reply::Result(
+            json!({"resultType": "complete", "content": []}),
+        ));
+        assert!(matches!(complete, CallOutcome::Ok { .. }));
         let invalid = outcome(Reply::Error {
             code: -32602,
             message: "bad".into(),
