@@ -197,6 +197,36 @@ CASES: dict[str, dict[str, Any]] = {
             "session_key": {"file": "/etc/carapace/mcp-session/session.key"},
         },
     },
+    # An MCP server (Streamable HTTP on loopback) behind carapace, with some tools filtered.
+    "mcp-server": {
+        "values": {
+            "app": {"args": ["serve", "--port", "3001"]},
+            "upstream": {
+                "protocol": "mcp",
+                "address": "http://127.0.0.1:3001",
+                "mcpPath": "/v1/mcp",
+                "filter": {
+                    "deny": ["delete_*"],
+                    "rename": {"read_file": "files.read"},
+                    "descriptions": {"files.read": "Read a file of the shared volume."},
+                },
+            },
+        },
+        "replicas": 1,
+        "app": "app",
+        "front": "tools-v1",
+        "app_address": "http://127.0.0.1:3001",
+        "pairing": False,
+        "identity_secret": f"{RELEASE}-carapace-identity",
+        "secrets": {"carapace-identity": (f"{RELEASE}-carapace-identity", None)},
+        "redis": None,
+        "app_mcp": {"path": "/v1/mcp"},
+        "app_filter": {
+            "deny": ["delete_*"],
+            "rename": {"read_file": "files.read"},
+            "descriptions": {"files.read": "Read a file of the shared volume."},
+        },
+    },
     # The outbound role: the app (an agent) calls paired tool hosts through a Unix socket.
     "gateway": {
         "values": {
@@ -525,6 +555,8 @@ def test_config_values(case):
             assert tls["client_ca_file"] == f"{identity}/ca.crt"
         else:
             assert "client_ca_file" not in tls  # skill-v1 callers sign instead
+    assert cfg["app"].get("mcp") == expect.get("app_mcp")
+    assert cfg["app"].get("filter") == expect.get("app_filter")
     if "mcp" in expect:
         assert cfg["front"]["mcp"] == expect["mcp"]
         assert cfg["peers"] == {"file": f"{identity}/peers.json"}

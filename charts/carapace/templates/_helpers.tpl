@@ -175,6 +175,8 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- $app := dict "protocol" $u.protocol "address" $u.address }}
 {{- with $u.discovery }}{{ $_ := set $app "discovery" . }}{{ end }}
 {{- with $u.pool }}{{ $_ := set $app "pool" . }}{{ end }}
+{{- if eq $u.protocol "mcp" }}{{ $_ := set $app "mcp" (dict "path" $u.mcpPath) }}{{ end }}
+{{- with $u.filter }}{{ $_ := set $app "filter" . }}{{ end }}
 {{- if eq $u.protocol "skill-v1" }}
 {{- $s := $u.skill }}
 {{- $skill := dict "skill_id" $s.skillId "protocol_version" $s.protocolVersion "capabilities" $s.capabilities }}
