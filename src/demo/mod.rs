@@ -15,6 +15,8 @@ use crate::memory_app::MemoryApp;
 use crate::pki::Authority;
 use crate::server::{self, Running};
 
+mod mcp;
+
 const DEMO_KEY: &str = "demo-hmac-key-do-not-use-in-production";
 
 /// Run the demonstration; exit 0 when every step behaved as shown.
@@ -343,176 +345,9 @@ ops: {{ address: "" }}
         abandoned > 0
     );
 
-    codes.extend(mcp_steps(dir, &app_addr.to_string(), &ca, &gateway, &app).await?);
+    codes.extend(mcp::mcp_steps(dir, &app_addr.to_string(), &ca, &gateway, &app).await?);
+    mcp::outbound_step(dir, &app_addr.to_string(), &app).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)
-}
-
-/// A JSON-RPC request as a 2026-07-28 MCP client sends it, with its mirrored headers.
-async fn mcp_modern(
-    gw: &Client,
-    id: u64,
-    method: &str,
-    mut params: Value,
-) -> Result<Reply, String> {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": crate::mcp::MODERN_VERSION,
-        "io.modelcontextprotocol/clientInfo": {"name": "carapace-demo", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    });
-    let name = params["name"].as_str().unwrap_or("").to_string();
-    let mut headers = vec![
-        ("mcp-protocol-version", crate::mcp::MODERN_VERSION),
-        ("mcp-method", method),
-    ];
-    if !name.is_empty() {
-        headers.push(("mcp-name", name.as_str()));
-    }
-    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-    gw.post_json("/mcp", &headers, &body).await
-}
-
-/// 7 and 8: the same app behind an MCP front, called as a 2026-07-28 client and as an older
-/// client with a session.
-async fn mcp_steps(
-    dir: &Path,
-    app_addr: &str,
-    ca: &Authority,
-    gateway: &crate::pki::Issued,
-    app: &MemoryApp,
-) -> Result<Vec<String>, String> {
-    let mcp = start(
-        &dir.join("mcp"),
-        &format!(
-            r#"
-state_dir: {dir}/mcp
-front: {{ protocol: mcp }}
-listeners:
-  unix: {{ path: {dir}/mcp.sock }}
-  tcp:
-    address: "127.0.0.1:0"
-    tls: {{ cert_file: {dir}/server.crt, key_file: {dir}/server.key, client_ca_file: {dir}/ca.pem }}
-app: {{ protocol: tools-v1, address: "http://{app_addr}" }}
-peers: {{ file: {dir}/peers.json }}
-ops: {{ address: "" }}
-"#,
-            dir = dir.display()
-        ),
-    )
-    .await?;
-    let addr = mcp.tcp_address.ok_or("no tcp address")?;
-    let gw = Client::new(Transport::Tls {
-        address: addr,
-        config: tls_config(&ca.cert_pem(), Some(gateway), false),
-    });
-    let list = mcp_modern(&gw, 1, "tools/list", json!({})).await?;
-    let tools = list.json()["result"]["tools"]
-        .as_array()
-        .map_or(0, Vec::len);
-    let good = mcp_modern(
-        &gw,
-        2,
-        "tools/call",
-        json!({"name": "memory.query", "arguments": {"query": "cat"}}),
-    )
-    .await?;
-    if good.json()["result"]["isError"] != false {
-        return Err(format!(
-            "MCP call failed: {}",
-            String::from_utf8_lossy(&good.body)
-        ));
-    }
-    let before = app.received().len();
-    let bad = mcp_modern(
-        &gw,
-        3,
-        "tools/call",
-        json!({"name": "memory.append", "arguments": {"text": 42}}),
-    )
-    .await?;
-    let bad_code = bad.json()["result"]["_meta"]["dev.carapace/error"]["code"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    if bad.json()["result"]["isError"] != true
-        || bad_code != "INVALID_ARGS"
-        || app.received().len() != before
-    {
-        return Err(format!(
-            "MCP bad arguments: {}",
-            String::from_utf8_lossy(&bad.body)
-        ));
-    }
-    println!(
-        "7. MCP 2026-07-28  https://{addr}/mcp tools/list -> {tools} tools; tools/call memory.query -> structuredContent={}; bad arguments -> isError {bad_code}, not forwarded",
-        good.json()["result"]["structuredContent"]
-    );
-
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {}}});
-    let i = gw.post_json("/mcp", &[], &init).await?;
-    let session = i
-        .headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .ok_or("initialize gave no session")?
-        .to_string();
-    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "memory.query", "arguments": {"query": "mat"}}});
-    let in_session = gw
-        .post_json("/mcp", &[("mcp-session-id", session.as_str())], &call)
-        .await?;
-    let without = gw.post_json("/mcp", &[], &call).await?;
-    println!(
-        "8. MCP 2025-06-18  initialize -> session {}...; tools/call in it -> isError={}; without the session -> HTTP {}",
-        &session[..12.min(session.len())],
-        in_session.json()["result"]["isError"],
-        without.status.as_u16()
-    );
-    mcp_back_step(dir).await?;
-    mcp.shutdown().await;
-    Ok(vec![bad_code])
-}
-
-/// 9: carapace in front of a stdio MCP server. The server is `carapace mcp-stdio` bridging to
-/// step 7's MCP endpoint, so the demo needs nothing else installed; any stdio MCP server is
-/// configured the same way.
-async fn mcp_back_step(dir: &Path) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let behind = start(
-        &dir.join("behind"),
-        &format!(
-            r#"
-state_dir: {dir}/behind
-front: {{ protocol: tools-v1 }}
-listeners: {{ unix: {{ path: {dir}/behind.sock }} }}
-app:
-  protocol: mcp
-  command: ["{exe}", mcp-stdio, --socket, "{dir}/mcp.sock"]
-peers: {{ file: {dir}/peers.json }}
-ops: {{ address: "" }}
-"#,
-            dir = dir.display(),
-            exe = exe.display(),
-        ),
-    )
-    .await?;
-    let local = Client::new(Transport::Unix(dir.join("behind.sock")));
-    let call = json!({"version": "v1", "call_id": "c-9", "tool_name": "memory.query",
-        "tenant_id": "home", "args": {"query": "cat"},
-        "context": {"agent_id": "demo", "session_id": "s-9"}});
-    let reply = local.post_json("/v1/tools/call", &[], &call).await?;
-    if reply.json()["status"] != "ok" {
-        return Err(format!(
-            "call to the MCP server failed: {}",
-            String::from_utf8_lossy(&reply.body)
-        ));
-    }
-    println!(
-        "9. MCP back       tools-v1 front over a stdio MCP server (`carapace mcp-stdio` to step 7) -> memory.query \"ok\" result={}",
-        reply.json()["result"]
-    );
-    behind.shutdown().await;
-    Ok(())
 }
