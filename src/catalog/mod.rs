@@ -7,6 +7,11 @@
 //! catalog. Skill Gateway v1 log markers are emitted exactly as that text spells them.
 
 mod filter;
+mod skill_v1;
+mod tools_v1;
+
+pub use skill_v1::skill_catalog;
+pub use tools_v1::tools_v1_catalog;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +26,7 @@ use carapace_filters::call::ToolSpec;
 use carapace_filters::schema::CompiledSchema;
 
 use crate::app::AppConn;
-use crate::config::{Loaded, Protocol, SkillAppConfig};
+use crate::config::{Loaded, Protocol};
 use crate::mcp::back::McpUpstream;
 use crate::upstream::AppClient;
 
@@ -287,7 +292,7 @@ async fn discover_mcp(
     }))
 }
 
-fn clamp_max(name: &str, declared: u64, cfg: &Loaded) -> u64 {
+pub(super) fn clamp_max(name: &str, declared: u64, cfg: &Loaded) -> u64 {
     let mut max = declared.clamp(1, PROTOCOL_TIMEOUT_MAX_MS);
     if let Some(o) = cfg.config.tools.get(name).and_then(|t| t.timeout_ms_max) {
         max = max.min(o);
@@ -295,239 +300,9 @@ fn clamp_max(name: &str, declared: u64, cfg: &Loaded) -> u64 {
     max
 }
 
-fn compile(name: &str, what: &str, schema: &Value) -> Result<CompiledSchema, String> {
+pub(super) fn compile(name: &str, what: &str, schema: &Value) -> Result<CompiledSchema, String> {
     CompiledSchema::compile(schema.clone())
         .map_err(|e| format!("tool {name}: {what} schema does not compile: {e}"))
-}
-
-/// Compile a tools-v1 `GET /v1/tools` answer.
-pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryError> {
-    let invalid = |m: String| DiscoveryError::ManifestInvalid(m);
-    if doc.get("version").and_then(Value::as_str) != Some("v1") {
-        return Err(DiscoveryError::ProtocolVersion {
-            got: doc
-                .get("version")
-                .map(|v| v.to_string())
-                .unwrap_or_default(),
-            expected: "v1".into(),
-        });
-    }
-    let service = doc
-        .get("service")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let list = doc
-        .get("tools")
-        .and_then(Value::as_array)
-        .ok_or_else(|| invalid("GET /v1/tools: `tools` is not an array".into()))?;
-    let mut tools = BTreeMap::new();
-    for (i, t) in list.iter().enumerate() {
-        let Some(name) = t
-            .get("name")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-        else {
-            tracing::warn!("tool_skipped index={i} reason=missing_name");
-            continue;
-        };
-        let spec = (|| -> Result<ToolSpec, String> {
-            // Strict contracts: a tool without both schemas is not served. `null` is how the
-            // reference tool host writes a schema it was not given (its fields have no
-            // omitempty): the app takes any value there, and so does carapace.
-            let (Some(input), Some(output)) = (t.get("input_schema"), t.get("output_schema"))
-            else {
-                return Err("missing_schema".into());
-            };
-            let any = Value::Object(serde_json::Map::new());
-            let or_any = |s: &'_ Value, what: &str| {
-                if s.is_null() {
-                    tracing::warn!(
-                        "tool_schema_absent name={name} stage={what}: any value is accepted"
-                    );
-                    any.clone()
-                } else {
-                    s.clone()
-                }
-            };
-            let input = compile(name, "input", &or_any(input, "input"))?;
-            let output = Some(compile(name, "output", &or_any(output, "output"))?);
-            // 0 is the reference tool host's "not set" (zero values are written out).
-            let u = |k: &str, d: u64| {
-                t.get(k)
-                    .and_then(Value::as_u64)
-                    .filter(|v| *v > 0)
-                    .unwrap_or(d)
-            };
-            let max = clamp_max(name, u("timeout_ms_max", PROTOCOL_TIMEOUT_MAX_MS), cfg);
-            Ok(ToolSpec {
-                name: name.to_string(),
-                app_name: None,
-                definition: None,
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
-                input,
-                output,
-                timeout_ms_default: u("timeout_ms_default", 30_000).clamp(1, max),
-                timeout_ms_max: max,
-                idempotent: t
-                    .get("idempotent")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-                side_effects: t
-                    .get("side_effects")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true),
-            })
-        })();
-        match spec {
-            Ok(s) => {
-                if tools.insert(name.to_string(), Arc::new(s)).is_some() {
-                    tracing::warn!("tool_duplicate name={name}: the last definition is served");
-                }
-            }
-            Err(reason) => tracing::warn!("tool_skipped name={name} reason={reason}"),
-        }
-    }
-    Ok(Catalog {
-        tools,
-        service,
-        version: None,
-        digest: [0; 32],
-    })
-}
-
-/// Compile a skill-v1 `GET /manifest` answer (either shape).
-pub fn skill_catalog(
-    doc: &Value,
-    skill: &SkillAppConfig,
-    cfg: &Loaded,
-) -> Result<Catalog, DiscoveryError> {
-    let invalid = |m: &str| DiscoveryError::ManifestInvalid(m.to_string());
-    let version = doc.get("gateway_protocol_version").and_then(Value::as_str);
-    if version != Some(skill.protocol_version.as_str()) {
-        return Err(DiscoveryError::ProtocolVersion {
-            got: version.unwrap_or("<missing>").to_string(),
-            expected: skill.protocol_version.clone(),
-        });
-    }
-    tracing::info!("manifest_protocol_ok version={}", skill.protocol_version);
-    match doc.get("id").and_then(Value::as_str) {
-        Some(id) if id == skill.skill_id => {}
-        Some(id) => {
-            return Err(DiscoveryError::ManifestInvalid(format!(
-                "manifest id {id} does not match skill_id {}",
-                skill.skill_id
-            )))
-        }
-        None => return Err(invalid("manifest id is missing")),
-    }
-    let caps = doc
-        .get("capabilities")
-        .and_then(Value::as_array)
-        .ok_or_else(|| invalid("manifest capabilities is not an array"))?;
-    let top_in = doc.get("input_schema");
-    let top_out = doc.get("output_schema");
-    let mut tools = BTreeMap::new();
-    for (i, cap) in caps.iter().enumerate() {
-        // Text shape: a string, schemas at the top. Vagus shape: an object with its own.
-        let (name, description, input, output) = match cap {
-            Value::String(s) => (s.as_str(), "", top_in, top_out),
-            Value::Object(o) => match o.get("capability").and_then(Value::as_str) {
-                Some(n) => (
-                    n,
-                    o.get("description").and_then(Value::as_str).unwrap_or(""),
-                    o.get("input_schema").or(top_in),
-                    o.get("output_schema").or(top_out),
-                ),
-                None => {
-                    tracing::warn!(
-                        "capability_skipped skill_id={} index={i} reason=missing_capability_name",
-                        skill.skill_id
-                    );
-                    continue;
-                }
-            },
-            _ => {
-                tracing::warn!(
-                    "capability_skipped skill_id={} index={i} reason=not_a_string_or_object",
-                    skill.skill_id
-                );
-                continue;
-            }
-        };
-        if !skill.capabilities.iter().any(|c| c == name) {
-            tracing::warn!(
-                "capability_skipped skill_id={} capability={name} reason=not_in_registry",
-                skill.skill_id
-            );
-            continue;
-        }
-        let (Some(input), Some(output)) = (input, output) else {
-            tracing::warn!(
-                "capability_skipped skill_id={} capability={name} reason=missing_schema",
-                skill.skill_id
-            );
-            continue;
-        };
-        let compiled = compile(name, "input", input)
-            .and_then(|i| compile(name, "output", output).map(|o| (i, o)));
-        let (input, output) = match compiled {
-            Ok(pair) => pair,
-            Err(reason) => {
-                tracing::warn!(
-                    "capability_skipped skill_id={} capability={name} reason={reason}",
-                    skill.skill_id
-                );
-                continue;
-            }
-        };
-        let max = clamp_max(name, skill.timeout_ms_max, cfg);
-        let replaced = tools.insert(
-            name.to_string(),
-            Arc::new(ToolSpec {
-                name: name.to_string(),
-                app_name: None,
-                definition: None,
-                description: description.to_string(),
-                input,
-                output: Some(output),
-                timeout_ms_default: skill.timeout_ms_default.clamp(1, max),
-                timeout_ms_max: max,
-                idempotent: false,
-                side_effects: true,
-            }),
-        );
-        if replaced.is_some() {
-            tracing::warn!(
-                "capability_duplicate skill_id={} capability={name}: the last definition is served",
-                skill.skill_id
-            );
-        }
-    }
-    for missing in skill
-        .capabilities
-        .iter()
-        .filter(|c| !tools.contains_key(*c))
-    {
-        tracing::warn!(
-            "capability_unavailable skill_id={} capability={missing} reason=not_in_manifest",
-            skill.skill_id
-        );
-    }
-    tracing::info!("manifest_schema_ok skill_id={}", skill.skill_id);
-    Ok(Catalog {
-        tools,
-        service: skill.skill_id.clone(),
-        version: doc
-            .get("version")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        digest: [0; 32],
-    })
 }
 
 /// The `GET /v1/tools` descriptor of a tool.

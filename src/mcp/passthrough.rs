@@ -87,40 +87,7 @@ pub async fn forward(
     now_ms: u64,
 ) -> Result<(Value, bool), McpError> {
     let access = Access { principal, now_ms };
-    match method {
-        "resources/read" => {
-            let uri = required(&params, "uri")?;
-            if !access.read(uri) {
-                return Err(access.refuse(format!("the resource {uri}")));
-            }
-        }
-        "prompts/get" => {
-            let name = required(&params, "name")?;
-            if !access.prompt(name) {
-                return Err(access.refuse(format!("the prompt {name}")));
-            }
-        }
-        "completion/complete" => match required(&params, "ref/type")? {
-            "ref/prompt" => {
-                let name = required(&params, "ref/name")?;
-                if !access.prompt(name) {
-                    return Err(access.refuse(format!("the prompt {name}")));
-                }
-            }
-            "ref/resource" => {
-                let uri = required(&params, "ref/uri")?;
-                if !access.read(uri) {
-                    return Err(access.refuse(format!("the resource {uri}")));
-                }
-            }
-            other => {
-                return Err(McpError::InvalidParams(format!(
-                    "`ref.type` `{other}` is not one carapace knows"
-                )))
-            }
-        },
-        _ => {}
-    }
+    authorize(method, &params, &access)?;
     // The caller's protocol metadata is its own with carapace; the server gets carapace's.
     params.remove("_meta");
     let mirrored = match method {
@@ -153,24 +120,7 @@ pub async fn forward(
             "the MCP server's {method} result is not an object"
         ))));
     }
-    let filtered = match method {
-        "resources/list" => retain(&mut result, "resources", |r| {
-            r.get("uri")
-                .and_then(Value::as_str)
-                .is_some_and(|u| access.read(u))
-        }),
-        "resources/templates/list" => retain(&mut result, "resourceTemplates", |r| {
-            r.get("uriTemplate")
-                .and_then(Value::as_str)
-                .is_some_and(|u| access.read(u))
-        }),
-        "prompts/list" => retain(&mut result, "prompts", |p| {
-            p.get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| access.prompt(n))
-        }),
-        _ => false,
-    };
+    let filtered = filter_list(method, &mut result, &access);
     // carapace answers in the caller's revision; these are the server's.
     if let Some(r) = result.as_object_mut() {
         r.remove("resultType");
@@ -188,4 +138,69 @@ fn retain(result: &mut Value, key: &str, keep: impl Fn(&Value) -> bool) -> bool 
     let before = items.len();
     items.retain(|i| keep(i));
     items.len() != before
+}
+
+/// A read, a get or a completion the caller may not make is refused before the server sees it.
+fn authorize(
+    method: &str,
+    params: &Map<String, Value>,
+    access: &Access<'_>,
+) -> Result<(), McpError> {
+    match method {
+        "resources/read" => {
+            let uri = required(params, "uri")?;
+            if !access.read(uri) {
+                return Err(access.refuse(format!("the resource {uri}")));
+            }
+        }
+        "prompts/get" => {
+            let name = required(params, "name")?;
+            if !access.prompt(name) {
+                return Err(access.refuse(format!("the prompt {name}")));
+            }
+        }
+        "completion/complete" => match required(params, "ref/type")? {
+            "ref/prompt" => {
+                let name = required(params, "ref/name")?;
+                if !access.prompt(name) {
+                    return Err(access.refuse(format!("the prompt {name}")));
+                }
+            }
+            "ref/resource" => {
+                let uri = required(params, "ref/uri")?;
+                if !access.read(uri) {
+                    return Err(access.refuse(format!("the resource {uri}")));
+                }
+            }
+            other => {
+                return Err(McpError::InvalidParams(format!(
+                    "`ref.type` `{other}` is not one carapace knows"
+                )))
+            }
+        },
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Keep the items of a list the caller may use; whether any was dropped.
+fn filter_list(method: &str, result: &mut Value, access: &Access<'_>) -> bool {
+    match method {
+        "resources/list" => retain(result, "resources", |r| {
+            r.get("uri")
+                .and_then(Value::as_str)
+                .is_some_and(|u| access.read(u))
+        }),
+        "resources/templates/list" => retain(result, "resourceTemplates", |r| {
+            r.get("uriTemplate")
+                .and_then(Value::as_str)
+                .is_some_and(|u| access.read(u))
+        }),
+        "prompts/list" => retain(result, "prompts", |p| {
+            p.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| access.prompt(n))
+        }),
+        _ => false,
+    }
 }

@@ -107,28 +107,7 @@ pub fn outcome(reply: Reply) -> CallOutcome {
     };
     let meta = result.get("_meta").cloned();
     if result.get("isError") == Some(&Value::Bool(true)) {
-        let message = blocks
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n");
-        return CallOutcome::AppError {
-            code: "TOOL_ERROR".into(),
-            message: if message.is_empty() {
-                "the tool reported an error".into()
-            } else {
-                message
-            },
-            details: Some(json!({ "content": blocks })),
-            retryable: false,
-            content: Some(ServerContent {
-                blocks,
-                structured: false,
-                meta,
-            }),
-        };
+        return tool_error(blocks, meta);
     }
     let (output, structured) = match result.get("structuredContent") {
         Some(s) => (s.clone(), true),
@@ -140,6 +119,32 @@ pub fn outcome(reply: Reply) -> CallOutcome {
         content: Some(ServerContent {
             blocks,
             structured,
+            meta,
+        }),
+    }
+}
+
+/// A result with `isError`: the tool's own error, its text as the message.
+fn tool_error(blocks: Value, meta: Option<Value>) -> CallOutcome {
+    let message = blocks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n");
+    CallOutcome::AppError {
+        code: "TOOL_ERROR".into(),
+        message: if message.is_empty() {
+            "the tool reported an error".into()
+        } else {
+            message
+        },
+        details: Some(json!({ "content": blocks })),
+        retryable: false,
+        content: Some(ServerContent {
+            blocks,
+            structured: false,
             meta,
         }),
     }
