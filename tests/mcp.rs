@@ -4,40 +4,16 @@ mod common;
 
 use carapace::client::{Client, Reply};
 use carapace::server::Running;
+use common::mcp::{modern, modern_body, MODERN};
 use common::Env;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
-
-const MODERN: &str = "2026-07-28";
 
 fn mcp_yaml(env: &Env, extra_front: &str, extra: &str) -> String {
     env.tools_yaml(extra).replace(
         "front: { protocol: tools-v1 }",
         &format!("front: {{ protocol: mcp{extra_front} }}"),
     )
-}
-
-/// A 2026-07-28 request body with its `_meta`.
-fn modern_body(id: i64, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    });
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-}
-
-/// Send a 2026-07-28 request with the headers mirrored from `body`.
-async fn modern(client: &Client, body: &Value) -> Reply {
-    let method = body["method"].as_str().unwrap();
-    let mut headers = vec![
-        ("mcp-protocol-version", MODERN.to_string()),
-        ("mcp-method", method.to_string()),
-    ];
-    if let Some(name) = body["params"]["name"].as_str() {
-        headers.push(("mcp-name", name.to_string()));
-    }
-    send(client, body, &headers).await
 }
 
 async fn send(client: &Client, body: &Value, headers: &[(&str, String)]) -> Reply {

@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use carapace::client::{Client, Reply};
 use carapace::server::Running;
+use common::mcp::{modern, modern_body, MODERN};
 use common::{call, code, Env};
 use http::StatusCode;
 use serde_json::{json, Value};
-
-const MODERN: &str = "2026-07-28";
 
 fn interop(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -72,24 +71,18 @@ fn json_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap()
 }
 
-fn modern_body(id: i64, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    });
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-}
-
-async fn modern(client: &Client, body: &Value) -> Reply {
-    let mut h = vec![
-        ("mcp-protocol-version", MODERN.to_string()),
-        ("mcp-method", body["method"].as_str().unwrap().to_string()),
-    ];
-    if let Some(name) = body["params"]["name"].as_str() {
-        h.push(("mcp-name", name.to_string()));
-    }
-    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    client.post_json("/mcp", &h, body).await.unwrap()
+/// The Python SDK's test server over Streamable HTTP on a Unix socket in `env`'s directory
+/// (stopped when the child is dropped).
+fn python_http_server(env: &Env) -> (tokio::process::Child, PathBuf) {
+    let sock = env.path().join("py.sock");
+    let child = tokio::process::Command::new("python3")
+        .arg(interop("mcp_python_server.py"))
+        .arg("--uds")
+        .arg(&sock)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    (child, sock)
 }
 
 async fn tools_call(client: &Client, tool: &str, args: Value) -> Reply {
@@ -102,14 +95,7 @@ async fn tools_call(client: &Client, tool: &str, args: Value) -> Reply {
 #[tokio::test]
 async fn a_python_sdk_server_over_http_is_spoken_to_in_2026_07_28_through_the_mcp_front() {
     let env = Env::new().await;
-    let sock = env.path().join("py.sock");
-    let _server = tokio::process::Command::new("python3")
-        .arg(interop("mcp_python_server.py"))
-        .arg("--uds")
-        .arg(&sock)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs");
+    let (_server, sock) = python_http_server(&env);
     let r = start(
         &env,
         &yaml(
@@ -427,14 +413,7 @@ async fn the_python_sdk_client_calls_mcp_servers_through_carapace_in_every_era()
     stdio.shutdown().await;
 
     let env = Env::new().await;
-    let sock = env.path().join("py.sock");
-    let _server = tokio::process::Command::new("python3")
-        .arg(interop("mcp_python_server.py"))
-        .arg("--uds")
-        .arg(&sock)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs");
+    let (_server, sock) = python_http_server(&env);
     let http = start(
         &env,
         &yaml(
@@ -490,14 +469,7 @@ async fn python_client_in_every_era(r: &Running, tool: &str, good: &str, text: &
 #[tokio::test]
 async fn static_filtering_allows_denies_renames_and_describes_tools() {
     let env = Env::new().await;
-    let sock = env.path().join("py.sock");
-    let _server = tokio::process::Command::new("python3")
-        .arg(interop("mcp_python_server.py"))
-        .arg("--uds")
-        .arg(&sock)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs");
+    let (_server, sock) = python_http_server(&env);
     let filter = "filter: { allow: [echo, \"a*\"], deny: [add], rename: { echo: say }, \
                   descriptions: { say: \"Say it back.\" } }";
     let r = start(
@@ -607,14 +579,7 @@ async fn resources_and_prompts_pass_through_with_authorization() {
         "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active",
         "policy": {"deny": ["resource.read:notes://secret/*", "prompt.get:internal"]}}]});
     std::fs::write(env.path().join("peers.json"), peers.to_string()).unwrap();
-    let sock = env.path().join("py.sock");
-    let _server = tokio::process::Command::new("python3")
-        .arg(interop("mcp_python_server.py"))
-        .arg("--uds")
-        .arg(&sock)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs");
+    let (_server, sock) = python_http_server(&env);
     let r = start(
         &env,
         &yaml(
@@ -646,15 +611,13 @@ async fn resources_and_prompts_pass_through_with_authorization() {
     assert_eq!(list["result"]["cacheScope"], "private", "{list}");
 
     let mut read = modern_body(3, "resources/read", json!({"uri": "notes://public/readme"}));
-    let answer = modern_named(&gw, &read, "notes://public/readme")
-        .await
-        .json();
+    let answer = modern(&gw, &read).await.json();
     assert_eq!(
         answer["result"]["contents"][0]["text"], "public notes",
         "{answer}"
     );
     read["params"]["uri"] = json!("notes://secret/plan");
-    let refused = modern_named(&gw, &read, "notes://secret/plan").await.json();
+    let refused = modern(&gw, &read).await.json();
     assert_eq!(refused["error"]["data"]["code"], "FORBIDDEN", "{refused}");
 
     let prompts = modern(&gw, &modern_body(4, "prompts/list", json!({})))
@@ -672,7 +635,7 @@ async fn resources_and_prompts_pass_through_with_authorization() {
         "prompts/get",
         json!({"name": "greet", "arguments": {"name": "Ada"}}),
     );
-    let got = modern_named(&gw, &get, "greet").await.json();
+    let got = modern(&gw, &get).await.json();
     assert!(
         got["result"]["messages"][0]["content"]["text"]
             .as_str()
@@ -680,7 +643,7 @@ async fn resources_and_prompts_pass_through_with_authorization() {
         "{got}"
     );
     let internal = modern_body(6, "prompts/get", json!({"name": "internal"}));
-    let refused = modern_named(&gw, &internal, "internal").await.json();
+    let refused = modern(&gw, &internal).await.json();
     assert_eq!(refused["error"]["data"]["code"], "FORBIDDEN", "{refused}");
 
     // An older-era session reaches them too; the server's own errors are passed on.
@@ -706,14 +669,4 @@ async fn resources_and_prompts_pass_through_with_authorization() {
         "the server's own error: {answer}"
     );
     r.shutdown().await;
-}
-
-/// A 2026-07-28 request naming `name` in `Mcp-Name` (`resources/read`, `prompts/get`).
-async fn modern_named(client: &Client, body: &Value, name: &str) -> Reply {
-    let h = [
-        ("mcp-protocol-version", MODERN),
-        ("mcp-method", body["method"].as_str().unwrap()),
-        ("mcp-name", name),
-    ];
-    client.post_json("/mcp", &h, body).await.unwrap()
 }

@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use carapace::client::{Client, Transport};
 use carapace::server::Running;
+use common::mcp::{modern, modern_body};
 use common::{write_peers, Env};
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
-
-const MODERN: &str = "2026-07-28";
 
 /// A gateway with a paired tool host (the memory app behind carapace) and a skill.
 struct Setup {
@@ -134,31 +133,13 @@ outbound:
     panic!("the gateway did not discover the tool host's and the skill's tools");
 }
 
-fn modern_body(id: i64, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    });
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-}
-
-async fn modern(client: &Client, body: &Value) -> Value {
-    let mut h = vec![
-        ("mcp-protocol-version", MODERN.to_string()),
-        ("mcp-method", body["method"].as_str().unwrap().to_string()),
-    ];
-    if let Some(name) = body["params"]["name"].as_str() {
-        h.push(("mcp-name", name.to_string()));
-    }
-    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    client.post_json("/mcp", &h, body).await.unwrap().json()
-}
-
 #[tokio::test]
 async fn the_outbound_socket_serves_every_paired_tool_and_skill_over_mcp() {
     let s = setup().await;
     let agent = Client::new(Transport::Unix(s.socket.clone()));
-    let list = modern(&agent, &modern_body(1, "tools/list", json!({}))).await;
+    let list = modern(&agent, &modern_body(1, "tools/list", json!({})))
+        .await
+        .json();
     let names: Vec<&str> = list["result"]["tools"]
         .as_array()
         .unwrap()
@@ -175,7 +156,7 @@ async fn the_outbound_socket_serves_every_paired_tool_and_skill_over_mcp() {
         "tools/call",
         json!({"name": "memory.append", "arguments": {"text": "over mcp"}}),
     );
-    let answer = modern(&agent, &call).await;
+    let answer = modern(&agent, &call).await.json();
     assert_eq!(answer["result"]["isError"], false, "{answer}");
     let seen = s.env.app.received();
     assert_eq!(seen.len(), 1);
@@ -187,7 +168,7 @@ async fn the_outbound_socket_serves_every_paired_tool_and_skill_over_mcp() {
         "tools/call",
         json!({"name": "demo.echo", "arguments": {"message": "hi"}}),
     );
-    let answer = modern(&agent, &echo).await;
+    let answer = modern(&agent, &echo).await.json();
     assert_eq!(answer["result"]["isError"], false, "{answer}");
     assert_eq!(
         answer["result"]["structuredContent"]["result"], "echo:hi",
@@ -289,7 +270,7 @@ async fn the_gateways_agent_calls_an_mcp_server_behind_a_paired_tool_host() {
         "tools/call",
         json!({"name": "echo", "arguments": {"message": "far"}}),
     );
-    let answer = modern(&agent, &echo).await;
+    let answer = modern(&agent, &echo).await.json();
     assert_eq!(answer["result"]["isError"], false, "{answer}");
     s.gw.shutdown().await;
 }

@@ -2,6 +2,7 @@
 //! skill, and a carapace started in-process on loopback (port 0) and Unix sockets.
 #![allow(dead_code)]
 
+pub mod mcp;
 pub mod node;
 
 use std::path::{Path, PathBuf};
