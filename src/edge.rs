@@ -6,10 +6,16 @@
 //!
 //! ```text
 //! CatchPanic -> SetSensitiveHeaders -> (drop a malformed x-request-id) -> SetRequestId
-//!   -> PropagateRequestId -> Trace -> the front's stack
+//!   -> PropagateRequestId -> Trace -> (a streamed body put in place) -> the front's stack
 //! ```
+//!
+//! A front answers with a whole body; one that streams its answer (the MCP front's SSE) puts
+//! the stream in the answer's [`StreamedBody`] extension, and the edge sends that instead.
 
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use http_body_util::BodyExt;
 
 use crate::caller_body::CallerBody;
 use bytes::Bytes;
@@ -46,6 +52,31 @@ pub static SENSITIVE_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("x-api-key"),
     HeaderName::from_static("x-skill-signature"),
 ];
+
+/// The body of an answer that streams, carried to the edge in the answer's extensions (the
+/// stacks between front and edge see only the head).
+#[derive(Clone)]
+pub struct StreamedBody(Arc<Mutex<Option<StreamBody>>>);
+
+/// A body that streams, as a front makes it.
+pub type StreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, tower_http::BoxError>;
+
+impl StreamedBody {
+    pub fn new(body: StreamBody) -> Self {
+        StreamedBody(Arc::new(Mutex::new(Some(body))))
+    }
+}
+
+/// The answer's body: its streamed body when it has one.
+fn streamed(resp: Resp) -> Response<StreamBody> {
+    let (mut head, body) = resp.into_parts();
+    let stream = head
+        .extensions
+        .remove::<StreamedBody>()
+        .and_then(|s| s.0.lock().unwrap_or_else(|e| e.into_inner()).take());
+    let body = stream.unwrap_or_else(|| body.map_err(|never| match never {}).boxed_unsync());
+    Response::from_parts(head, body)
+}
 
 /// Longest request id taken from a caller.
 const MAX_REQUEST_ID: usize = 128;
@@ -150,6 +181,7 @@ where
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG))
                 .on_failure(()),
         )
+        .map_response(streamed)
         .service(inner);
     BoxCloneSyncService::new(svc)
 }

@@ -248,6 +248,29 @@ impl AppClient {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<AppResponse, Rejection> {
+        let open = self.open(method, path, headers, body).await?;
+        let body = open
+            .body
+            .collect()
+            .await
+            .map_err(|e| Rejection::AppInvalid(format!("reading answer: {e}")))?
+            .to_bytes();
+        Ok(AppResponse {
+            status: open.status,
+            headers: open.headers,
+            body,
+        })
+    }
+
+    /// Send one request and return the answer's head, with its body still to be read (bounded
+    /// as in [`Self::send`]): for answers that stream, such as an MCP server's SSE.
+    pub async fn open(
+        &self,
+        method: Method,
+        path: &str,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<OpenResponse, Rejection> {
         let uri = format!("http://{}{}", self.authority, path);
         let mut req = Request::builder()
             .method(method)
@@ -261,17 +284,19 @@ impl AppClient {
             .await
             .map_err(|e| request_failure(&e))?;
         let (head, body) = resp.into_parts();
-        let body = Limited::new(body, self.max_response_bytes)
-            .collect()
-            .await
-            .map_err(|e| Rejection::AppInvalid(format!("reading answer: {e}")))?
-            .to_bytes();
-        Ok(AppResponse {
+        Ok(OpenResponse {
             status: head.status,
             headers: head.headers,
-            body,
+            body: Limited::new(body, self.max_response_bytes),
         })
     }
+}
+
+/// An answer whose body is read as it arrives.
+pub struct OpenResponse {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Limited<hyper::body::Incoming>,
 }
 
 /// A request that failed before it was written (no connection, or hyper gave it back unsent)

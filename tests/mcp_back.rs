@@ -4,21 +4,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use carapace::client::{Client, Reply};
 use carapace::server::Running;
-use common::mcp::{modern, modern_body, MODERN};
+use common::mcp::{
+    interop, json_list, modern, modern_body, negotiated, over_python_http, python_http_server,
+    python_stdio_app, start, yaml, MODERN,
+};
 use common::{call, code, Env};
 use http::StatusCode;
 use serde_json::{json, Value};
-
-fn interop(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/interop")
-        .join(rel)
-}
 
 /// A file under `tests/interop/node/node_modules` that must be installed (`npm ci` there).
 fn node_module(rel: &str) -> String {
@@ -31,60 +27,6 @@ fn node_module(rel: &str) -> String {
     p.display().to_string()
 }
 
-/// carapace with `front` over the MCP app `app` (the inside of `app: { ... }`).
-fn yaml(env: &Env, front: &str, app: &str) -> String {
-    env.tools_yaml("")
-        .replace(
-            "front: { protocol: tools-v1 }",
-            &format!("front: {{ protocol: {front} }}"),
-        )
-        .replace(
-            &format!(
-                "app: {{ protocol: tools-v1, address: \"http://{}\" }}",
-                env.app_addr
-            ),
-            &format!("app: {{ protocol: mcp, {app} }}"),
-        )
-}
-
-/// Start carapace and wait (a child takes a moment to start) until the tools are discovered.
-async fn start(env: &Env, yaml: &str) -> Running {
-    let r = env.start_with(yaml, false).await;
-    for _ in 0..400 {
-        if r.shared.ready() {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the MCP server's tools were not discovered within 20 s");
-}
-
-/// The revision carapace agreed with the MCP server.
-fn negotiated(r: &Running) -> String {
-    match &**r.shared.app.load() {
-        carapace::app::AppConn::Mcp(u) => u.negotiated().expect("negotiated").version.clone(),
-        other => panic!("not an MCP app: {other:?}"),
-    }
-}
-
-fn json_list(items: &[String]) -> String {
-    serde_json::to_string(items).unwrap()
-}
-
-/// The Python SDK's test server over Streamable HTTP on a Unix socket in `env`'s directory
-/// (stopped when the child is dropped).
-fn python_http_server(env: &Env) -> (tokio::process::Child, PathBuf) {
-    let sock = env.path().join("py.sock");
-    let child = tokio::process::Command::new("python3")
-        .arg(interop("mcp_python_server.py"))
-        .arg("--uds")
-        .arg(&sock)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs");
-    (child, sock)
-}
-
 async fn tools_call(client: &Client, tool: &str, args: Value) -> Reply {
     client
         .post_json("/v1/tools/call", &[], &call(tool, args))
@@ -95,16 +37,7 @@ async fn tools_call(client: &Client, tool: &str, args: Value) -> Reply {
 #[tokio::test]
 async fn a_python_sdk_server_over_http_is_spoken_to_in_2026_07_28_through_the_mcp_front() {
     let env = Env::new().await;
-    let (_server, sock) = python_http_server(&env);
-    let r = start(
-        &env,
-        &yaml(
-            &env,
-            "mcp",
-            &format!("address: \"unix:{}\"", sock.display()),
-        ),
-    )
-    .await;
+    let (_server, r) = over_python_http(&env, "mcp").await;
     assert_eq!(negotiated(&r), MODERN);
     let gw = env.gateway(&r);
 
@@ -116,7 +49,7 @@ async fn a_python_sdk_server_over_http_is_spoken_to_in_2026_07_28_through_the_mc
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["add", "echo", "fail"], "{list}");
+    assert_eq!(names, ["add", "confirm", "count", "echo", "fail"], "{list}");
 
     let add = modern(
         &gw,
@@ -219,24 +152,7 @@ async fn stdio_servers_are_called_through_the_tools_v1_front_and_the_mcp_front()
 
     // The Python SDK's server over stdio, behind an MCP front, from an older-era session.
     let env = Env::new().await;
-    let python = [
-        "python3".to_string(),
-        interop("mcp_python_server.py").display().to_string(),
-        "--stdio".into(),
-    ];
-    let path = std::env::var("PATH").unwrap_or_default();
-    let r = start(
-        &env,
-        &yaml(
-            &env,
-            "mcp",
-            &format!(
-                "command: {}, env: {{ PATH: \"{path}\" }}",
-                json_list(&python)
-            ),
-        ),
-    )
-    .await;
+    let r = start(&env, &yaml(&env, "mcp", &python_stdio_app())).await;
     let gw = env.gateway(&r);
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}}});
@@ -413,16 +329,7 @@ async fn the_python_sdk_client_calls_mcp_servers_through_carapace_in_every_era()
     stdio.shutdown().await;
 
     let env = Env::new().await;
-    let (_server, sock) = python_http_server(&env);
-    let http = start(
-        &env,
-        &yaml(
-            &env,
-            "mcp",
-            &format!("address: \"unix:{}\"", sock.display()),
-        ),
-    )
-    .await;
+    let (_server, http) = over_python_http(&env, "mcp").await;
     python_client_in_every_era(&http, "echo", r#"{"message": "hi"}"#, "echo: hi").await;
     http.shutdown().await;
 }

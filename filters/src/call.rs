@@ -143,6 +143,9 @@ pub struct ToolCall {
     pub request_id: Option<http::HeaderValue>,
     /// Trace context headers (`traceparent`, `tracestate`) sent on to the app.
     pub trace_context: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// What a front hands its back beyond the call itself (as a request's extensions): the
+    /// MCP front puts the caller's stream here, for the server's notifications and requests.
+    pub extensions: http::Extensions,
 }
 
 /// The request id header carapace reads from callers, returns to them and sends to apps.
@@ -194,6 +197,9 @@ pub struct ServerContent {
     pub structured: bool,
     /// The result's `_meta`, when the server gave one.
     pub meta: Option<Value>,
+    /// A 2026-07-28 "input required" result's `inputRequests` and `requestState`: the MCP
+    /// front gives them to a caller that can answer and retry.
+    pub input_required: Option<Value>,
 }
 
 #[cfg(test)]
@@ -237,6 +243,7 @@ pub(crate) mod testing {
             principal: Arc::new(Principal::local()),
             request_id: None,
             trace_context: Vec::new(),
+            extensions: Default::default(),
             credential: Credential::None,
         }
     }

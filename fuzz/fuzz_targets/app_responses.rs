@@ -42,6 +42,7 @@ static CALL: LazyLock<ToolCall> = LazyLock::new(|| ToolCall {
     credential: Credential::None,
     request_id: None,
     trace_context: Vec::new(),
+    extensions: Default::default(),
 });
 
 fuzz_target!(|data: &[u8]| {

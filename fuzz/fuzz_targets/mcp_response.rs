@@ -1,10 +1,11 @@
-//! The MCP back's decoding of a server's answers: an HTTP answer (JSON or an SSE stream) into
-//! messages, a response into a call outcome, and a `tools/list` page into compiled tools.
+//! The MCP back's decoding of a server's answers: an HTTP answer (JSON or an SSE stream, cut
+//! anywhere as reads arrive) into messages, a response into a call outcome (including "input
+//! required" results), and a `tools/list` page into compiled tools.
 //! Nothing panics, and a tool result always becomes an outcome.
 
 #![no_main]
 
-use carapace::mcp::back::http::messages;
+use carapace::mcp::back::http::{messages, sse_events, SseParser};
 use carapace::mcp::back::upstream::Reply;
 use carapace::mcp::back::{catalog_tools, outcome};
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -29,6 +30,13 @@ fuzz_target!(|data: &[u8]| {
     } else {
         StatusCode::BAD_REQUEST
     };
+    // An SSE answer is read as it arrives: the events are the same wherever a read ends.
+    let cut = usize::from(kind >> 2).min(body.len());
+    let mut parser = SseParser::default();
+    let mut events = parser.push(&body[..cut]);
+    events.extend(parser.push(&body[cut..]));
+    events.extend(parser.finish());
+    assert_eq!(events, sse_events(body));
     let Ok(messages) = messages(status, &headers, body) else {
         return;
     };

@@ -1,9 +1,10 @@
 //! The MCP front: one endpoint (`front.mcp.path`, default `/mcp`) taking JSON-RPC over
 //! `POST`, in the era each request asks for (see the [module docs](super)).
 
+mod call;
+
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -13,21 +14,23 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
 use tower::Service;
 
-use carapace_filters::call::{Credential, Principal, ToolCall};
+use carapace_filters::call::Principal;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
+use super::back::relay::{log_level, ClientFeatures, LOG_LEVELS};
+use super::back::upstream::Reply;
 use super::back::McpUpstream;
-use super::early::ToolLimitTaken;
 use super::jsonrpc::{self, error_response, result_response, McpError, Message};
 use super::passthrough;
-use super::results::{refusal_result, tool_definition, tool_result};
+use super::results::tool_definition;
 use super::session::{SessionRefused, Sessions};
+use super::stream::{self, PendingAnswers};
 use super::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
 use crate::front::{self, CallStack, Resp};
-use crate::in_flight::{Finished, InFlightCalls};
+use crate::in_flight::InFlightCalls;
 
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";
@@ -44,7 +47,15 @@ enum Era {
     /// 2026-07-28: stateless, checked per request.
     Modern,
     /// A handshake-era request in a live session, at the session's version.
-    Legacy { version: String, session: String },
+    Legacy(LiveSession),
+}
+
+/// An older-era session a request names.
+struct LiveSession {
+    id: String,
+    version: String,
+    /// What the client can answer of the server's requests.
+    features: ClientFeatures,
 }
 
 /// The MCP front service; see the module docs.
@@ -59,6 +70,8 @@ pub struct McpFront {
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
     in_flight: Arc<InFlightCalls>,
+    /// The server's requests waiting for callers' answers.
+    answers: Arc<PendingAnswers>,
     /// The MCP server behind carapace, when the app is one: its resources, prompts and
     /// completions are passed through.
     server: Option<Arc<McpUpstream>>,
@@ -88,6 +101,7 @@ impl McpFront {
             cfg,
             sessions,
             in_flight,
+            answers: Arc::default(),
             server: None,
         }
     }
@@ -131,7 +145,7 @@ impl McpFront {
             return refused(None, &McpError::InvalidRequest("the batch is empty".into()));
         }
         match self.session_of(req, principal) {
-            Ok(Some((_, v))) if v == LEGACY_VERSIONS[2] => {}
+            Ok(Some(s)) if s.version == LEGACY_VERSIONS[2] => {}
             Err(e) => return refused(None, &e),
             Ok(_) => {
                 let why = format!(
@@ -167,18 +181,15 @@ impl McpFront {
     async fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Resp {
         let (id, method, params) = match jsonrpc::decode(req.body()) {
             Err((id, e)) => return refused(id.as_ref(), &e),
-            Ok(Message::Response) => {
-                return match self.session_of(&req, &principal) {
-                    Err(e @ McpError::SessionNotFound) => refused(None, &e),
-                    _ => accepted(),
-                };
+            Ok(Message::Response { id, reply }) => {
+                return self.response(&req, &principal, id, reply)
             }
             Ok(Message::Notification { method, params }) => {
                 return match self.session_of(&req, &principal) {
                     Err(e @ McpError::SessionNotFound) => refused(None, &e),
-                    Ok(Some((session, _))) if method == "notifications/cancelled" => {
+                    Ok(Some(s)) if method == "notifications/cancelled" => {
                         if let Some(id) = params.get("requestId") {
-                            self.in_flight.cancel(&("mcp", session, id.to_string()));
+                            self.in_flight.cancel(&("mcp", s.id, id.to_string()));
                         }
                         accepted()
                     }
@@ -196,26 +207,16 @@ impl McpFront {
             Ok(era) => era,
             Err(e) => return refused(Some(&id), &e),
         };
-        let (version, session) = match &era {
-            Era::Modern => (MODERN_VERSION, None),
-            Era::Legacy { version, session } => (version.as_str(), Some(session.as_str())),
+        let version = match &era {
+            Era::Modern => MODERN_VERSION,
+            Era::Legacy(s) => s.version.as_str(),
         };
         let result = match method.as_str() {
-            "ping" if matches!(era, Era::Legacy { .. }) => Ok(json!({})),
+            "ping" if matches!(era, Era::Legacy(_)) => Ok(json!({})),
             "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
             "tools/list" => self.list(&params, &principal, version),
-            "tools/call" => {
-                let Some(session) = session else {
-                    return self.call(&req, id, &params, principal, version).await;
-                };
-                // Older era: `notifications/cancelled` naming this request ends it.
-                let key = ("mcp", session.to_owned(), id.to_string());
-                let call = self.call(&req, id.clone(), &params, principal, version);
-                return match self.in_flight.run(key, call).await {
-                    Finished::Done(resp) => resp,
-                    Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
-                };
-            }
+            "tools/call" => return self.tools_call(req, id, params, principal, era).await,
+            "logging/setLevel" if self.server.is_some() => self.set_log_level(&params, &era),
             m if passthrough::METHODS.contains(&m) && self.server.is_some() => {
                 let server = self.server.as_ref().expect("checked");
                 let now = (self.clock)();
@@ -245,6 +246,33 @@ impl McpFront {
         }
     }
 
+    /// A caller's response to a request the server put to it (older era). Only the session the
+    /// request went to, with the id carapace gave it, answers it, once. A response to an id
+    /// carapace never gives is taken and dropped (202, as the MCP text allows and the EAT
+    /// vectors expect); one to a carapace id that waits for no answer in this session is
+    /// refused, so a late or foreign answer is told so. Nothing else reaches the server.
+    fn response(
+        &self,
+        req: &Request<Bytes>,
+        principal: &Principal,
+        id: Option<Value>,
+        reply: Reply,
+    ) -> Resp {
+        let session = match self.session_of(req, principal) {
+            Err(e @ McpError::SessionNotFound) => return refused(None, &e),
+            Ok(s) => s,
+            Err(_) => None,
+        };
+        if session.is_some_and(|s| self.answers.deliver(&s.id, id.as_ref(), reply)) {
+            return accepted();
+        }
+        if !id.as_ref().is_some_and(stream::is_answer_id) {
+            return accepted();
+        }
+        let why = "the response answers no request waiting in this session";
+        refused(id.as_ref(), &McpError::InvalidRequest(why.into()))
+    }
+
     /// Decide the era, and check the request's metadata for it.
     fn era(
         &self,
@@ -256,7 +284,7 @@ impl McpFront {
         let meta = params.get("_meta").and_then(Value::as_object);
         if !declares_modern(req, params) {
             return match self.session_of(req, principal)? {
-                Some((session, version)) => Ok(Era::Legacy { version, session }),
+                Some(s) => Ok(Era::Legacy(s)),
                 None => Err(McpError::Session(format!(
                     "send `initialize` first and then `{SESSION_HEADER}` (2025 revisions), or \
                      `params._meta` with `{META_VERSION}` ({MODERN_VERSION})"
@@ -291,12 +319,12 @@ impl McpFront {
         Ok(Era::Modern)
     }
 
-    /// The live session named in the request, if it names one: its id and version.
+    /// The live session named in the request, if it names one.
     fn session_of(
         &self,
         req: &Request<Bytes>,
         principal: &Principal,
-    ) -> Result<Option<(String, String)>, McpError> {
+    ) -> Result<Option<LiveSession>, McpError> {
         let Some(id) = req.headers().get(SESSION_HEADER) else {
             return Ok(None);
         };
@@ -305,12 +333,17 @@ impl McpFront {
             .sessions
             .resume(id, &principal.id, (self.clock)())
             .map_err(session_error)?;
+        // The session's version governs; the header must name a handshake-era version
+        // carapace serves (the reference SDK servers take any of them within a session).
         match header(req.headers(), PROTOCOL_VERSION_HEADER) {
-            Some(v) if v != claims.version => Err(McpError::Session(format!(
-                "{PROTOCOL_VERSION_HEADER} `{v}` is not the session's `{}`",
-                claims.version
+            Some(v) if !LEGACY_VERSIONS.contains(&v) => Err(McpError::Session(format!(
+                "{PROTOCOL_VERSION_HEADER} `{v}` is not a version of this session's era"
             ))),
-            _ => Ok(Some((id.to_owned(), claims.version))),
+            _ => Ok(Some(LiveSession {
+                id: id.to_owned(),
+                features: claims.features(),
+                version: claims.version,
+            })),
         }
     }
 
@@ -324,7 +357,11 @@ impl McpFront {
             .iter()
             .find(|v| **v == requested)
             .unwrap_or(&LEGACY_VERSIONS[0]);
-        let session = match self.sessions.open(version, &principal.id, (self.clock)()) {
+        let features = ClientFeatures::of(params.get("capabilities"));
+        let opened = self
+            .sessions
+            .open(version, &principal.id, features, (self.clock)());
+        let session = match opened {
             Ok(s) => s,
             Err(e) => return refused(Some(id), &session_error(e)),
         };
@@ -362,6 +399,24 @@ impl McpFront {
             }
             Err(e) => refused(None, &session_error(e)),
         }
+    }
+
+    /// `logging/setLevel` (older era): the least severe log message of the server this session
+    /// is sent. The server behind is shared by every caller, so its own level is left alone
+    /// and each session's messages are filtered here.
+    fn set_log_level(&self, params: &Map<String, Value>, era: &Era) -> Result<Value, McpError> {
+        let Era::Legacy(session) = era else {
+            return Err(McpError::MethodNotFound("logging/setLevel".into()));
+        };
+        let level = params.get("level").and_then(Value::as_str);
+        let Some(rank) = level.and_then(log_level) else {
+            return Err(McpError::InvalidParams(format!(
+                "`level` must be one of {}",
+                LOG_LEVELS.join(", ")
+            )));
+        };
+        self.sessions.set_log_level(&session.id, rank);
+        Ok(json!({}))
     }
 
     /// The capabilities of the MCP server behind carapace that are passed through.
@@ -419,95 +474,6 @@ impl McpFront {
             result["cacheScope"] = Value::from(if filtered { "private" } else { "public" });
         }
         Ok(result)
-    }
-
-    /// `tools/call`: decode into the internal call, run it through the call stage.
-    async fn call(
-        &self,
-        req: &Request<Bytes>,
-        id: Value,
-        params: &Map<String, Value>,
-        principal: Arc<Principal>,
-        version: &str,
-    ) -> Resp {
-        let started = Instant::now();
-        let call = match self.decode_call(req, params, principal) {
-            Ok(call) => call,
-            Err(e) => return refused(Some(&id), &e),
-        };
-        tracing::Span::current().record("tool", call.tool.name.as_str());
-        let legacy_structured = version != LEGACY_VERSIONS[2];
-        let limit_taken = req
-            .extensions()
-            .get::<ToolLimitTaken>()
-            .is_some_and(|t| t.0 == call.tool.name);
-        front::run_call(
-            if limit_taken {
-                &self.header_checked
-            } else {
-                &self.calls
-            },
-            call,
-            started,
-            |outcome, _, _, _| {
-                result_response(
-                    &id,
-                    complete(tool_result(outcome, version, legacy_structured), version),
-                )
-            },
-            |r, _, _, _| {
-                let mut resp = result_response(&id, complete(refusal_result(r), version));
-                let code = crate::errors::tools_v1(r).0;
-                resp.extensions_mut().insert(front::RefusalCode(code));
-                resp
-            },
-        )
-        .await
-    }
-
-    fn decode_call(
-        &self,
-        req: &Request<Bytes>,
-        params: &Map<String, Value>,
-        principal: Arc<Principal>,
-    ) -> Result<ToolCall, McpError> {
-        let name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
-        let args = match params.get("arguments") {
-            None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(a @ Value::Object(_)) => a.clone(),
-            Some(_) => {
-                return Err(McpError::InvalidParams(
-                    "`arguments` must be an object".into(),
-                ))
-            }
-        };
-        if !self.catalog.discovered() {
-            return Err(McpError::Refused(Rejection::AppUnavailable(
-                "tool discovery has not succeeded yet".into(),
-            )));
-        }
-        let tool = self
-            .catalog
-            .load()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| McpError::InvalidParams(format!("Unknown tool: {name}")))?;
-        Ok(ToolCall {
-            call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
-            tool,
-            tenant_id: None,
-            args,
-            context: None,
-            timeout_ms: None,
-            idempotency_key: None,
-            principal,
-            credential: Credential::None,
-            request_id: crate::edge::request_id(req),
-            trace_context: crate::telemetry::outgoing_context(req.headers()),
-        })
     }
 }
 
@@ -567,10 +533,13 @@ fn server_info() -> Value {
     json!({"name": "carapace", "version": env!("CARGO_PKG_VERSION")})
 }
 
-/// A 2026-07-28 result carries `resultType` and the server's identity; older ones do not.
+/// A 2026-07-28 result carries `resultType` (`complete` unless the server said otherwise, as
+/// in an "input required" result) and the server's identity; older ones do not.
 fn complete(mut result: Value, version: &str) -> Value {
     if version == MODERN_VERSION {
-        result["resultType"] = Value::from("complete");
+        if !result.get("resultType").is_some_and(Value::is_string) {
+            result["resultType"] = Value::from("complete");
+        }
         let meta = result
             .as_object_mut()
             .expect("results are objects")

@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use carapace_filters::Rejection;
 
+use super::back::upstream::Reply;
 use crate::errors;
 use crate::front::{json_response, Resp};
 
@@ -43,8 +44,9 @@ pub enum Message {
         method: String,
         params: Map<String, Value>,
     },
-    /// A response to a server request (only the older era has those; carapace sends none).
-    Response,
+    /// A response to a request the server put to the client (older era): `id` is the one the
+    /// request carried.
+    Response { id: Option<Value>, reply: Reply },
 }
 
 /// Everything the MCP front refuses with.
@@ -224,7 +226,8 @@ pub fn decode(body: &[u8]) -> Result<Message, (Option<Value>, McpError)> {
         return bad("`jsonrpc` must be \"2.0\"");
     }
     if !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error")) {
-        return Ok(Message::Response);
+        let reply = Reply::from_response(&Value::Object(m)).expect("a result or an error");
+        return Ok(Message::Response { id, reply });
     }
     let method = match m.remove("method") {
         Some(Value::String(s)) => s,
@@ -259,7 +262,7 @@ mod tests {
         let n = decode(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
         assert!(matches!(n, Message::Notification { .. }));
         let s = decode(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
-        assert!(matches!(s, Message::Response));
+        assert!(matches!(s, Message::Response { .. }));
     }
 
     #[test]

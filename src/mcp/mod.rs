@@ -17,6 +17,7 @@ pub mod jsonrpc;
 pub mod passthrough;
 pub mod results;
 pub mod session;
+pub mod stream;
 
 pub use front::McpFront;
 pub use jsonrpc::refusal_response;

@@ -25,10 +25,11 @@ pub const METHODS: [&str; 6] = [
 ];
 
 /// The capabilities to announce for what is passed through: the server's own, without
-/// subscriptions and change notifications (not relayed).
+/// subscriptions and change notifications (not relayed). Log messages are relayed on a call's
+/// stream, filtered by each session's `logging/setLevel`.
 pub fn capabilities(server: &Value) -> Map<String, Value> {
     let mut out = Map::new();
-    for key in ["resources", "prompts", "completions"] {
+    for key in ["resources", "prompts", "completions", "logging"] {
         if server.get(key).is_some() {
             out.insert(key.to_owned(), Value::Object(Map::new()));
         }

@@ -74,6 +74,17 @@ pub fn tool_result(outcome: &CallOutcome, version: &str, structured: bool) -> Va
             r
         }
         CallOutcome::AppError {
+            content: Some(c), ..
+        } if version == MODERN_VERSION && c.input_required.is_some() => {
+            // The server's questions, for the caller to answer and retry the call with.
+            let mut r = c.input_required.clone().expect("checked");
+            r["resultType"] = Value::from("input_required");
+            if let Some(meta) = &c.meta {
+                r["_meta"] = meta.clone();
+            }
+            r
+        }
+        CallOutcome::AppError {
             code,
             message,
             details,

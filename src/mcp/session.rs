@@ -15,6 +15,7 @@ use base64::Engine;
 use ring::hmac;
 use serde::{Deserialize, Serialize};
 
+use super::back::relay::ClientFeatures;
 use crate::config::mcp::{McpFrontConfig, MIN_SESSION_KEY_BYTES};
 
 /// Most sessions one process tracks; beyond it new sessions are refused until old ones age out.
@@ -35,6 +36,16 @@ pub struct SessionClaims {
     /// Makes every id unique.
     #[serde(rename = "n")]
     nonce: String,
+    /// What the client can answer of the server's requests ([`ClientFeatures`] bits).
+    #[serde(rename = "c", default)]
+    features: u8,
+}
+
+impl SessionClaims {
+    /// What the client said at `initialize` it can answer.
+    pub fn features(&self) -> ClientFeatures {
+        ClientFeatures::from_bits(self.features)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +53,8 @@ struct Seen {
     issued_ms: u64,
     last_used_ms: u64,
     ended: bool,
+    /// The least severe log level the client wants (`logging/setLevel`), if it set one.
+    log_level: Option<u8>,
 }
 
 /// Why a session cannot be used.
@@ -85,6 +98,7 @@ impl Sessions {
         &self,
         version: &str,
         principal: &str,
+        features: ClientFeatures,
         now_ms: u64,
     ) -> Result<String, SessionRefused> {
         let claims = SessionClaims {
@@ -92,6 +106,7 @@ impl Sessions {
             principal: principal.into(),
             issued_ms: now_ms,
             nonce: hex::encode(rand::random::<[u8; 16]>()),
+            features: features.bits(),
         };
         let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("serializes"));
         let tag = hmac::sign(&self.key, payload.as_bytes());
@@ -110,6 +125,7 @@ impl Sessions {
                 issued_ms: now_ms,
                 last_used_ms: now_ms,
                 ended: false,
+                log_level: None,
             },
         );
         Ok(id)
@@ -134,6 +150,7 @@ impl Sessions {
             issued_ms: claims.issued_ms,
             last_used_ms: now_ms,
             ended: false,
+            log_level: None,
         });
         if s.ended || now_ms.saturating_sub(s.last_used_ms) > self.idle_ms {
             s.ended = true;
@@ -150,6 +167,18 @@ impl Sessions {
             s.ended = true;
         }
         Ok(())
+    }
+
+    /// Set the least severe log level the session `id` wants (it was resumed just before).
+    pub fn set_log_level(&self, id: &str, level: u8) {
+        if let Some(s) = self.lock().get_mut(id) {
+            s.log_level = Some(level);
+        }
+    }
+
+    /// The least severe log level the session `id` wants, if it set one.
+    pub fn log_level(&self, id: &str) -> Option<u8> {
+        self.lock().get(id).and_then(|s| s.log_level)
     }
 
     fn unseal(&self, id: &str) -> Option<SessionClaims> {
@@ -204,7 +233,9 @@ mod tests {
     fn a_replica_with_the_same_key_serves_the_session_and_no_other_caller_can() {
         let a = sessions(&[1; 32]);
         let b = sessions(&[1; 32]);
-        let id = a.open("2025-11-25", "gw_test", 1_000).unwrap();
+        let id = a
+            .open("2025-11-25", "gw_test", ClientFeatures::default(), 1_000)
+            .unwrap();
         assert!(id.bytes().all(|c| (0x21..=0x7e).contains(&c)));
         let claims = b.resume(&id, "gw_test", 2_000).unwrap();
         assert_eq!(claims.version, "2025-11-25");
@@ -222,7 +253,9 @@ mod tests {
     #[test]
     fn forged_idle_ended_and_old_sessions_are_not_found() {
         let s = sessions(&[1; 32]);
-        let id = s.open("2025-06-18", "gw", 0).unwrap();
+        let id = s
+            .open("2025-06-18", "gw", ClientFeatures::default(), 0)
+            .unwrap();
         let (payload, tag) = id.split_once('.').unwrap();
         let mut forged = payload.to_string();
         forged.replace_range(0..1, if &payload[..1] == "A" { "B" } else { "A" });
@@ -230,12 +263,16 @@ mod tests {
         // Idle past the timeout.
         assert_eq!(s.resume(&id, "gw", 61_001), Err(SessionRefused::NotFound));
         // Used in time, then ended.
-        let id = s.open("2025-06-18", "gw", 100_000).unwrap();
+        let id = s
+            .open("2025-06-18", "gw", ClientFeatures::default(), 100_000)
+            .unwrap();
         s.resume(&id, "gw", 150_000).unwrap();
         s.end(&id, "gw", 160_000).unwrap();
         assert_eq!(s.resume(&id, "gw", 160_001), Err(SessionRefused::NotFound));
         // Past the lifetime, even if used all along.
-        let id = s.open("2025-06-18", "gw", 0).unwrap();
+        let id = s
+            .open("2025-06-18", "gw", ClientFeatures::default(), 0)
+            .unwrap();
         for t in (50_000..=600_000).step_by(50_000) {
             s.resume(&id, "gw", t).unwrap();
         }

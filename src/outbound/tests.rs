@@ -30,6 +30,7 @@ fn call(call_id: &str, tool: &str) -> ToolCall {
         principal: Arc::new(Principal::local()),
         request_id: None,
         trace_context: Vec::new(),
+        extensions: Default::default(),
         credential: Credential::None,
     }
 }

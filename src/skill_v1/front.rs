@@ -249,6 +249,7 @@ impl SkillV1Front {
             principal,
             request_id: None,
             trace_context: Vec::new(),
+            extensions: Default::default(),
             credential: Credential::Skill(SkillCredential {
                 api_key,
                 header_signature,

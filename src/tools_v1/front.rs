@@ -272,6 +272,7 @@ fn decode(
         principal,
         request_id: None,
         trace_context: Vec::new(),
+        extensions: Default::default(),
         credential: Credential::None,
     })
 }

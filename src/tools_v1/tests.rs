@@ -30,6 +30,7 @@ fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
         principal: Arc::new(Principal::local()),
         request_id: None,
         trace_context: Vec::new(),
+        extensions: Default::default(),
         credential: Credential::None,
     }
 }

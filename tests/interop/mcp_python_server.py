@@ -3,15 +3,18 @@
     python3 mcp_python_server.py --uds PATH      # Streamable HTTP on a Unix socket, /mcp
     python3 mcp_python_server.py --stdio         # stdio
 
-Tools: `add` (structured output), `echo` (text), `fail` (the tool reports an error).
+Tools: `add` (structured output), `echo` (text), `fail` (the tool reports an error),
+`confirm` (asks the client to confirm by elicitation: an "input required" result in
+2026-07-28, an `elicitation/create` request before), `count` (reports progress and logs).
 Resources: `notes://public/readme`, `notes://secret/plan`; prompts: `greet`, `internal`.
 """
 
 import argparse
+from typing import Annotated
 
 from pydantic import BaseModel
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("carapace-test-python")
@@ -37,6 +40,29 @@ def echo(message: str) -> str:
 def fail(reason: str) -> str:
     """Always fails with the reason."""
     raise ToolError(reason)
+
+
+class Confirmation(BaseModel):
+    ok: bool
+
+
+def ask(item: str) -> Elicit[Confirmation]:
+    return Elicit(f"Really delete {item}?", Confirmation)
+
+
+@server.tool()
+def confirm(item: str, answer: Annotated[Confirmation, Resolve(ask)]) -> str:
+    """Delete an item after the user confirms."""
+    return f"deleted {item}" if answer.ok else f"kept {item}"
+
+
+@server.tool()
+async def count(n: int, ctx: Context) -> str:
+    """Count to n, reporting progress and logging each step."""
+    for i in range(1, n + 1):
+        await ctx.report_progress(i, n, f"step {i}")
+        await ctx.log("debug" if i % 2 else "warning", f"step {i}")
+    return f"counted to {n}"
 
 
 @server.resource("notes://public/readme")

@@ -7,10 +7,14 @@
 //! `{"content": [...]}`; the MCP front passes the server's own `content` on unchanged. A
 //! result with `isError` is the tool's own error (`TOOL_ERROR`), and a JSON-RPC error is mapped
 //! to the Remote Tool Protocol's code (`-32602` → `INVALID_ARGS`, else `INTERNAL`). A 2026-07-28
-//! "input required" result is `INPUT_REQUIRED` until carapace relays such questions.
+//! "input required" result goes to a caller that can answer it ([`input`]), and is the tool
+//! error `INPUT_REQUIRED` for any other. The server's notifications and requests about a call
+//! go to the caller's stream ([`relay`]).
 
 pub mod http;
+pub mod input;
 pub mod lines;
+pub mod relay;
 pub mod stdio;
 pub mod upstream;
 
@@ -25,6 +29,7 @@ use carapace_filters::call::{CallOutcome, ServerContent, ToolCall, ToolSpec};
 use carapace_filters::schema::CompiledSchema;
 use carapace_filters::{BoxFuture, Rejection};
 
+use relay::{CallerStream, RetryInput};
 pub use upstream::McpUpstream;
 use upstream::Reply;
 
@@ -53,12 +58,40 @@ impl Service<ToolCall> for McpBack {
         let server = self.server.clone();
         Box::pin(async move {
             let name = call.tool.app_name();
-            let params = json!({"name": name, "arguments": call.args});
-            let reply = server.request("tools/call", params, Some(name)).await?;
-            Ok(outcome(reply))
+            let mut params = json!({"name": name, "arguments": call.args});
+            if let Some(RetryInput(fields)) = call.extensions.get::<RetryInput>() {
+                let p = params.as_object_mut().expect("an object");
+                p.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            let relay = call.extensions.get::<CallerStream>().cloned();
+            let mut round = 0;
+            loop {
+                let reply = server
+                    .request_relayed("tools/call", params.clone(), Some(name), relay.clone())
+                    .await?;
+                // An older-era caller is asked on its stream, and the call retried with its
+                // answers, a bounded number of times.
+                let asked = match (&reply, &relay) {
+                    (Reply::Result(r), Some(relay)) if round < input::MAX_ROUNDS => {
+                        input::InputRequired::of(r).filter(|a| a.askable(relay))
+                    }
+                    _ => None,
+                };
+                let Some(asked) = asked else {
+                    return Ok(outcome(reply));
+                };
+                match asked.ask(relay.as_ref().expect("matched")).await {
+                    Ok(retry) => retry.apply(&mut params),
+                    Err(refused) => return Ok(refused),
+                }
+                round += 1;
+            }
         })
     }
 }
+
+/// The 2026-07-28 error for a request that needs a client capability the client lacks.
+const MISSING_CLIENT_CAPABILITY: i64 = -32021;
 
 /// A `tools/call` answer as the call's outcome.
 pub fn outcome(reply: Reply) -> CallOutcome {
@@ -69,10 +102,12 @@ pub fn outcome(reply: Reply) -> CallOutcome {
             message,
             data,
         } => {
-            let code = if code == -32602 {
-                "INVALID_ARGS"
-            } else {
-                "INTERNAL"
+            let code = match code {
+                -32602 => "INVALID_ARGS",
+                // The server needs the caller's input of a kind this caller did not declare
+                // (2026-07-28 MissingRequiredClientCapability).
+                MISSING_CLIENT_CAPABILITY => "INPUT_REQUIRED",
+                _ => "INTERNAL",
             };
             return CallOutcome::AppError {
                 code: code.into(),
@@ -84,22 +119,9 @@ pub fn outcome(reply: Reply) -> CallOutcome {
         }
     };
     // 2026-07-28: the server asks the caller for input and expects the request retried with
-    // the answers. Not relayed yet: a clear error on every front, never an empty success.
-    if let Some(kind) = result
-        .get("resultType")
-        .and_then(Value::as_str)
-        .filter(|k| *k != "complete")
-    {
-        return CallOutcome::AppError {
-            code: "INPUT_REQUIRED".into(),
-            message: format!(
-                "the MCP server asks the caller for input (resultType `{kind}`), which carapace \
-                 does not relay yet"
-            ),
-            details: None,
-            retryable: false,
-            content: None,
-        };
+    // the answers ([`input`]). A caller that cannot be asked gets a clear error.
+    if let Some(asked) = input::InputRequired::of(&result) {
+        return asked.into_outcome(result.get("_meta").cloned());
     }
     let blocks = match result.get("content") {
         Some(c @ Value::Array(_)) => c.clone(),
@@ -120,6 +142,7 @@ pub fn outcome(reply: Reply) -> CallOutcome {
             blocks,
             structured,
             meta,
+            input_required: None,
         }),
     }
 }
@@ -146,6 +169,7 @@ fn tool_error(blocks: Value, meta: Option<Value>) -> CallOutcome {
             blocks,
             structured: false,
             meta,
+            input_required: None,
         }),
     }
 }

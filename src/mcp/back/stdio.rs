@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use carapace_filters::{BoxFuture, Rejection};
 
 use super::lines::{Line, LineReader};
+use super::relay::CallerStream;
 use super::upstream::{Answer, Outgoing, Reply, Transport};
 use crate::config::{ChildLimits, ChildSpec};
 
@@ -50,6 +51,8 @@ struct Link {
     /// The running child's generation; 0 while none runs.
     up: watch::Sender<u64>,
     list_changed: Arc<Notify>,
+    /// The callers' streams of the requests in flight that have one, oldest first.
+    relays: Mutex<Vec<(u64, CallerStream)>>,
 }
 
 /// A supervised stdio MCP server.
@@ -70,6 +73,7 @@ impl StdioServer {
             out,
             up: watch::channel(0).0,
             list_changed,
+            relays: Mutex::default(),
         });
         tokio::spawn(supervise(spec, link.clone(), out_rx, stop_rx));
         StdioServer { link, _stop: stop }
@@ -88,6 +92,9 @@ impl Transport for StdioServer {
             let id = link.next_id.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
             link.pending.lock().expect("lock").insert(id, tx);
+            if let Some(relay) = msg.relay {
+                link.relays.lock().expect("lock").push((id, relay));
+            }
             let guard = InFlight {
                 link: &link,
                 id,
@@ -139,7 +146,7 @@ impl Link {
     }
 
     /// One message (or batch) from the child's stdout.
-    fn incoming(&self, msg: Value) {
+    fn incoming(self: &Arc<Self>, msg: Value) {
         for m in classify(msg) {
             match m {
                 Incoming::Response { id, reply } => {
@@ -151,15 +158,13 @@ impl Link {
                         None => tracing::debug!(app = %self.name, "answer to no request in flight"),
                     }
                 }
-                Incoming::Request { method, id } => self.server_request(&method, id),
-                Incoming::Notification { method }
+                Incoming::Request { method, id, params } => self.server_request(method, id, params),
+                Incoming::Notification { method, .. }
                     if method == "notifications/tools/list_changed" =>
                 {
                     self.list_changed.notify_one()
                 }
-                Incoming::Notification { method } => {
-                    tracing::debug!(app = %self.name, "mcp_server_notification method={method}")
-                }
+                Incoming::Notification { method, params } => self.notification(&method, params),
                 Incoming::Invalid(why) => {
                     tracing::warn!(app = %self.name, "mcp_server_message_invalid: {why}")
                 }
@@ -167,20 +172,60 @@ impl Link {
         }
     }
 
-    /// A request from the server to its client (carapace).
-    fn server_request(&self, method: &str, id: Value) {
-        let answer = match method {
-            "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-            _ => json!({"jsonrpc": "2.0", "id": id, "error": {
-                "code": -32601,
-                "message": format!("carapace does not relay `{method}` to its callers"),
-            }}),
+    /// A notification: progress goes to the call whose token it names. A log message names
+    /// no request on stdio: it goes to the caller of the one request in flight, and is
+    /// dropped when several are (it could be any caller's).
+    fn notification(&self, method: &str, params: Value) {
+        let relays = self.relays.lock().expect("lock");
+        let to = match method {
+            "notifications/progress" => params
+                .get("progressToken")
+                .and_then(|t| relays.iter().find(|(_, r)| r.owns_token(t)))
+                .map(|(_, r)| r),
+            "notifications/message" => self.sole_caller(&relays),
+            _ => None,
         };
-        let mut line = serde_json::to_vec(&answer).expect("JSON values serialize");
-        line.push(b'\n');
-        if self.out.try_send(Bytes::from(line)).is_err() {
-            tracing::warn!(app = %self.name, "answer to the server's `{method}` dropped: queue full");
+        match to {
+            Some(relay) => relay.notify(method, params),
+            None => tracing::debug!(app = %self.name, "mcp_server_notification method={method}"),
         }
+    }
+
+    /// The caller's stream of the one request in flight, if exactly one is and it has one.
+    fn sole_caller<'a>(&self, relays: &'a [(u64, CallerStream)]) -> Option<&'a CallerStream> {
+        let in_flight = self.pending.lock().expect("lock").len();
+        match relays {
+            [(_, relay)] if in_flight == 1 => Some(relay),
+            _ => None,
+        }
+    }
+
+    /// A request from the server to its client. It names no request on stdio either: it is
+    /// put to the caller of the one request in flight when that caller can answer it, and
+    /// answered with an error at once otherwise (never to a caller it may not be about).
+    fn server_request(self: &Arc<Self>, method: String, id: Value, params: Value) {
+        let relay = {
+            let relays = self.relays.lock().expect("lock");
+            self.sole_caller(&relays)
+                .filter(|r| r.answers(&method))
+                .cloned()
+        };
+        let link = self.clone();
+        tokio::spawn(async move {
+            let reply = match (method.as_str(), relay) {
+                ("ping", _) => Reply::Result(json!({})),
+                (_, Some(relay)) => relay.ask(&method, params).await,
+                _ => Reply::Error {
+                    code: -32601,
+                    message: format!("no caller of carapace can answer `{method}` now"),
+                    data: None,
+                },
+            };
+            let answer = reply.into_response(id);
+            if link.send(&answer).await.is_err() {
+                tracing::debug!(app = %link.name, "answer to the server's `{method}` not delivered");
+            }
+        });
     }
 }
 
@@ -196,9 +241,11 @@ pub enum Incoming {
     Request {
         method: String,
         id: Value,
+        params: Value,
     },
     Notification {
         method: String,
+        params: Value,
     },
     Invalid(&'static str),
 }
@@ -227,8 +274,12 @@ fn classify_one(msg: Value) -> Incoming {
         (Some(method), Some(id)) => Incoming::Request {
             method,
             id: id.clone(),
+            params: msg.get("params").cloned().unwrap_or(Value::Null),
         },
-        (Some(method), None) => Incoming::Notification { method },
+        (Some(method), None) => Incoming::Notification {
+            method,
+            params: msg.get("params").cloned().unwrap_or(Value::Null),
+        },
         (None, None) => Incoming::Invalid("neither a request nor a response"),
     }
 }
@@ -242,6 +293,11 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        self.link
+            .relays
+            .lock()
+            .expect("lock")
+            .retain(|(id, _)| *id != self.id);
         if self.answered {
             return;
         }
@@ -374,7 +430,7 @@ fn set_limits(l: &ChildLimits) -> std::io::Result<()> {
 /// Serve one child until it exits or carapace stops it.
 async fn run(
     mut child: Child,
-    link: &Link,
+    link: &Arc<Link>,
     generation: u64,
     out: &mut mpsc::Receiver<Bytes>,
     stop: &mut oneshot::Receiver<()>,

@@ -9,9 +9,11 @@ use tokio::sync::Notify;
 
 use carapace_filters::{BoxFuture, Rejection};
 
+use super::relay::CallerStream;
 use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
 
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 /// Most `tools/list` pages read in one discovery.
@@ -38,6 +40,8 @@ pub struct Outgoing {
     pub tool: Option<String>,
     /// The revision to speak; `None` while negotiating.
     pub session: Option<Arc<Negotiated>>,
+    /// The caller's stream, for the server's notifications and requests about this request.
+    pub relay: Option<CallerStream>,
 }
 
 /// The server's answer to a request.
@@ -52,6 +56,24 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// This outcome as the JSON-RPC response to the request `id`.
+    pub fn into_response(self, id: Value) -> Value {
+        match self {
+            Reply::Result(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
+            Reply::Error {
+                code,
+                message,
+                data,
+            } => {
+                let mut e = json!({"code": code, "message": message});
+                if let Some(d) = data {
+                    e["data"] = d;
+                }
+                json!({"jsonrpc": "2.0", "id": id, "error": e})
+            }
+        }
+    }
+
     /// A JSON-RPC response object's outcome.
     pub fn from_response(msg: &Value) -> Option<Reply> {
         if let Some(r) = msg.get("result") {
@@ -89,13 +111,27 @@ pub trait Transport: Send + Sync + 'static {
     fn generation(&self) -> u64;
     fn request(&self, msg: Outgoing) -> BoxFuture<Result<Answer, Rejection>>;
     fn notify(&self, msg: Outgoing) -> BoxFuture<Result<(), Rejection>>;
+    /// Whether a handshake session can run beside 2026-07-28 requests (Streamable HTTP,
+    /// where each has its own requests; not one stdio stream).
+    fn sessions_alongside(&self) -> bool {
+        false
+    }
 }
+
+/// The handshake session of a connection (its generation), or `None` when the server refused
+/// `initialize` on it.
+type HandshakeSlot = Mutex<Option<(u64, Option<Arc<Negotiated>>)>>;
 
 /// One MCP server behind carapace.
 pub struct McpUpstream {
     transport: Box<dyn Transport>,
     negotiated: Mutex<Option<(u64, Arc<Negotiated>)>>,
     negotiating: tokio::sync::Mutex<()>,
+    /// A handshake session beside a 2026-07-28 one, for callers of the older era: the server
+    /// can put its requests (sampling, elicitation, roots) to them as they expect. `None`
+    /// inside: the server refused `initialize` on this connection.
+    handshake: HandshakeSlot,
+    handshaking: tokio::sync::Mutex<()>,
     list_changed: Arc<Notify>,
 }
 
@@ -114,6 +150,8 @@ impl McpUpstream {
             transport,
             negotiated: Mutex::new(None),
             negotiating: tokio::sync::Mutex::new(()),
+            handshake: Mutex::new(None),
+            handshaking: tokio::sync::Mutex::new(()),
             list_changed,
         }
     }
@@ -156,6 +194,61 @@ impl McpUpstream {
         }
     }
 
+    /// The session a request is sent in: the negotiated one, or for a caller of the older era
+    /// that can be asked, a handshake session beside a 2026-07-28 one when the server accepts
+    /// `initialize` too (tried once per connection; the negotiated one serves otherwise).
+    async fn session_for(
+        &self,
+        relay: Option<&CallerStream>,
+    ) -> Result<Arc<Negotiated>, Rejection> {
+        let n = self.session().await?;
+        let older_caller = relay.is_some_and(CallerStream::askable);
+        if !(n.modern && older_caller && self.transport.sessions_alongside()) {
+            return Ok(n);
+        }
+        let generation = self.transport.generation();
+        let known = |slot: &HandshakeSlot| match &*slot.lock().expect("lock") {
+            Some((g, h)) if *g == generation => Some(h.clone().unwrap_or_else(|| n.clone())),
+            _ => None,
+        };
+        if let Some(h) = known(&self.handshake) {
+            return Ok(h);
+        }
+        let _one = self.handshaking.lock().await;
+        if let Some(h) = known(&self.handshake) {
+            return Ok(h);
+        }
+        let h = match handshake(self.transport.as_ref()).await {
+            Ok(h) => {
+                tracing::info!(
+                    "mcp_server_handshake version={} beside {MODERN_VERSION}",
+                    h.version
+                );
+                Some(Arc::new(h))
+            }
+            Err(e) => {
+                tracing::info!("mcp_server_handshake_refused: {e}; {MODERN_VERSION} serves all");
+                None
+            }
+        };
+        *self.handshake.lock().expect("lock") = Some((generation, h.clone()));
+        Ok(h.unwrap_or(n))
+    }
+
+    /// Forget `session` (the server lost it), wherever it is kept.
+    fn forget(&self, session: &Arc<Negotiated>) {
+        let mut n = self.negotiated.lock().expect("lock");
+        if n.as_ref().is_some_and(|(_, s)| Arc::ptr_eq(s, session)) {
+            *n = None;
+        }
+        let mut h = self.handshake.lock().expect("lock");
+        if h.as_ref()
+            .is_some_and(|(_, s)| s.as_ref().is_some_and(|s| Arc::ptr_eq(s, session)))
+        {
+            *h = None;
+        }
+    }
+
     /// Send `method` in the agreed revision; a session the server lost is negotiated again
     /// once.
     pub async fn request(
@@ -164,22 +257,45 @@ impl McpUpstream {
         params: Value,
         tool: Option<&str>,
     ) -> Result<Reply, Rejection> {
+        self.request_relayed(method, params, tool, None).await
+    }
+
+    /// [`Self::request`], with the server's notifications and requests about it passed to
+    /// the caller's stream.
+    pub async fn request_relayed(
+        &self,
+        method: &str,
+        mut params: Value,
+        tool: Option<&str>,
+        relay: Option<CallerStream>,
+    ) -> Result<Reply, Rejection> {
+        if let Some(token) = relay.as_ref().and_then(CallerStream::upstream_token) {
+            meta_of(&mut params).insert("progressToken".into(), Value::from(token));
+        }
         for _ in 0..2 {
-            let session = self.session().await?;
+            let session = self.session_for(relay.as_ref()).await?;
+            let mut params = with_meta(params.clone(), &session);
+            if let (Some(relay), true) = (&relay, session.modern) {
+                // A 2026-07-28 server asks only for what the caller can answer, and sends
+                // log messages only when asked, at the caller's level.
+                let meta = meta_of(&mut params);
+                meta.insert(META_CAPABILITIES.into(), relay.features().declared());
+                if let Some(level) = relay.log_level() {
+                    meta.insert(META_LOG_LEVEL.into(), Value::from(level));
+                }
+            }
             let msg = Outgoing {
                 method: method.to_owned(),
-                params: with_meta(params.clone(), &session),
+                params,
                 tool: tool.map(str::to_owned),
                 session: Some(session.clone()),
+                relay: relay.clone(),
             };
             match self.transport.request(msg).await? {
                 Answer::Reply { reply, .. } => return Ok(reply),
                 Answer::SessionGone => {
                     tracing::info!("mcp_server_session_lost: negotiating again");
-                    let mut n = self.negotiated.lock().expect("lock");
-                    if n.as_ref().is_some_and(|(_, s)| Arc::ptr_eq(s, &session)) {
-                        *n = None;
-                    }
+                    self.forget(&session);
                 }
             }
         }
@@ -227,21 +343,28 @@ impl McpUpstream {
 /// A modern request carries its revision and the client's capabilities in `_meta`.
 fn with_meta(mut params: Value, session: &Negotiated) -> Value {
     if session.modern {
-        if !params.is_object() {
-            params = json!({});
-        }
-        let meta = params
-            .as_object_mut()
-            .expect("an object")
-            .entry("_meta")
-            .or_insert_with(|| json!({}));
-        if let Some(m) = meta.as_object_mut() {
-            m.insert(META_VERSION.into(), Value::from(MODERN_VERSION));
-            m.insert(META_CAPABILITIES.into(), json!({}));
-            m.insert(META_CLIENT_INFO.into(), client_info());
-        }
+        let m = meta_of(&mut params);
+        m.insert(META_VERSION.into(), Value::from(MODERN_VERSION));
+        m.insert(META_CAPABILITIES.into(), json!({}));
+        m.insert(META_CLIENT_INFO.into(), client_info());
     }
     params
+}
+
+/// `params._meta`, made an object if it is not one.
+fn meta_of(params: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !params.is_object() {
+        *params = json!({});
+    }
+    let meta = params
+        .as_object_mut()
+        .expect("an object")
+        .entry("_meta")
+        .or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    meta.as_object_mut().expect("an object")
 }
 
 fn client_info() -> Value {
@@ -262,6 +385,7 @@ async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
         params: with_meta(json!({}), &modern),
         tool: None,
         session: Some(modern.clone()),
+        relay: None,
     };
     match t.request(discover).await {
         Ok(Answer::Reply {
@@ -277,15 +401,23 @@ async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
         Err(e @ (Rejection::AppUnavailable(_) | Rejection::Timeout(_))) => return Err(e),
         _ => {}
     }
+    handshake(t).await
+}
+
+/// `initialize` with the newest handshake revision, then `notifications/initialized`.
+async fn handshake(t: &dyn Transport) -> Result<Negotiated, Rejection> {
     let init = Outgoing {
         method: "initialize".into(),
         params: json!({
             "protocolVersion": LEGACY_VERSIONS[0],
-            "capabilities": {},
+            // On behalf of its callers: each request is relayed only to a caller that
+            // declared the capability, and answered with an error otherwise.
+            "capabilities": {"sampling": {}, "elicitation": {"form": {}}, "roots": {}},
             "clientInfo": client_info(),
         }),
         tool: None,
         session: None,
+        relay: None,
     };
     let (result, session) = match t.request(init).await? {
         Answer::Reply {
@@ -322,6 +454,7 @@ async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
         params: json!({}),
         tool: None,
         session: Some(Arc::new(n.clone())),
+        relay: None,
     })
     .await?;
     Ok(n)

@@ -1,0 +1,195 @@
+//! `tools/call` on the MCP front: decoded into the internal call and run through the call
+//! stage. A call whose caller takes `text/event-stream`, in front of an MCP server, gets a
+//! caller's stream for the server's notifications and requests about it
+//! ([`crate::mcp::stream`]); in the older era a `notifications/cancelled` naming the request
+//! ends it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Request;
+use serde_json::{Map, Value};
+
+use carapace_filters::call::{Credential, Principal, ToolCall};
+use carapace_filters::Rejection;
+
+use super::{complete, refused, Era, McpFront};
+use crate::front::{self, Resp};
+use crate::in_flight::Finished;
+use crate::mcp::back::relay::{log_level, CallerStream, ClientFeatures, RetryInput};
+use crate::mcp::early::ToolLimitTaken;
+use crate::mcp::jsonrpc::{result_response, McpError};
+use crate::mcp::results::{refusal_result, tool_result};
+use crate::mcp::stream::{self, StreamContext};
+use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
+
+/// A 2026-07-28 request's log level and its client's capabilities (`_meta`).
+const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
+impl McpFront {
+    /// `tools/call` in `era`.
+    pub(super) async fn tools_call(
+        &self,
+        req: Request<Bytes>,
+        id: Value,
+        params: Map<String, Value>,
+        principal: Arc<Principal>,
+        era: Era,
+    ) -> Resp {
+        let meta = params.get("_meta");
+        // Log messages: a 2026-07-28 caller asks per request; an older session gets them all
+        // unless it set a level.
+        let (version, session, features, logs) = match era {
+            Era::Modern => {
+                let level = meta.and_then(|m| m.get(META_LOG_LEVEL));
+                let level = level.and_then(Value::as_str).and_then(log_level);
+                let caps = meta.and_then(|m| m.get(META_CAPABILITIES));
+                let features = ClientFeatures::of(caps);
+                (MODERN_VERSION.to_owned(), None, features, level)
+            }
+            Era::Legacy(s) => {
+                let level = self.sessions.log_level(&s.id).unwrap_or(0);
+                (s.version, Some(s.id), s.features, Some(level))
+            }
+        };
+        // Only an MCP server says anything while a call runs.
+        let relay = (self.server.is_some() && accepts_stream(&req)).then(|| {
+            let progress = meta.and_then(|m| m.get("progressToken")).cloned();
+            CallerStream::new(progress, features, session.is_some(), logs)
+        });
+        let (stream, messages) = relay.unzip();
+        let this = self.clone();
+        let cancel_key = session.clone().map(|s| ("mcp", s, id.to_string()));
+        let call = async move {
+            let call = this.call(&req, id.clone(), &params, principal, &version, stream);
+            let Some(key) = cancel_key else {
+                return call.await;
+            };
+            match this.in_flight.run(key, call).await {
+                Finished::Done(resp) => resp,
+                Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
+            }
+        };
+        let Some(messages) = messages else {
+            return call.await;
+        };
+        let cx = StreamContext {
+            answers: self.answers.clone(),
+            session,
+        };
+        stream::respond(Box::pin(call), messages, cx).await
+    }
+
+    /// Decode into the internal call and run it through the call stage.
+    async fn call(
+        &self,
+        req: &Request<Bytes>,
+        id: Value,
+        params: &Map<String, Value>,
+        principal: Arc<Principal>,
+        version: &str,
+        stream: Option<CallerStream>,
+    ) -> Resp {
+        let started = Instant::now();
+        let mut call = match self.decode_call(req, params, principal) {
+            Ok(call) => call,
+            Err(e) => return refused(Some(&id), &e),
+        };
+        if let Some(stream) = stream {
+            call.extensions.insert(stream);
+        }
+        if let Some(retry) = RetryInput::of(params) {
+            call.extensions.insert(retry);
+        }
+        tracing::Span::current().record("tool", call.tool.name.as_str());
+        let legacy_structured = version != LEGACY_VERSIONS[2];
+        let limit_taken = req
+            .extensions()
+            .get::<ToolLimitTaken>()
+            .is_some_and(|t| t.0 == call.tool.name);
+        front::run_call(
+            if limit_taken {
+                &self.header_checked
+            } else {
+                &self.calls
+            },
+            call,
+            started,
+            |outcome, _, _, _| {
+                result_response(
+                    &id,
+                    complete(tool_result(outcome, version, legacy_structured), version),
+                )
+            },
+            |r, _, _, _| {
+                let mut resp = result_response(&id, complete(refusal_result(r), version));
+                let code = crate::errors::tools_v1(r).0;
+                resp.extensions_mut().insert(front::RefusalCode(code));
+                resp
+            },
+        )
+        .await
+    }
+
+    fn decode_call(
+        &self,
+        req: &Request<Bytes>,
+        params: &Map<String, Value>,
+        principal: Arc<Principal>,
+    ) -> Result<ToolCall, McpError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
+        let args = match params.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(a @ Value::Object(_)) => a.clone(),
+            Some(_) => {
+                return Err(McpError::InvalidParams(
+                    "`arguments` must be an object".into(),
+                ))
+            }
+        };
+        if !self.catalog.discovered() {
+            return Err(McpError::Refused(Rejection::AppUnavailable(
+                "tool discovery has not succeeded yet".into(),
+            )));
+        }
+        let tool = self
+            .catalog
+            .load()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| McpError::InvalidParams(format!("Unknown tool: {name}")))?;
+        Ok(ToolCall {
+            call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
+            tool,
+            tenant_id: None,
+            args,
+            context: None,
+            timeout_ms: None,
+            idempotency_key: None,
+            principal,
+            credential: Credential::None,
+            request_id: crate::edge::request_id(req),
+            trace_context: crate::telemetry::outgoing_context(req.headers()),
+            extensions: Default::default(),
+        })
+    }
+}
+
+/// Whether the caller takes an SSE answer (`Accept` naming `text/event-stream`).
+fn accepts_stream(req: &Request<Bytes>) -> bool {
+    req.headers()
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            m.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
