@@ -8,6 +8,7 @@ use tokio::sync::Notify;
 use crate::config::{AppTarget, Loaded, Protocol};
 use crate::mcp::back::http::HttpServer;
 use crate::mcp::back::stdio::StdioServer;
+use crate::mcp::back::upstream::Notices;
 use crate::mcp::back::McpUpstream;
 use crate::upstream::AppClient;
 
@@ -34,16 +35,16 @@ impl AppConn {
         };
         match (&cfg.app_target, app.protocol) {
             (AppTarget::Http(address), Protocol::Mcp) => {
-                let changed = Arc::new(Notify::new());
+                let notices = Notices::default();
                 let path = app.mcp.clone().unwrap_or_default().path;
-                let server = HttpServer::new(http(address), path, changed.clone());
-                AppConn::Mcp(Arc::new(McpUpstream::new(Box::new(server), changed)))
+                let server = HttpServer::new(http(address), path, notices.clone());
+                AppConn::Mcp(Arc::new(McpUpstream::new(Box::new(server), notices)))
             }
             (AppTarget::Http(address), _) => AppConn::Http(http(address)),
             (AppTarget::Command(spec), _) => {
-                let changed = Arc::new(Notify::new());
-                let server = StdioServer::start(spec.clone(), changed.clone());
-                AppConn::Mcp(Arc::new(McpUpstream::new(Box::new(server), changed)))
+                let notices = Notices::default();
+                let server = StdioServer::start(spec.clone(), notices.clone());
+                AppConn::Mcp(Arc::new(McpUpstream::new(Box::new(server), notices)))
             }
         }
     }

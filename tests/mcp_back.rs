@@ -49,7 +49,11 @@ async fn a_python_sdk_server_over_http_is_spoken_to_in_2026_07_28_through_the_mc
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["add", "confirm", "count", "echo", "fail"], "{list}");
+    assert_eq!(
+        names,
+        ["add", "confirm", "count", "echo", "fail", "touch"],
+        "{list}"
+    );
 
     let add = modern(
         &gw,

@@ -8,35 +8,14 @@
 mod common;
 
 use carapace::server::Running;
-use common::mcp::{interop, over_python_http, python_stdio_app, start, yaml};
+use common::mcp::{over_python_http, python_stdio_app, run_python, start, yaml};
 use common::{call, code, Env};
-use serde_json::{json, Value};
-
-/// Run one of the Python scripts in `tests/interop` against `r`'s Unix socket.
-async fn python(script: &str, r: &Running, extra: &[&str]) -> Value {
-    let sock = r.unix_path.clone().unwrap();
-    let mut cmd = std::process::Command::new("timeout");
-    cmd.args(["60", "python3", "-W", "ignore"])
-        .arg(interop(script))
-        .arg("--uds")
-        .arg(&sock)
-        .args(extra);
-    let out = tokio::task::spawn_blocking(move || cmd.output().expect("python3 runs"))
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{script} {extra:?}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
+use serde_json::json;
 
 /// The SDK client in both eras: the server's question reaches it and its answer the server,
 /// progress comes back under its own token, and log messages at the level it asked for.
 async fn both_eras(r: &Running) {
-    let modern = python("mcp_python_relay_client.py", r, &["--mode", "2026-07-28"]).await;
+    let modern = run_python("mcp_python_relay_client.py", r, &["--mode", "2026-07-28"]).await;
     assert_eq!(modern["protocol_version"], "2026-07-28", "{modern}");
     assert_eq!(modern["asked"], json!(["Really delete x?"]), "{modern}");
     assert_eq!(modern["confirm"]["text"], json!(["deleted x"]), "{modern}");
@@ -61,7 +40,7 @@ async fn both_eras(r: &Running) {
         "{modern}"
     );
 
-    let legacy = python("mcp_python_relay_client.py", r, &["--mode", "legacy"]).await;
+    let legacy = run_python("mcp_python_relay_client.py", r, &["--mode", "legacy"]).await;
     assert_eq!(legacy["protocol_version"], "2025-11-25", "{legacy}");
     assert_eq!(legacy["asked"], json!(["Really delete x?"]), "{legacy}");
     assert_eq!(legacy["confirm"]["text"], json!(["deleted x"]), "{legacy}");
@@ -70,14 +49,14 @@ async fn both_eras(r: &Running) {
     assert_eq!(legacy["logs"], json!([["warning", "step 2"]]), "{legacy}");
 
     // The answer decides: declined, the server keeps the item.
-    let declined = python(
+    let declined = run_python(
         "mcp_python_relay_client.py",
         r,
         &["--mode", "legacy", "--decline"],
     )
     .await;
     assert_eq!(declined["confirm"]["text"], json!(["kept x"]), "{declined}");
-    let declined = python(
+    let declined = run_python(
         "mcp_python_relay_client.py",
         r,
         &["--mode", "2026-07-28", "--decline"],
@@ -88,7 +67,7 @@ async fn both_eras(r: &Running) {
 
 /// Only the session the question was put to, with the id it was given, answers it, once.
 async fn answers_are_bound_to_the_session(r: &Running) {
-    let seen = python("mcp_answer_binding.py", r, &[]).await;
+    let seen = run_python("mcp_answer_binding.py", r, &[]).await;
     assert_eq!(seen["content_type"], "text/event-stream", "{seen}");
     assert_eq!(seen["request"]["method"], "elicitation/create", "{seen}");
     for refused in ["foreign_session", "unknown_id", "again"] {

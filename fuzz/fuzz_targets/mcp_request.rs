@@ -44,7 +44,10 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         ..McpFrontConfig::default()
     };
     let sessions = Arc::new(Sessions::new(&[9; 32], &mcp));
-    let session = sessions.open("2025-03-26", "local", NOW_MS).expect("a session");
+    let features = carapace::mcp::back::relay::ClientFeatures::default();
+    let session = sessions
+        .open("2025-03-26", "local", features, NOW_MS)
+        .expect("a session");
     let front = McpFront::new(
         Arc::new(handle),
         calls.clone(),

@@ -2,6 +2,7 @@
 //! `POST`, in the era each request asks for (see the [module docs](super)).
 
 mod call;
+mod subscribe;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -125,6 +126,7 @@ impl McpFront {
         match *req.method() {
             Method::POST => {}
             Method::DELETE => return Ok(self.end_session(&req, &principal)),
+            Method::GET if self.server.is_some() => return Ok(self.events(&req, &principal).await),
             _ => return Ok(refused(None, &McpError::HttpMethod("POST, DELETE"))),
         }
         if req.body().trim_ascii_start().starts_with(b"[") {
@@ -217,6 +219,12 @@ impl McpFront {
             "tools/list" => self.list(&params, &principal, version),
             "tools/call" => return self.tools_call(req, id, params, principal, era).await,
             "logging/setLevel" if self.server.is_some() => self.set_log_level(&params, &era),
+            "resources/subscribe" | "resources/unsubscribe" if self.server.is_some() => {
+                self.subscribe(&method, &params, &principal, &era)
+            }
+            "subscriptions/listen" if self.server.is_some() && matches!(era, Era::Modern) => {
+                return self.listen(id, &params, &principal).await;
+            }
             m if passthrough::METHODS.contains(&m) && self.server.is_some() => {
                 let server = self.server.as_ref().expect("checked");
                 let now = (self.clock)();
@@ -393,6 +401,9 @@ impl McpFront {
         };
         match self.sessions.end(id, &principal.id, (self.clock)()) {
             Ok(()) => {
+                if let Some(server) = &self.server {
+                    server.subscriptions().end_session(id);
+                }
                 let mut r = Resp::new(Full::new(Bytes::new()));
                 *r.status_mut() = StatusCode::OK;
                 r

@@ -18,6 +18,7 @@ pub mod passthrough;
 pub mod results;
 pub mod session;
 pub mod stream;
+pub mod subscriptions;
 
 pub use front::McpFront;
 pub use jsonrpc::refusal_response;

@@ -24,15 +24,25 @@ pub const METHODS: [&str; 6] = [
     "completion/complete",
 ];
 
-/// The capabilities to announce for what is passed through: the server's own, without
-/// subscriptions and change notifications (not relayed). Log messages are relayed on a call's
-/// stream, filtered by each session's `logging/setLevel`.
+/// The capabilities to announce for what is passed through: the server's own. Log messages are
+/// relayed on a call's stream, filtered by each session's `logging/setLevel`; resource
+/// subscriptions and list changes on the subscribers' streams ([`crate::mcp::subscriptions`]).
 pub fn capabilities(server: &Value) -> Map<String, Value> {
     let mut out = Map::new();
     for key in ["resources", "prompts", "completions", "logging"] {
-        if server.get(key).is_some() {
-            out.insert(key.to_owned(), Value::Object(Map::new()));
+        let Some(offered) = server.get(key) else {
+            continue;
+        };
+        let mut cap = Map::new();
+        for flag in ["subscribe", "listChanged"] {
+            if key != "completions"
+                && key != "logging"
+                && offered.get(flag) == Some(&Value::Bool(true))
+            {
+                cap.insert(flag.to_owned(), Value::Bool(true));
+            }
         }
+        out.insert(key.to_owned(), Value::Object(cap));
     }
     out
 }

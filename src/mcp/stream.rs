@@ -113,7 +113,7 @@ impl StreamContext {
 }
 
 /// One SSE event carrying a JSON-RPC message (compact JSON holds no newline).
-fn event(json: &[u8]) -> Bytes {
+pub fn event(json: &[u8]) -> Bytes {
     let mut b = Vec::with_capacity(json.len() + 24);
     b.extend_from_slice(b"event: message\ndata: ");
     b.extend_from_slice(json);
@@ -153,6 +153,11 @@ fn stream_with(
     let (tx, rx) = mpsc::channel(FRAMES);
     let pump = pump(call, messages, first, cx, tx);
     tokio::spawn(pump.instrument(tracing::Span::current()));
+    sse_response(FrameBody(rx).boxed_unsync())
+}
+
+/// A `200 text/event-stream` answer whose body is `body`, streamed by the edge.
+pub fn sse_response(body: StreamBody) -> Resp {
     let mut resp = Resp::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
@@ -164,7 +169,6 @@ fn stream_with(
         http::header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache"),
     );
-    let body: StreamBody = FrameBody(rx).boxed_unsync();
     resp.extensions_mut().insert(StreamedBody::new(body));
     resp
 }

@@ -115,3 +115,25 @@ pub fn python_stdio_app() -> String {
         json_list(&python)
     )
 }
+
+/// Run the Python script `script` of `tests/interop` against `r`'s Unix socket (`--uds`) with
+/// `args`; the one JSON object it prints.
+pub async fn run_python(script: &str, r: &Running, args: &[&str]) -> Value {
+    let sock = r.unix_path.clone().unwrap();
+    let mut cmd = std::process::Command::new("timeout");
+    cmd.args(["60", "python3", "-W", "ignore"])
+        .arg(interop(script))
+        .arg("--uds")
+        .arg(&sock)
+        .args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("python3 runs"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script} {args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}

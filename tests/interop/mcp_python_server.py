@@ -5,7 +5,8 @@
 
 Tools: `add` (structured output), `echo` (text), `fail` (the tool reports an error),
 `confirm` (asks the client to confirm by elicitation: an "input required" result in
-2026-07-28, an `elicitation/create` request before), `count` (reports progress and logs).
+2026-07-28, an `elicitation/create` request before), `count` (reports progress and logs),
+`touch` (tells `subscriptions/listen` streams that a resource and the resource list changed).
 Resources: `notes://public/readme`, `notes://secret/plan`; prompts: `greet`, `internal`.
 """
 
@@ -63,6 +64,14 @@ async def count(n: int, ctx: Context) -> str:
         await ctx.report_progress(i, n, f"step {i}")
         await ctx.log("debug" if i % 2 else "warning", f"step {i}")
     return f"counted to {n}"
+
+
+@server.tool()
+async def touch(uri: str, ctx: Context) -> str:
+    """Say that the resource `uri` changed, and that the list of resources did."""
+    await ctx.notify_resource_updated(uri)
+    await ctx.notify_resources_changed()
+    return f"touched {uri}"
 
 
 @server.resource("notes://public/readme")

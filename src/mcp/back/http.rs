@@ -3,13 +3,15 @@
 //! notifications and requests about a call reach the caller's stream while the call runs (and
 //! the answers to its requests are posted back to it).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
 
 use carapace_filters::{BoxFuture, Rejection};
 
-use super::upstream::{Answer, Outgoing, Reply, Transport};
+use super::upstream::{Answer, Negotiated, Notices, Outgoing, Reply, Transport};
 use crate::upstream::{AppClient, AppResponse, OpenResponse};
 use http_body_util::BodyExt;
 
@@ -18,19 +20,15 @@ use http_body_util::BodyExt;
 pub struct HttpServer {
     client: AppClient,
     path: String,
-    list_changed: std::sync::Arc<tokio::sync::Notify>,
+    notices: Notices,
 }
 
 impl HttpServer {
-    pub fn new(
-        client: AppClient,
-        path: String,
-        list_changed: std::sync::Arc<tokio::sync::Notify>,
-    ) -> Self {
+    pub fn new(client: AppClient, path: String, notices: Notices) -> Self {
         HttpServer {
             client,
             path,
-            list_changed,
+            notices,
         }
     }
 
@@ -142,6 +140,33 @@ impl Transport for HttpServer {
         true
     }
 
+    fn events(&self, session: Arc<Negotiated>) -> BoxFuture<Result<(), Rejection>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let msg = Outgoing {
+                method: String::new(),
+                params: Value::Null,
+                tool: None,
+                session: Some(session),
+                relay: None,
+            };
+            let mut headers = Self::headers(&msg);
+            headers.remove(http::header::CONTENT_TYPE);
+            headers.insert(
+                http::header::ACCEPT,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            let resp = this
+                .client
+                .open(Method::GET, &this.path, headers, Bytes::new())
+                .await?;
+            if !resp.status.is_success() || !is_sse(&resp.headers) {
+                return Err(Rejection::AppHttp(resp.status.as_u16()));
+            }
+            this.read_stream(&msg, resp.body).await.map(|_| ())
+        })
+    }
+
     fn request(&self, msg: Outgoing) -> BoxFuture<Result<Answer, Rejection>> {
         let this = self.clone();
         Box::pin(async move {
@@ -210,10 +235,10 @@ impl HttpServer {
         let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
         let params = m.get("params").cloned().unwrap_or(Value::Null);
         let Some(id) = m.get("id") else {
-            match (method, &msg.relay) {
-                ("notifications/tools/list_changed", _) => self.list_changed.notify_one(),
-                (_, Some(relay)) => relay.notify(method, params),
-                _ => {}
+            if !self.notices.take(method, &params) {
+                if let Some(relay) = &msg.relay {
+                    relay.notify(method, params);
+                }
             }
             return;
         };

@@ -14,6 +14,7 @@
 pub mod http;
 pub mod input;
 pub mod lines;
+pub mod listen;
 pub mod relay;
 pub mod stdio;
 pub mod upstream;

@@ -18,13 +18,13 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use carapace_filters::{BoxFuture, Rejection};
 
 use super::lines::{Line, LineReader};
 use super::relay::CallerStream;
-use super::upstream::{Answer, Outgoing, Reply, Transport};
+use super::upstream::{Answer, Notices, Outgoing, Reply, Transport};
 use crate::config::{ChildLimits, ChildSpec};
 
 /// Longest line read from the server's stdout.
@@ -50,9 +50,11 @@ struct Link {
     out: mpsc::Sender<Bytes>,
     /// The running child's generation; 0 while none runs.
     up: watch::Sender<u64>,
-    list_changed: Arc<Notify>,
+    notices: Notices,
     /// The callers' streams of the requests in flight that have one, oldest first.
     relays: Mutex<Vec<(u64, CallerStream)>>,
+    /// The requests in flight that are carapace's own `subscriptions/listen`, not a caller's.
+    listens: Mutex<Vec<u64>>,
 }
 
 /// A supervised stdio MCP server.
@@ -63,7 +65,7 @@ pub struct StdioServer {
 
 impl StdioServer {
     /// Start supervising `spec` (the first start happens in the background).
-    pub fn start(spec: ChildSpec, list_changed: Arc<Notify>) -> Self {
+    pub fn start(spec: ChildSpec, notices: Notices) -> Self {
         let (out, out_rx) = mpsc::channel(QUEUE);
         let (stop, stop_rx) = oneshot::channel();
         let link = Arc::new(Link {
@@ -72,8 +74,9 @@ impl StdioServer {
             next_id: AtomicU64::new(1),
             out,
             up: watch::channel(0).0,
-            list_changed,
+            notices,
             relays: Mutex::default(),
+            listens: Mutex::default(),
         });
         tokio::spawn(supervise(spec, link.clone(), out_rx, stop_rx));
         StdioServer { link, _stop: stop }
@@ -94,6 +97,9 @@ impl Transport for StdioServer {
             link.pending.lock().expect("lock").insert(id, tx);
             if let Some(relay) = msg.relay {
                 link.relays.lock().expect("lock").push((id, relay));
+            }
+            if msg.method == "subscriptions/listen" {
+                link.listens.lock().expect("lock").push(id);
             }
             let guard = InFlight {
                 link: &link,
@@ -159,12 +165,11 @@ impl Link {
                     }
                 }
                 Incoming::Request { method, id, params } => self.server_request(method, id, params),
-                Incoming::Notification { method, .. }
-                    if method == "notifications/tools/list_changed" =>
-                {
-                    self.list_changed.notify_one()
+                Incoming::Notification { method, params } => {
+                    if !self.notices.take(&method, &params) {
+                        self.notification(&method, params)
+                    }
                 }
-                Incoming::Notification { method, params } => self.notification(&method, params),
                 Incoming::Invalid(why) => {
                     tracing::warn!(app = %self.name, "mcp_server_message_invalid: {why}")
                 }
@@ -191,9 +196,16 @@ impl Link {
         }
     }
 
-    /// The caller's stream of the one request in flight, if exactly one is and it has one.
+    /// The caller's stream of the one request in flight (of a caller: carapace's own listen
+    /// is not one), if exactly one is and it has one.
     fn sole_caller<'a>(&self, relays: &'a [(u64, CallerStream)]) -> Option<&'a CallerStream> {
-        let in_flight = self.pending.lock().expect("lock").len();
+        let listens = self.listens.lock().expect("lock").len();
+        let in_flight = self
+            .pending
+            .lock()
+            .expect("lock")
+            .len()
+            .saturating_sub(listens);
         match relays {
             [(_, relay)] if in_flight == 1 => Some(relay),
             _ => None,
@@ -298,6 +310,11 @@ impl Drop for InFlight<'_> {
             .lock()
             .expect("lock")
             .retain(|(id, _)| *id != self.id);
+        self.link
+            .listens
+            .lock()
+            .expect("lock")
+            .retain(|id| *id != self.id);
         if self.answered {
             return;
         }

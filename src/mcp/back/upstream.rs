@@ -10,6 +10,9 @@ use tokio::sync::Notify;
 use carapace_filters::{BoxFuture, Rejection};
 
 use super::relay::CallerStream;
+use crate::mcp::subscriptions::{
+    SubscriptionHub, ACKNOWLEDGED, PROMPTS_CHANGED, RESOURCES_CHANGED, UPDATED,
+};
 use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
 
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -104,6 +107,28 @@ pub enum Answer {
     SessionGone,
 }
 
+/// Where a transport passes what the server announces outside any call: its tools changed
+/// (rediscovery), and the notifications callers subscribe to.
+#[derive(Debug, Clone, Default)]
+pub struct Notices {
+    pub tools_changed: Arc<Notify>,
+    pub subscriptions: Arc<SubscriptionHub>,
+}
+
+impl Notices {
+    /// Take the notification `method` if it is one of these; whether it was.
+    pub fn take(&self, method: &str, params: &Value) -> bool {
+        match method {
+            "notifications/tools/list_changed" => self.tools_changed.notify_one(),
+            UPDATED | RESOURCES_CHANGED | PROMPTS_CHANGED | ACKNOWLEDGED => {
+                self.subscriptions.deliver(method, params)
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
 /// How requests reach a server: a child's stdio, or Streamable HTTP.
 pub trait Transport: Send + Sync + 'static {
     /// Changes whenever the connection is new (a restarted child): the revision must be
@@ -115,6 +140,13 @@ pub trait Transport: Send + Sync + 'static {
     /// where each has its own requests; not one stdio stream).
     fn sessions_alongside(&self) -> bool {
         false
+    }
+    /// Receive what the server says outside any request in the handshake session `session`
+    /// (its standalone stream), until it ends; on stdio everything arrives on the one stream
+    /// already, and this never ends.
+    fn events(&self, session: Arc<Negotiated>) -> BoxFuture<Result<(), Rejection>> {
+        let _ = session;
+        Box::pin(std::future::pending())
     }
 }
 
@@ -132,7 +164,9 @@ pub struct McpUpstream {
     /// inside: the server refused `initialize` on this connection.
     handshake: HandshakeSlot,
     handshaking: tokio::sync::Mutex<()>,
-    list_changed: Arc<Notify>,
+    notices: Notices,
+    /// Whether the task asking the server for the callers' subscriptions runs.
+    listening: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for McpUpstream {
@@ -144,21 +178,38 @@ impl std::fmt::Debug for McpUpstream {
 }
 
 impl McpUpstream {
-    /// `list_changed` is notified when the server says its tools changed.
-    pub fn new(transport: Box<dyn Transport>, list_changed: Arc<Notify>) -> Self {
+    /// `notices` are the ones `transport` passes the server's announcements to.
+    pub fn new(transport: Box<dyn Transport>, notices: Notices) -> Self {
         McpUpstream {
             transport,
             negotiated: Mutex::new(None),
             negotiating: tokio::sync::Mutex::new(()),
             handshake: Mutex::new(None),
             handshaking: tokio::sync::Mutex::new(()),
-            list_changed,
+            notices,
+            listening: Default::default(),
         }
     }
 
     /// Notified when the server's tools changed.
     pub fn list_changed(&self) -> &Arc<Notify> {
-        &self.list_changed
+        &self.notices.tools_changed
+    }
+
+    /// The callers' subscriptions to the server's notifications; carapace asks the server for
+    /// what they want from the first use on ([`super::listen`]).
+    pub fn subscriptions(self: &Arc<Self>) -> &Arc<SubscriptionHub> {
+        use std::sync::atomic::Ordering;
+        if !self.listening.swap(true, Ordering::AcqRel) {
+            let hub = self.notices.subscriptions.clone();
+            tokio::spawn(super::listen::keep_listening(Arc::downgrade(self), hub));
+        }
+        &self.notices.subscriptions
+    }
+
+    /// Receive what the server says outside any request in `session`, until that ends.
+    pub async fn events(&self, session: Arc<Negotiated>) -> Result<(), Rejection> {
+        self.transport.events(session).await
     }
 
     /// The revision agreed with the current connection, negotiated if need be.
@@ -170,8 +221,14 @@ impl McpUpstream {
         if let Some(n) = self.current() {
             return Ok(n);
         }
-        let generation = self.transport.generation();
+        let before = self.transport.generation();
         let n = Arc::new(negotiate(self.transport.as_ref()).await?);
+        // A command that was not running yet (generation 0) started while it was negotiated
+        // with: the agreement is that connection's.
+        let generation = match before {
+            0 => self.transport.generation(),
+            g => g,
+        };
         tracing::info!(
             "mcp_server_negotiated version={} session={}",
             n.version,
@@ -486,6 +543,10 @@ mod tests {
         }
         fn request(&self, msg: Outgoing) -> BoxFuture<Result<Answer, Rejection>> {
             self.sent.lock().unwrap().push(msg.clone());
+            // A command starts when it is first written to.
+            let _ = self
+                .generation
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
             let reply = match msg.method.as_str() {
                 "server/discover" if self.modern => {
                     Reply::Result(json!({"supportedVersions": [MODERN_VERSION]}))
@@ -537,7 +598,7 @@ mod tests {
                 self.0.notify(m)
             }
         }
-        let u = McpUpstream::new(Box::new(Shared(s.clone())), Arc::default());
+        let u = McpUpstream::new(Box::new(Shared(s.clone())), Notices::default());
         (s, u)
     }
 
@@ -548,6 +609,22 @@ mod tests {
             .iter()
             .map(|m| m.method.clone())
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_command_that_starts_while_it_is_negotiated_with_is_not_negotiated_with_again() {
+        let (s, u) = upstream(true);
+        s.generation.store(0, Ordering::SeqCst);
+        u.list_tools().await.unwrap();
+        u.list_tools().await.unwrap();
+        assert_eq!(
+            methods(&s)
+                .iter()
+                .filter(|m| *m == "server/discover")
+                .count(),
+            1
+        );
+        assert!(u.negotiated().is_some());
     }
 
     #[tokio::test]
