@@ -35,7 +35,9 @@ pub const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
 pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
     match r {
         Rejection::PairingRequired => ("PAIRING_REQUIRED", StatusCode::UNAUTHORIZED),
-        Rejection::Forbidden(_) => ("FORBIDDEN", StatusCode::FORBIDDEN),
+        Rejection::Forbidden(_) | Rejection::ToolNotApproved { .. } => {
+            ("FORBIDDEN", StatusCode::FORBIDDEN)
+        }
         Rejection::AuthFailed(_) | Rejection::Unsigned(_) => {
             ("UNAUTHORIZED", StatusCode::UNAUTHORIZED)
         }
@@ -106,7 +108,9 @@ pub fn skill_v1(r: &Rejection) -> (&'static str, StatusCode) {
         Rejection::PairingRequired | Rejection::AuthFailed(_) | Rejection::Unsigned(_) => {
             ("SKILL_AUTH_FAILED", StatusCode::UNAUTHORIZED)
         }
-        Rejection::Forbidden(_) => ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN),
+        Rejection::Forbidden(_) | Rejection::ToolNotApproved { .. } => {
+            ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN)
+        }
         Rejection::Disabled(_) => ("GATEWAY_DISABLED", StatusCode::SERVICE_UNAVAILABLE),
         Rejection::RateLimited { .. } => (http_error, StatusCode::TOO_MANY_REQUESTS),
         Rejection::Overloaded | Rejection::NonceStoreFull { .. } => {
@@ -162,6 +166,9 @@ fn specific_details(r: &Rejection) -> Option<serde_json::Value> {
         })),
         Rejection::PayloadTooLarge { limit } => Some(json!({ "limit_bytes": limit })),
         Rejection::Timeout(ms) => Some(json!({ "timeout_ms": ms })),
+        Rejection::ToolNotApproved { tool, changed } => {
+            Some(json!({ "tool": tool, "changed": changed }))
+        }
         Rejection::AppHttp(status) => Some(json!({ "status": status })),
         _ => None,
     }
@@ -363,6 +370,19 @@ mod tests {
                 404,
             ),
             (
+                R::ToolNotApproved {
+                    tool: "x".into(),
+                    changed: vec!["/description".into()],
+                },
+                "FORBIDDEN",
+                "error",
+                false,
+                403,
+                200,
+                "SKILL_AUTH_FAILED",
+                403,
+            ),
+            (
                 R::ProtocolVersionUnsupported("2".into()),
                 "INVALID_ARGS",
                 "error",
@@ -534,7 +554,7 @@ mod tests {
         );
         assert_eq!(
             rows.len(),
-            26,
+            27,
             "a Rejection variant is missing from this table"
         );
     }

@@ -210,6 +210,7 @@ CASES: dict[str, dict[str, Any]] = {
                     "rename": {"read_file": "files.read"},
                     "descriptions": {"files.read": "Read a file of the shared volume."},
                 },
+                "pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
             },
         },
         "replicas": 1,
@@ -226,6 +227,7 @@ CASES: dict[str, dict[str, Any]] = {
             "rename": {"read_file": "files.read"},
             "descriptions": {"files.read": "Read a file of the shared volume."},
         },
+        "app_pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
     },
     # The outbound role: the app (an agent) calls paired tool hosts through a Unix socket.
     "gateway": {
@@ -557,6 +559,7 @@ def test_config_values(case):
             assert "client_ca_file" not in tls  # skill-v1 callers sign instead
     assert cfg["app"].get("mcp") == expect.get("app_mcp")
     assert cfg["app"].get("filter") == expect.get("app_filter")
+    assert cfg["app"].get("pinning") == expect.get("app_pinning")
     if "mcp" in expect:
         assert cfg["front"]["mcp"] == expect["mcp"]
         assert cfg["peers"] == {"file": f"{identity}/peers.json"}

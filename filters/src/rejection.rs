@@ -62,6 +62,9 @@ pub enum Rejection {
     /// The tool is not in the catalog.
     #[error("tool `{0}` not found")]
     ToolNotFound(String),
+    /// The tool's definition is not the approved one (pinning): it is withheld until approved.
+    #[error("tool `{tool}` changed since it was approved and is withheld until approved again")]
+    ToolNotApproved { tool: String, changed: Vec<String> },
     /// The caller speaks a protocol version this front does not.
     #[error("protocol version `{0}` is not supported")]
     ProtocolVersionUnsupported(String),
@@ -129,6 +132,7 @@ impl Rejection {
             Rejection::NoRoute(_) => "no_route",
             Rejection::MethodNotAllowed(_) => "method_not_allowed",
             Rejection::ToolNotFound(_) => "tool_not_found",
+            Rejection::ToolNotApproved { .. } => "tool_not_approved",
             Rejection::ProtocolVersionUnsupported(_) => "protocol_version",
             Rejection::StaleTimestamp { .. } => "stale_timestamp",
             Rejection::NonceReplay => "nonce_replay",

@@ -7,6 +7,7 @@
 //! catalog. Skill Gateway v1 log markers are emitted exactly as that text spells them.
 
 mod filter;
+pub mod pins;
 mod skill_v1;
 mod tools_v1;
 
@@ -24,6 +25,7 @@ use serde_json::{json, Value};
 
 use carapace_filters::call::ToolSpec;
 use carapace_filters::schema::CompiledSchema;
+use carapace_filters::Rejection;
 
 use crate::app::AppConn;
 use crate::config::{Loaded, Protocol};
@@ -41,6 +43,8 @@ pub struct Catalog {
     pub service: String,
     /// The app's own version, when it says (skill-v1 manifests do).
     pub version: Option<String>,
+    /// Tools not served because their definition is not the approved one ([`pins`]).
+    pub withheld: BTreeMap<String, pins::Withheld>,
     /// Hash of the raw discovery answer, to skip recompiling an unchanged one.
     digest: [u8; 32],
 }
@@ -48,6 +52,19 @@ pub struct Catalog {
 impl Catalog {
     pub fn get(&self, name: &str) -> Option<&Arc<ToolSpec>> {
         self.tools.get(name)
+    }
+
+    /// The tool a call names: `ToolNotApproved` when it is withheld, else `ToolNotFound`.
+    pub fn lookup(&self, name: &str) -> Result<&Arc<ToolSpec>, Rejection> {
+        if let Some(w) = self.withheld.get(name) {
+            return Err(Rejection::ToolNotApproved {
+                tool: name.to_owned(),
+                changed: w.changed.clone(),
+            });
+        }
+        self.tools
+            .get(name)
+            .ok_or_else(|| Rejection::ToolNotFound(name.to_owned()))
     }
 }
 
@@ -122,6 +139,7 @@ impl CatalogHandle {
         app: &AppConn,
         cfg: &Loaded,
         disabled: bool,
+        pins: &pins::PinStore,
     ) -> Result<usize, DiscoveryError> {
         let previous = self.load();
         let reuse = !self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
@@ -132,7 +150,9 @@ impl CatalogHandle {
         match result {
             Ok(Some(mut catalog)) => {
                 let tools = std::mem::take(&mut catalog.tools);
-                catalog.tools = filter::apply(tools, &cfg.config.app.filter);
+                let tools = filter::apply(tools, &cfg.config.app.filter);
+                let mode = cfg.config.app.pinning.mode_for(cfg.config.app.protocol);
+                (catalog.tools, catalog.withheld) = pins.check(tools, mode, &cfg.pins);
                 let n = catalog.tools.len();
                 self.log_registration(&catalog, disabled);
                 self.current.store(Arc::new(catalog));
@@ -288,6 +308,7 @@ async fn discover_mcp(
         tools,
         service: String::new(),
         version: None,
+        withheld: BTreeMap::new(),
         digest: d,
     }))
 }

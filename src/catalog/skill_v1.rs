@@ -53,6 +53,7 @@ pub fn skill_catalog(
             .get("version")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        withheld: Default::default(),
         digest: [0; 32],
     })
 }

@@ -55,6 +55,7 @@ pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryE
         tools,
         service,
         version: None,
+        withheld: Default::default(),
         digest: [0; 32],
     })
 }

@@ -43,6 +43,9 @@ pub struct AppConfig {
     /// Which of the app's tools are served, under which names and descriptions.
     #[serde(default)]
     pub filter: ToolFilterConfig,
+    /// Tool-definition pinning.
+    #[serde(default)]
+    pub pinning: super::PinningConfig,
     /// skill-v1 apps only (required there).
     #[serde(default)]
     pub skill: Option<SkillAppConfig>,
@@ -232,6 +235,7 @@ pub(super) fn resolve_app(a: &mut AppConfig, base: &Path) {
         }
     }
     resolve_command_paths(&mut a.env, &mut a.working_dir, base);
+    super::pinning::resolve_pinning(&mut a.pinning, base);
 }
 pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
     d.app_target = app_target(a, errors);
@@ -250,6 +254,7 @@ pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigE
         (Protocol::ToolsV1, None) => {}
     }
     check_filter(&a.filter, errors);
+    d.pins = super::pinning::check_pinning(&a.pinning, errors);
     if a.discovery.timeout_ms == 0 {
         errors.push(err("/app/discovery/timeout_ms", "must be at least 1"));
     }

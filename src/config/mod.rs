@@ -25,6 +25,8 @@ pub use app::{
     AppAuthConfig, AppConfig, DiscoveryConfig, McpAppConfig, PoolConfig, SkillAppConfig,
     ToolFilterConfig, ToolOverride,
 };
+mod pinning;
+pub use pinning::{PinMode, PinningConfig};
 mod app_command;
 pub use app_command::{ChildLimits, ChildSpec, EnvValue};
 mod peers;
@@ -201,6 +203,8 @@ pub struct Loaded {
     pub outbound_skills: BTreeMap<String, OutboundSkill>,
     /// The Redis password, when one is configured.
     pub redis_password: Option<Secret>,
+    /// Tool-definition pins of the configuration (`app.pinning.pins` and its `file`).
+    pub pins: BTreeMap<String, String>,
 }
 
 impl Loaded {
@@ -342,6 +346,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             outbound_peers: d.outbound_peers,
             outbound_skills: d.outbound_skills,
             redis_password: d.redis_password,
+            pins: d.pins,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -372,4 +377,5 @@ struct Derived {
     outbound_peers: BTreeMap<String, SocketAddr>,
     outbound_skills: BTreeMap<String, OutboundSkill>,
     redis_password: Option<Secret>,
+    pins: BTreeMap<String, String>,
 }

@@ -31,7 +31,7 @@ pub struct RevokeRequest {
     pub component_id: String,
 }
 
-fn reply(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+pub(super) fn reply(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -209,6 +209,22 @@ async fn pairings<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respons
 
 /// An admin request body: one JSON object with exactly the request's members (serde would
 /// also fill a struct from an array, `[true]`, which no client means).
+/// A request's body (at most 64 KiB) as one JSON object of `T`'s shape, or the 400 for it.
+pub(super) async fn read_object<T: serde::de::DeserializeOwned, B: AdminBody>(
+    req: Request<B>,
+) -> Result<T, Response<Full<Bytes>>> {
+    let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return Err(reply(
+                StatusCode::BAD_REQUEST,
+                json!({"error": e.to_string()}),
+            ))
+        }
+    };
+    object_body(&body).map_err(|e| reply(StatusCode::BAD_REQUEST, json!({"error": e})))
+}
+
 fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     match carapace_filters::canonical::parse_strict(body).map_err(|e| e.to_string())? {
         v @ serde_json::Value::Object(_) => serde_json::from_value(v).map_err(|e| e.to_string()),
@@ -221,6 +237,16 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
     if req.uri().path() == "/v1/pairings" {
         return pairings(shared, req).await;
     }
+    if req.uri().path().starts_with("/v1/tools/") {
+        return super::tool_pins::handle(&shared, req)
+            .await
+            .unwrap_or_else(|| {
+                reply(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "no such admin route"}),
+                )
+            });
+    }
     match (req.method().clone(), req.uri().path()) {
         (Method::GET, "/v1/gateway") => match &shared.gateway {
             Some(g) => reply(
@@ -231,13 +257,9 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
         },
         (Method::GET, "/v1/kill-switch") => reply(StatusCode::OK, state(&shared)),
         (Method::PUT, "/v1/kill-switch") => {
-            let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
-            };
-            let r: KillSwitchRequest = match object_body(&body) {
+            let r: KillSwitchRequest = match read_object(req).await {
                 Ok(r) => r,
-                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e})),
+                Err(refused) => return refused,
             };
             match shared.kill_switch.set_runtime(r.tool.as_deref(), r.engaged) {
                 Ok(()) => {
@@ -262,13 +284,9 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
             reply(StatusCode::OK, json!({"peers": shared.peers.records()}))
         }
         (Method::POST, "/v1/peers/revoke") => {
-            let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
-            };
-            let r: RevokeRequest = match object_body(&body) {
+            let r: RevokeRequest = match read_object(req).await {
                 Ok(r) => r,
-                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e})),
+                Err(refused) => return refused,
             };
             match shared.peers.revoke(&r.component_id) {
                 Ok(0) => reply(

@@ -39,6 +39,11 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~6.5 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 17))
@@ -54,6 +59,9 @@ pub struct Metrics {
     pub nonce_entries: Gauge<i64, AtomicI64>,
     pub tools: Gauge<i64, AtomicI64>,
     pub peers: Gauge<i64, AtomicI64>,
+    /// Tools withheld because their definition is not the approved one.
+    pub tools_withheld: Gauge<i64, AtomicI64>,
+    tool_definition_changes: Family<ToolLabels, Counter>,
     certificate_expiry: Family<PeerLabels, Gauge<i64, AtomicI64>>,
     /// The peers `certificate_expiry` has a value for.
     certificate_expiry_peers: Mutex<Vec<String>>,
@@ -107,6 +115,18 @@ impl Default for Metrics {
             "Records in the peer store",
             peers.clone(),
         );
+        let tools_withheld = Gauge::default();
+        registry.register(
+            "tools_withheld",
+            "Tools withheld because their definition changed since it was approved (pinning)",
+            tools_withheld.clone(),
+        );
+        let tool_definition_changes = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "tool_definition_changes",
+            "Changed tool definitions seen (once per tool and new definition), by tool",
+            tool_definition_changes.clone(),
+        );
         let certificate_expiry = Family::<PeerLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "peer_certificate_expiry_days",
@@ -122,6 +142,8 @@ impl Default for Metrics {
             nonce_entries,
             tools,
             peers,
+            tools_withheld,
+            tool_definition_changes,
             certificate_expiry,
             certificate_expiry_peers: Mutex::default(),
         }
@@ -159,6 +181,13 @@ impl Metrics {
         self.latency
             .get_or_create(&LatencyLabels { front, tool })
             .observe(took.as_secs_f64());
+    }
+
+    /// A tool's definition changed from its pin.
+    pub fn tool_definition_changed(&self, tool: &str) {
+        self.tool_definition_changes
+            .get_or_create(&ToolLabels { tool: tool.into() })
+            .inc();
     }
 
     pub fn reload(&self, ok: bool) {

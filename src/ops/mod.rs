@@ -6,6 +6,7 @@ pub mod control;
 pub mod endpoint;
 pub mod metrics;
 pub mod reload;
+pub mod tool_pins;
 
 pub use endpoint::serve;
 pub use reload::reload;

@@ -28,6 +28,8 @@ pub struct Shared {
     pub redis: Option<RedisState>,
     pub peers: Arc<PeerStore>,
     pub catalog: Arc<CatalogHandle>,
+    /// Tool-definition pins recorded at first discovery and by approvals.
+    pub pins: Arc<crate::catalog::pins::PinStore>,
     pub metrics: Arc<Metrics>,
     pub app: ArcSwap<crate::app::AppConn>,
     pub(crate) stack: Arc<ArcSwap<HttpStack>>,

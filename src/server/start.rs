@@ -19,6 +19,7 @@ use super::files::create_private_dir;
 use super::shared::{switches, tls_acceptor, Shared};
 use super::tasks::{discovery_loop, housekeeping, outbound_discovery};
 use super::{placeholder_stack, Running};
+use crate::catalog::pins::PinStore;
 use crate::catalog::CatalogHandle;
 use crate::config::{Loaded, Protocol, SharedStateBackend};
 use crate::inbound::build_stack;
@@ -41,6 +42,7 @@ struct Stores {
     gateway: Option<Arc<GatewayIdentity>>,
     host: Option<Arc<HostIdentity>>,
     mcp_sessions: Option<Arc<Sessions>>,
+    pins: PinStore,
 }
 
 /// Every listener and socket, bound.
@@ -81,6 +83,7 @@ async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartErr
         None => None,
     };
     let peers = Arc::new(PeerStore::open(cfg.peers_file())?.with_clock(clock.clone()));
+    let pins = PinStore::open(&c.state_dir).map_err(StartError::Pins)?;
     // No pairing runs yet: what unfinished ones left behind goes.
     let stale = peers.remove_all_pending()?;
     let unfinished = crate::tls::PairedFiles::remove_unfinished(&c.state_dir);
@@ -119,6 +122,7 @@ async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartErr
         gateway,
         host,
         mcp_sessions,
+        pins,
     })
 }
 
@@ -173,6 +177,7 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
         redis: stores.redis,
         peers: stores.peers,
         catalog: Arc::new(CatalogHandle::default()),
+        pins: Arc::new(stores.pins.with_metrics(metrics.clone())),
         metrics,
         stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
         outbound_stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),

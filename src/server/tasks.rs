@@ -16,7 +16,7 @@ pub(crate) async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Rec
         let app = shared.app.load_full();
         let disabled = shared.kill_switch.global_engaged();
         let refreshed = tokio::select! {
-            r = shared.catalog.refresh(&app, &cfg, disabled) => r,
+            r = shared.catalog.refresh(&app, &cfg, disabled, &shared.pins) => r,
             _ = shutdown.changed() => return,
         };
         let ok = match refreshed {

@@ -206,12 +206,7 @@ impl SkillV1Front {
                 "tool discovery has not succeeded yet".into(),
             ));
         }
-        let tool = self
-            .catalog
-            .load()
-            .get(capability)
-            .cloned()
-            .ok_or_else(|| Rejection::ToolNotFound(capability.into()))?;
+        let tool = self.catalog.load().lookup(capability).cloned()?;
         // The signed form is the body without `signature`: canonicalize it in place, then move
         // the input out of it.
         fields.remove("signature");

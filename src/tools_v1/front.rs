@@ -258,9 +258,9 @@ fn decode(
     }
     let tool = catalog
         .load()
-        .get(&req.tool_name)
+        .lookup(&req.tool_name)
         .cloned()
-        .ok_or_else(|| fail(Rejection::ToolNotFound(req.tool_name.clone())))?;
+        .map_err(fail)?;
     Ok(ToolCall {
         call_id: req.call_id,
         tool,

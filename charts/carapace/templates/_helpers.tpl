@@ -177,6 +177,7 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- with $u.pool }}{{ $_ := set $app "pool" . }}{{ end }}
 {{- if eq $u.protocol "mcp" }}{{ $_ := set $app "mcp" (dict "path" $u.mcpPath) }}{{ end }}
 {{- with $u.filter }}{{ $_ := set $app "filter" . }}{{ end }}
+{{- with $u.pinning }}{{ $_ := set $app "pinning" . }}{{ end }}
 {{- if eq $u.protocol "skill-v1" }}
 {{- $s := $u.skill }}
 {{- $skill := dict "skill_id" $s.skillId "protocol_version" $s.protocolVersion "capabilities" $s.capabilities }}

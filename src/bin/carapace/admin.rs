@@ -20,6 +20,15 @@ pub(crate) enum PeersAction {
 }
 
 #[derive(Subcommand, Clone)]
+pub(crate) enum ToolsAction {
+    /// Print the pin of every served tool (the form `app.pinning.pins` takes) and every tool
+    /// withheld because its definition changed, with the fields that changed.
+    Pins,
+    /// Approve a withheld tool's new definition: it is served again at once.
+    Approve { name: String },
+}
+
+#[derive(Subcommand, Clone)]
 pub(crate) enum KillAction {
     /// Print the kill-switch state.
     Status,
@@ -107,6 +116,27 @@ pub(crate) fn peers(
             http::Method::POST,
             "/v1/peers/revoke",
             Some(serde_json::json!({ "component_id": component_id })),
+        ),
+    }
+}
+
+/// `carapace tools pins|approve`.
+pub(crate) fn tools(
+    action: ToolsAction,
+    admin_socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> ExitCode {
+    let sock = match socket_or_exit(admin_socket, config) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match action {
+        ToolsAction::Pins => admin_call(&sock, http::Method::GET, "/v1/tools/pins", None),
+        ToolsAction::Approve { name } => admin_call(
+            &sock,
+            http::Method::POST,
+            "/v1/tools/approve",
+            Some(serde_json::json!({ "tool": name })),
         ),
     }
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use admin::{KillAction, PeersAction};
+use admin::{KillAction, PeersAction, ToolsAction};
 use pair::{PairCommand, PairTransport};
 
 /// mimalloc: fewer instructions per allocation than the system allocator on the request path,
@@ -86,6 +86,18 @@ enum Command {
         #[arg(short, long, global = true)]
         config: Option<PathBuf>,
     },
+    /// Show the tool-definition pins of a running carapace, or approve a changed tool,
+    /// through its admin socket.
+    Tools {
+        #[command(subcommand)]
+        action: ToolsAction,
+        /// Admin socket of the running carapace.
+        #[arg(long, global = true)]
+        admin_socket: Option<PathBuf>,
+        /// Or: its configuration file (the admin socket is read from it).
+        #[arg(short, long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// Print this tool host's paired identity (certificate, key, gateway CA, peer store) as a
     /// Kubernetes Secret, so that every replica can mount the identity one pairing installed.
     /// The output holds the private key: pipe it to `kubectl apply -f -`, do not keep it.
@@ -151,6 +163,11 @@ fn main() -> ExitCode {
             admin_socket,
             config,
         } => admin::peers(action, admin_socket, config),
+        Command::Tools {
+            action,
+            admin_socket,
+            config,
+        } => admin::tools(action, admin_socket, config),
         Command::Reload {
             admin_socket,
             config,

@@ -157,12 +157,11 @@ impl McpFront {
                 "tool discovery has not succeeded yet".into(),
             )));
         }
-        let tool = self
-            .catalog
-            .load()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| McpError::InvalidParams(format!("Unknown tool: {name}")))?;
+        let tool = match self.catalog.load().lookup(name) {
+            Ok(tool) => tool.clone(),
+            Err(e @ Rejection::ToolNotApproved { .. }) => return Err(McpError::Refused(e)),
+            Err(_) => return Err(McpError::InvalidParams(format!("Unknown tool: {name}"))),
+        };
         Ok(ToolCall {
             call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
             tool,
