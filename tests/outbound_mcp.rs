@@ -24,12 +24,13 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    setup_with(None, "memory.append").await
+    setup_with(None, "memory.append", "").await
 }
 
 /// The same, with the tool host's app `host_app` (the inside of `app: { ... }`; the memory
-/// app when `None`), ready once the gateway lists `tool`.
-async fn setup_with(host_app: Option<String>, tool: &str) -> Setup {
+/// app when `None`) and `outbound_extra` in the gateway's `outbound` section (YAML lines,
+/// indented two spaces), ready once the gateway lists `tool`.
+async fn setup_with(host_app: Option<String>, tool: &str, outbound_extra: &str) -> Setup {
     let env = Env::new().await;
     write_peers(&env.path().join("peers.json"), &[]);
     let secret = b"skill-secret-for-outbound";
@@ -79,6 +80,7 @@ gateway: {{ id: gw_home }}
 outbound:
   socket: {d}/outbound.sock
   peers: {{ memory-east: {{ url: "https://{tools}" }} }}
+{outbound_extra}
   skills:
     demo.echo:
       url: "http://{skill_addr}"
@@ -130,7 +132,11 @@ outbound:
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the gateway did not discover the tool host's and the skill's tools");
+    let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+    panic!(
+        "the gateway did not discover the tool host's and the skill's tools: {}",
+        list.json()
+    );
 }
 
 #[tokio::test]
@@ -244,7 +250,7 @@ async fn the_gateways_agent_calls_an_mcp_server_behind_a_paired_tool_host() {
     let argv = json!(["python3", interop("mcp_python_server.py"), "--stdio"]);
     let path = std::env::var("PATH").unwrap_or_default();
     let app = format!("protocol: mcp, command: {argv}, env: {{ PATH: \"{path}\" }}");
-    let s = setup_with(Some(app), "echo").await;
+    let s = setup_with(Some(app), "echo", "").await;
     let agent = Client::new(Transport::Unix(s.socket.clone()));
     let reply = agent
         .post_json(
@@ -272,5 +278,93 @@ async fn the_gateways_agent_calls_an_mcp_server_behind_a_paired_tool_host() {
     );
     let answer = modern(&agent, &echo).await.json();
     assert_eq!(answer["result"]["isError"], false, "{answer}");
+    s.gw.shutdown().await;
+}
+
+/// The gateway pins the tools its peers serve: a tool a paired tool host starts to describe
+/// differently is withheld from the agent until approved (`outbound.pinning: enforce`).
+#[tokio::test]
+async fn a_peer_tool_that_changes_is_withheld_from_the_agent_until_approved() {
+    let tools_file = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let write = |ty: &str| {
+        let tools = json!([{"name": "echo", "description": "Echo.",
+            "inputSchema": {"type": "object", "properties": {"text": {"type": ty}}}}]);
+        let tmp = tools_file.with_extension("tmp");
+        std::fs::write(&tmp, tools.to_string()).unwrap();
+        std::fs::rename(&tmp, &tools_file).unwrap();
+    };
+    write("string");
+    let argv = json!(["python3", interop("shifty_mcp_server.py")]);
+    let path = std::env::var("PATH").unwrap_or_default();
+    // The tool host serves the change (its own pinning off); the gateway is the one to pin.
+    let app = format!(
+        "protocol: mcp, command: {argv}, env: {{ PATH: \"{path}\", TOOLS_FILE: \"{}\" }}, \
+         pinning: {{ mode: off }}",
+        tools_file.display()
+    );
+    let extra = "  discovery_interval_s: 1\n  pinning: { mode: enforce }";
+    let s = setup_with(Some(app), "echo", extra).await;
+    let agent = Client::new(Transport::Unix(s.socket.clone()));
+    let names = || async {
+        let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+        list.json()["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    write("integer");
+    let mut withheld = false;
+    for _ in 0..100 {
+        if !names().await.contains(&"echo".to_string()) {
+            withheld = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        withheld,
+        "the changed tool is still offered: {:?}",
+        names().await
+    );
+    let refused = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("echo", json!({"text": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(common::code(&refused), "FORBIDDEN", "{}", refused.json());
+    assert_eq!(
+        refused.json()["error"]["details"]["reason"],
+        "tool_not_approved"
+    );
+
+    let (status, approved) = carapace::admin::request(
+        &s.gw.admin_socket,
+        Method::POST,
+        "/v1/tools/approve",
+        Some(json!({"tool": "echo", "outbound": true})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    for _ in 0..100 {
+        if names().await.contains(&"echo".to_string()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let called = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("echo", json!({"text": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(called.json()["status"], "ok", "{}", called.json());
     s.gw.shutdown().await;
 }

@@ -326,7 +326,7 @@ pub(super) fn compile(name: &str, what: &str, schema: &Value) -> Result<Compiled
         .map_err(|e| format!("tool {name}: {what} schema does not compile: {e}"))
 }
 
-/// The `GET /v1/tools` descriptor of a tool.
+/// The `GET /v1/tools` descriptor of a tool: both schemas always present.
 pub fn tools_v1_descriptor(t: &ToolSpec) -> Value {
     let mut d = json!({
         "name": t.name,
@@ -337,8 +337,11 @@ pub fn tools_v1_descriptor(t: &ToolSpec) -> Value {
         "idempotent": t.idempotent,
         "side_effects": t.side_effects,
     });
-    if let Some(o) = &t.output {
-        d["output_schema"] = (**o.source()).clone();
-    }
+    // A tool without an output schema (an MCP tool may have none) takes any output: `null`,
+    // as the reference tool host writes it, so a tools-v1 gateway serves the tool too.
+    d["output_schema"] = match &t.output {
+        Some(o) => (**o.source()).clone(),
+        None => Value::Null,
+    };
     d
 }

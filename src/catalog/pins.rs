@@ -83,7 +83,11 @@ impl PinStore {
     /// The pins recorded in `state_dir`. A damaged file is an error: silently starting over
     /// would approve every tool again.
     pub fn open(state_dir: &std::path::Path) -> Result<Self, String> {
-        let path = state_dir.join(PINS_FILE);
+        Self::open_at(state_dir.join(PINS_FILE))
+    }
+
+    /// The pins recorded in the file `path`.
+    pub fn open_at(path: PathBuf) -> Result<Self, String> {
         let recorded = match std::fs::metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             _ => {

@@ -254,7 +254,7 @@ pub(super) fn check_app(a: &AppConfig, d: &mut Derived, errors: &mut Vec<ConfigE
         (Protocol::ToolsV1, None) => {}
     }
     check_filter(&a.filter, errors);
-    d.pins = super::pinning::check_pinning(&a.pinning, errors);
+    d.pins = super::pinning::check_pinning(&a.pinning, "/app/pinning", errors);
     if a.discovery.timeout_ms == 0 {
         errors.push(err("/app/discovery/timeout_ms", "must be at least 1"));
     }

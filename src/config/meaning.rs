@@ -149,6 +149,7 @@ pub(super) fn resolve_paths(c: &mut Config, base: &Path) {
     }
     if let Some(o) = &mut c.outbound {
         fix_path(&mut o.socket, base);
+        super::pinning::resolve_pinning(&mut o.pinning, base);
         for skill in o.skills.values_mut() {
             if let Some(ca) = &mut skill.ca_file {
                 fix_path(ca, base);

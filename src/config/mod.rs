@@ -205,6 +205,8 @@ pub struct Loaded {
     pub redis_password: Option<Secret>,
     /// Tool-definition pins of the configuration (`app.pinning.pins` and its `file`).
     pub pins: BTreeMap<String, String>,
+    /// The same for the outbound role (`outbound.pinning`).
+    pub outbound_pins: BTreeMap<String, String>,
 }
 
 impl Loaded {
@@ -347,6 +349,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             outbound_skills: d.outbound_skills,
             redis_password: d.redis_password,
             pins: d.pins,
+            outbound_pins: d.outbound_pins,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -378,4 +381,5 @@ struct Derived {
     outbound_skills: BTreeMap<String, OutboundSkill>,
     redis_password: Option<Secret>,
     pins: BTreeMap<String, String>,
+    outbound_pins: BTreeMap<String, String>,
 }

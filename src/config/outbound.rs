@@ -33,6 +33,10 @@ pub struct OutboundConfig {
     /// How the agent's socket answers refused calls (as `front.answers`).
     #[serde(default)]
     pub answers: crate::errors::ToolsV1Answers,
+    /// Tool-definition pinning of the tools the peers and skills serve (as `app.pinning`;
+    /// `warn` unless `mode` says otherwise).
+    #[serde(default)]
+    pub pinning: super::PinningConfig,
 }
 
 /// One skill-v1 skill the outbound role calls.
@@ -80,6 +84,7 @@ pub(super) fn check_outbound(
     d: &mut Derived,
     errors: &mut Vec<ConfigError>,
 ) {
+    d.outbound_pins = super::pinning::check_pinning(&o.pinning, "/outbound/pinning", errors);
     if !gateway_set {
         errors.push(err(
             "/outbound",

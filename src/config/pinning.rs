@@ -49,6 +49,12 @@ impl PinningConfig {
             Protocol::ToolsV1 | Protocol::SkillV1 => PinMode::Warn,
         })
     }
+
+    /// The mode in force for the outbound role's tools (its paired tool hosts and skills, the
+    /// user's own): `warn` unless configured.
+    pub fn outbound_mode(&self) -> PinMode {
+        self.mode.unwrap_or(PinMode::Warn)
+    }
 }
 
 pub(super) fn resolve_pinning(p: &mut PinningConfig, base: &Path) {
@@ -57,9 +63,10 @@ pub(super) fn resolve_pinning(p: &mut PinningConfig, base: &Path) {
     }
 }
 
-/// Every pin of the configuration and its file, checked.
+/// Every pin of the configuration and its file, checked; `at` is the section's path.
 pub(super) fn check_pinning(
     p: &PinningConfig,
+    at: &str,
     errors: &mut Vec<ConfigError>,
 ) -> BTreeMap<String, String> {
     let mut pins = BTreeMap::new();
@@ -67,7 +74,7 @@ pub(super) fn check_pinning(
         if is_pin(pin) {
             pins.insert(name.clone(), pin.clone());
         } else {
-            errors.push(err(format!("/app/pinning/pins/{name}"), NOT_A_PIN));
+            errors.push(err(format!("{at}/pins/{name}"), NOT_A_PIN));
         }
     }
     let Some(file) = &p.file else {
@@ -80,7 +87,7 @@ pub(super) fn check_pinning(
         });
     match read {
         Err(e) => errors.push(err(
-            "/app/pinning/file",
+            format!("{at}/file"),
             format!(
                 "cannot read {} as a JSON object of pins: {e}",
                 file.display()
@@ -89,10 +96,10 @@ pub(super) fn check_pinning(
         Ok(from_file) => {
             for (name, pin) in from_file {
                 if !is_pin(&pin) {
-                    errors.push(err("/app/pinning/file", format!("`{name}`: {NOT_A_PIN}")));
+                    errors.push(err(format!("{at}/file"), format!("`{name}`: {NOT_A_PIN}")));
                 } else if pins.get(&name).is_some_and(|p| *p != pin) {
                     errors.push(err(
-                        format!("/app/pinning/pins/{name}"),
+                        format!("{at}/pins/{name}"),
                         "differs from the pin in `file`",
                     ));
                 } else {

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use super::admin::{read_object, reply, AdminBody};
 use crate::catalog::pins::{definition, pin_of, ApproveError};
+use crate::catalog::Catalog;
 use crate::server::shared::Shared;
 
 /// `POST /v1/tools/approve` body.
@@ -23,6 +24,9 @@ use crate::server::shared::Shared;
 #[serde(deny_unknown_fields)]
 pub struct ApproveRequest {
     pub tool: String,
+    /// A tool of the outbound role (the paired peers' and skills'), not of the app.
+    #[serde(default)]
+    pub outbound: bool,
 }
 
 /// The pinning routes; `None` for any other path.
@@ -38,7 +42,15 @@ pub async fn handle<B: AdminBody>(
 }
 
 fn pins(shared: &Shared) -> Response<Full<Bytes>> {
-    let catalog = shared.catalog.load();
+    let mut pins = report(&shared.catalog.load());
+    if let Some(outbound) = shared.outbound.get() {
+        pins["outbound"] = report(&outbound.catalog.load());
+    }
+    reply(StatusCode::OK, pins)
+}
+
+/// Every served tool's pin, and every withheld tool with what changed.
+fn report(catalog: &Catalog) -> Value {
     let served: BTreeMap<&str, String> = catalog
         .tools
         .iter()
@@ -54,10 +66,7 @@ fn pins(shared: &Shared) -> Response<Full<Bytes>> {
             )
         })
         .collect();
-    reply(
-        StatusCode::OK,
-        json!({"pins": served, "withheld": withheld}),
-    )
+    json!({"pins": served, "withheld": withheld})
 }
 
 async fn approve<B: AdminBody>(shared: &Arc<Shared>, req: Request<B>) -> Response<Full<Bytes>> {
@@ -65,12 +74,22 @@ async fn approve<B: AdminBody>(shared: &Arc<Shared>, req: Request<B>) -> Respons
         Ok(r) => r,
         Err(refused) => return refused,
     };
-    let catalog = shared.catalog.load();
     let cfg = shared.config.load();
-    match shared
-        .pins
-        .approve(&r.tool, catalog.withheld.get(&r.tool), &cfg.pins)
-    {
+    let approved = if r.outbound {
+        match shared.outbound.get() {
+            Some(outbound) => outbound.approve(&r.tool, &cfg),
+            None => {
+                let e = "this carapace has no outbound role";
+                return reply(StatusCode::NOT_FOUND, json!({ "error": e }));
+            }
+        }
+    } else {
+        let catalog = shared.catalog.load();
+        shared
+            .pins
+            .approve(&r.tool, catalog.withheld.get(&r.tool), &cfg.pins)
+    };
+    match approved {
         Ok(pin) => {
             // Recompile even if the app's answer is unchanged, and do it now.
             shared.catalog.invalidate();

@@ -113,6 +113,7 @@ impl Outbound {
         if routes.is_empty() {
             return;
         }
+        self.pin(&mut merged, cfg);
         merged.service = "carapace-outbound".into();
         self.routes.store(Arc::new(routes));
         self.catalog.replace(merged);

@@ -17,6 +17,7 @@ use known::KnownTools;
 use routes::{skill_routes, Route, SkillRoute};
 use rustls::pki_types::CertificateDer;
 
+use crate::catalog::pins::{ApproveError, PinStore};
 use crate::catalog::{Catalog, CatalogHandle};
 use crate::config::Loaded;
 use crate::pairing::identity::GatewayIdentity;
@@ -61,7 +62,12 @@ pub struct Outbound {
     refreshing: tokio::sync::Mutex<()>,
     /// Each peer's last discovery document, persisted in [`KNOWN_TOOLS_FILE`].
     known: KnownTools,
+    /// The pins of the tools the peers and skills serve, in [`PINS_FILE`].
+    pins: PinStore,
 }
+
+/// The file in `state_dir` keeping the pins of the outbound role's tools.
+pub const PINS_FILE: &str = "outbound-tool-pins.json";
 
 /// The file in `state_dir` keeping each peer's last discovery document.
 pub const KNOWN_TOOLS_FILE: &str = "outbound_tools.json";
@@ -98,6 +104,7 @@ impl Outbound {
             catalog: Arc::new(CatalogHandle::default()),
             refreshing: tokio::sync::Mutex::new(()),
             known: KnownTools::load(cfg.config.state_dir.join(KNOWN_TOOLS_FILE)),
+            pins: PinStore::open_at(cfg.config.state_dir.join(PINS_FILE)).map_err(OutboundError)?,
         };
         outbound.restore_known(cfg);
         Ok(outbound)
@@ -249,10 +256,32 @@ impl Outbound {
             }
         }
         merge(sources, &mut merged, &mut routes);
+        self.pin(&mut merged, cfg);
         let n = merged.tools.len();
         merged.service = "carapace-outbound".into();
         self.routes.store(Arc::new(routes));
         self.catalog.replace(merged);
         n
+    }
+}
+
+impl Outbound {
+    /// Withhold the tools whose definitions are not the approved ones ([`PinStore`]).
+    fn pin(&self, merged: &mut Catalog, cfg: &Loaded) {
+        let mode = cfg
+            .config
+            .outbound
+            .as_ref()
+            .map(|o| o.pinning.outbound_mode())
+            .unwrap_or(crate::config::PinMode::Warn);
+        let tools = std::mem::take(&mut merged.tools);
+        (merged.tools, merged.withheld) = self.pins.check(tools, mode, &cfg.outbound_pins);
+    }
+
+    /// Approve the withheld tool `name`: it is served from the next discovery on.
+    pub fn approve(&self, name: &str, cfg: &Loaded) -> Result<String, ApproveError> {
+        let catalog = self.catalog.load();
+        self.pins
+            .approve(name, catalog.withheld.get(name), &cfg.outbound_pins)
     }
 }

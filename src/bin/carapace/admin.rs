@@ -25,7 +25,12 @@ pub(crate) enum ToolsAction {
     /// withheld because its definition changed, with the fields that changed.
     Pins,
     /// Approve a withheld tool's new definition: it is served again at once.
-    Approve { name: String },
+    Approve {
+        name: String,
+        /// A tool of the outbound role (a paired peer's or a skill's), not of the app.
+        #[arg(long)]
+        outbound: bool,
+    },
 }
 
 #[derive(Subcommand, Clone)]
@@ -132,11 +137,11 @@ pub(crate) fn tools(
     };
     match action {
         ToolsAction::Pins => admin_call(&sock, http::Method::GET, "/v1/tools/pins", None),
-        ToolsAction::Approve { name } => admin_call(
+        ToolsAction::Approve { name, outbound } => admin_call(
             &sock,
             http::Method::POST,
             "/v1/tools/approve",
-            Some(serde_json::json!({ "tool": name })),
+            Some(serde_json::json!({ "tool": name, "outbound": outbound })),
         ),
     }
 }
