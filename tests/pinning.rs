@@ -186,6 +186,19 @@ async fn configured_pins_approve_only_what_they_name_and_warn_mode_serves_a_chan
     .await
     .unwrap();
     assert_eq!(status, 409, "pins in the configuration are changed there");
+    // So: the pin of `echo` added to the configuration and reloaded approves it.
+    let (_, now) = carapace::admin::request(&r.admin_socket, Method::GET, "/v1/tools/pins", None)
+        .await
+        .unwrap();
+    let echo = now["withheld"]["echo"]["pin"].as_str().unwrap().to_owned();
+    let pins = format!("pins: {{ keep: \"{keep}\", echo: \"{echo}\" }}");
+    std::fs::write(
+        env.path().join("carapace.yaml"),
+        config(&env, &tools_file, &pins),
+    )
+    .unwrap();
+    carapace::ops::reload::reload(&r.shared).await.unwrap();
+    until_listed(&r, &env, &["echo", "keep"]).await;
     r.shutdown().await;
 
     // warn: a change is reported and the tool still served.

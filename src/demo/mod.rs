@@ -16,6 +16,7 @@ use crate::pki::Authority;
 use crate::server::{self, Running};
 
 mod mcp;
+mod pinning;
 
 const DEMO_KEY: &str = "demo-hmac-key-do-not-use-in-production";
 
@@ -347,6 +348,7 @@ ops: {{ address: "" }}
 
     codes.extend(mcp::mcp_steps(dir, &app_addr.to_string(), &ca, &gateway, &app).await?);
     mcp::outbound_step(dir, &app_addr.to_string(), &app).await?;
+    pinning::pinning_step(dir, &app_addr.to_string()).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)

@@ -127,10 +127,14 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
         }
     };
     let new = Arc::new(new);
-    // Tool settings from the configuration (timeouts, the skill) shape the compiled catalog.
+    // Tool settings from the configuration (timeouts, the skill, the filter, the pins) shape
+    // the compiled catalog.
     let tools = |l: &Loaded| {
         let c = &l.config;
-        format!("{:?}{:?}{:?}", c.tools, c.app.skill, c.app.filter)
+        format!(
+            "{:?}{:?}{:?}{:?}{:?}",
+            c.tools, c.app.skill, c.app.filter, c.app.pinning, l.pins
+        )
     };
     let tools_changed = tools(&new) != tools(&old);
     // (`ChildSpec` compares the environment's values; its `Debug` shows only the names.)
