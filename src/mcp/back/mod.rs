@@ -15,6 +15,7 @@ pub mod http;
 pub mod input;
 pub mod lines;
 pub mod listen;
+mod negotiate;
 pub mod relay;
 pub mod stdio;
 pub mod upstream;

@@ -9,16 +9,15 @@ use tokio::sync::Notify;
 
 use carapace_filters::{BoxFuture, Rejection};
 
+use super::negotiate::{
+    handshake, meta_of, negotiate, with_meta, META_CAPABILITIES, META_LOG_LEVEL,
+};
 use super::relay::CallerStream;
 use crate::mcp::subscriptions::{
     SubscriptionHub, ACKNOWLEDGED, PROMPTS_CHANGED, RESOURCES_CHANGED, UPDATED,
 };
-use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
+use crate::mcp::MODERN_VERSION;
 
-const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
-const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
-const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 /// Most `tools/list` pages read in one discovery.
 const MAX_PAGES: usize = 64;
 
@@ -397,136 +396,11 @@ impl McpUpstream {
     }
 }
 
-/// A modern request carries its revision and the client's capabilities in `_meta`.
-fn with_meta(mut params: Value, session: &Negotiated) -> Value {
-    if session.modern {
-        let m = meta_of(&mut params);
-        m.insert(META_VERSION.into(), Value::from(MODERN_VERSION));
-        m.insert(META_CAPABILITIES.into(), json!({}));
-        m.insert(META_CLIENT_INFO.into(), client_info());
-    }
-    params
-}
-
-/// `params._meta`, made an object if it is not one.
-fn meta_of(params: &mut Value) -> &mut serde_json::Map<String, Value> {
-    if !params.is_object() {
-        *params = json!({});
-    }
-    let meta = params
-        .as_object_mut()
-        .expect("an object")
-        .entry("_meta")
-        .or_insert_with(|| json!({}));
-    if !meta.is_object() {
-        *meta = json!({});
-    }
-    meta.as_object_mut().expect("an object")
-}
-
-fn client_info() -> Value {
-    json!({"name": "carapace", "version": env!("CARGO_PKG_VERSION")})
-}
-
-/// Find the newest revision both sides speak: `server/discover` (2026-07-28), else
-/// `initialize` with the newest handshake revision and `notifications/initialized`.
-async fn negotiate(t: &dyn Transport) -> Result<Negotiated, Rejection> {
-    let modern = Arc::new(Negotiated {
-        version: MODERN_VERSION.into(),
-        modern: true,
-        session: None,
-        capabilities: Value::Null,
-    });
-    let discover = Outgoing {
-        method: "server/discover".into(),
-        params: with_meta(json!({}), &modern),
-        tool: None,
-        session: Some(modern.clone()),
-        relay: None,
-    };
-    match t.request(discover).await {
-        Ok(Answer::Reply {
-            reply: Reply::Result(r),
-            ..
-        }) if offers_modern(&r) => {
-            return Ok(Negotiated {
-                capabilities: r.get("capabilities").cloned().unwrap_or(Value::Null),
-                ..(*modern).clone()
-            })
-        }
-        // Not reachable at all: no point trying `initialize`.
-        Err(e @ (Rejection::AppUnavailable(_) | Rejection::Timeout(_))) => return Err(e),
-        _ => {}
-    }
-    handshake(t).await
-}
-
-/// `initialize` with the newest handshake revision, then `notifications/initialized`.
-async fn handshake(t: &dyn Transport) -> Result<Negotiated, Rejection> {
-    let init = Outgoing {
-        method: "initialize".into(),
-        params: json!({
-            "protocolVersion": LEGACY_VERSIONS[0],
-            // On behalf of its callers: each request is relayed only to a caller that
-            // declared the capability, and answered with an error otherwise.
-            "capabilities": {"sampling": {}, "elicitation": {"form": {}}, "roots": {}},
-            "clientInfo": client_info(),
-        }),
-        tool: None,
-        session: None,
-        relay: None,
-    };
-    let (result, session) = match t.request(init).await? {
-        Answer::Reply {
-            reply: Reply::Result(r),
-            session,
-        } => (r, session),
-        Answer::Reply {
-            reply: Reply::Error { code, message, .. },
-            ..
-        } => {
-            return Err(Rejection::AppInvalid(format!(
-                "initialize failed: {code} {message}"
-            )))
-        }
-        Answer::SessionGone => return Err(Rejection::AppInvalid("initialize answered 404".into())),
-    };
-    let version = result
-        .get("protocolVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if !LEGACY_VERSIONS.contains(&version) {
-        return Err(Rejection::AppInvalid(format!(
-            "the MCP server speaks `{version}`, which carapace does not"
-        )));
-    }
-    let n = Negotiated {
-        version: version.to_owned(),
-        modern: false,
-        session,
-        capabilities: result.get("capabilities").cloned().unwrap_or(Value::Null),
-    };
-    t.notify(Outgoing {
-        method: "notifications/initialized".into(),
-        params: json!({}),
-        tool: None,
-        session: Some(Arc::new(n.clone())),
-        relay: None,
-    })
-    .await?;
-    Ok(n)
-}
-
-fn offers_modern(discover: &Value) -> bool {
-    discover
-        .get("supportedVersions")
-        .and_then(Value::as_array)
-        .is_some_and(|v| v.iter().any(|v| v == MODERN_VERSION))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::back::negotiate::META_VERSION;
+    use crate::mcp::LEGACY_VERSIONS;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// A scripted server: answers by method, and records what it was sent.
