@@ -26,7 +26,7 @@ use super::jsonrpc::{self, error_response, result_response, McpError, Message};
 use super::passthrough;
 use super::results::tool_definition;
 use super::session::{SessionRefused, Sessions};
-use super::stream::{self, PendingAnswers};
+use super::stream;
 use super::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
@@ -71,8 +71,6 @@ pub struct McpFront {
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
     in_flight: Arc<InFlightCalls>,
-    /// The server's requests waiting for callers' answers.
-    answers: Arc<PendingAnswers>,
     /// The MCP server behind carapace, when the app is one: its resources, prompts and
     /// completions are passed through.
     server: Option<Arc<McpUpstream>>,
@@ -102,7 +100,6 @@ impl McpFront {
             cfg,
             sessions,
             in_flight,
-            answers: Arc::default(),
             server: None,
         }
     }
@@ -271,7 +268,8 @@ impl McpFront {
             Ok(s) => s,
             Err(_) => None,
         };
-        if session.is_some_and(|s| self.answers.deliver(&s.id, id.as_ref(), reply)) {
+        let answers = self.sessions.answers();
+        if session.is_some_and(|s| answers.deliver(&s.id, id.as_ref(), reply)) {
             return accepted();
         }
         if !id.as_ref().is_some_and(stream::is_answer_id) {

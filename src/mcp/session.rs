@@ -16,6 +16,7 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 
 use super::back::relay::ClientFeatures;
+use super::stream::PendingAnswers;
 use crate::config::mcp::{McpFrontConfig, MIN_SESSION_KEY_BYTES};
 
 /// Most sessions one process tracks; beyond it new sessions are refused until old ones age out.
@@ -72,6 +73,9 @@ pub struct Sessions {
     idle_ms: u64,
     max_ms: u64,
     seen: Mutex<HashMap<String, Seen>>,
+    /// The MCP server's requests waiting for these sessions' answers (kept, as the sessions
+    /// are, across reloads).
+    answers: std::sync::Arc<PendingAnswers>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -90,7 +94,13 @@ impl Sessions {
             idle_ms: cfg.session_idle_timeout_s.saturating_mul(1000),
             max_ms: cfg.session_max_lifetime_s.saturating_mul(1000),
             seen: Mutex::new(HashMap::new()),
+            answers: Default::default(),
         }
+    }
+
+    /// The MCP server's requests waiting for these sessions' answers.
+    pub fn answers(&self) -> &std::sync::Arc<PendingAnswers> {
+        &self.answers
     }
 
     /// Open a session for `principal` at `version`; returns its id.

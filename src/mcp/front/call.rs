@@ -76,7 +76,7 @@ impl McpFront {
             return call.await;
         };
         let cx = StreamContext {
-            answers: self.answers.clone(),
+            answers: self.sessions.answers().clone(),
             session,
         };
         stream::respond(Box::pin(call), messages, cx).await
