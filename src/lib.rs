@@ -25,6 +25,7 @@ pub mod outbound;
 pub mod pairing;
 pub mod peers;
 pub mod pki;
+pub mod secret_guard;
 pub mod server;
 pub mod shared_state;
 pub mod skill_v1;

@@ -145,5 +145,43 @@ fn nonces(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, signature, schema, nonces);
+/// The secret guard over a typical result: ten memory matches of ~100 bytes of prose each
+/// (nothing found, the common case), and the same with a private key in one of them.
+fn secret_guard(c: &mut Criterion) {
+    use carapace_filters::secret_guard::{Detectors, GuardAction, GuardMode, SecretGuard};
+    let guard = SecretGuard::new(
+        Detectors::new(
+            &[],
+            vec![("app_secret".into(), "correct-horse-battery".into())],
+        )
+        .unwrap(),
+        GuardMode::Enforce,
+        GuardAction::Redact,
+        Default::default(),
+        "inbound",
+    );
+    let prose = "the cat sat on the mat and then it went for a walk along the river bank at dusk";
+    let clean = json!({"matches": (0..10).map(|i| json!({"id": format!("m{i}"), "text": prose})).collect::<Vec<_>>()});
+    let mut dirty = clean.clone();
+    dirty["matches"][3]["text"] =
+        json!("key -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----");
+    let mut g = c.benchmark_group("secret_guard");
+    g.bench_function("result, 10 matches, nothing found", |b| {
+        b.iter_batched(
+            || clean.clone(),
+            |mut v| guard.scan(black_box(&mut v), "/output", true).len(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("result, 10 matches, one private key redacted", |b| {
+        b.iter_batched(
+            || dirty.clone(),
+            |mut v| guard.scan(black_box(&mut v), "/output", true).len(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, signature, schema, nonces, secret_guard);
 criterion_main!(benches);

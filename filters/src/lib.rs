@@ -36,6 +36,7 @@ pub mod nonce;
 pub mod rate_limit;
 mod rejection;
 pub mod schema;
+pub mod secret_guard;
 pub mod shared;
 pub mod signature;
 pub mod state_file;

@@ -27,6 +27,8 @@ pub use app::{
 };
 mod pinning;
 pub use pinning::{PinMode, PinningConfig};
+mod secret_guard;
+pub use secret_guard::{GuardActionConfig, GuardModeConfig, SecretGuardConfig};
 mod app_command;
 pub use app_command::{ChildLimits, ChildSpec, EnvValue};
 mod peers;
@@ -106,6 +108,10 @@ pub struct Config {
     /// Distributed tracing: spans exported over OTLP (off unless configured).
     #[serde(default)]
     pub telemetry: Option<crate::telemetry::TelemetryConfig>,
+    /// Credentials do not cross the shell: results leaving the tool-host side, arguments
+    /// leaving the gateway side.
+    #[serde(default)]
+    pub secret_guard: SecretGuardConfig,
 }
 
 /// How a Skill Gateway v1 call authenticates.
@@ -207,6 +213,8 @@ pub struct Loaded {
     pub pins: BTreeMap<String, String>,
     /// The same for the outbound role (`outbound.pinning`).
     pub outbound_pins: BTreeMap<String, String>,
+    /// The secret guard's configured values (`secret_guard.values`), loaded.
+    pub guard_values: Vec<(String, Secret)>,
 }
 
 impl Loaded {
@@ -327,11 +335,13 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     let mut config: Config =
         serde_json::from_value(json).map_err(|e| ConfigErrors(vec![err("", e.to_string())]))?;
     resolve_paths(&mut config, base);
+    secret_guard::resolve_secret_guard(&mut config.secret_guard, base);
 
     // Pass 3: meaning.
     let mut errors = Vec::new();
     let d = check_meaning(&Parts::of(&config), &mut errors);
     check_telemetry(config.telemetry.as_ref(), &mut errors);
+    let guard_values = secret_guard::check_secret_guard(&config.secret_guard, &mut errors);
     match d.app_target {
         Some(app_target) if errors.is_empty() => Ok(Loaded {
             config,
@@ -350,6 +360,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             redis_password: d.redis_password,
             pins: d.pins,
             outbound_pins: d.outbound_pins,
+            guard_values,
         }),
         _ => Err(ConfigErrors(errors)),
     }

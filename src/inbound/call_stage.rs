@@ -11,6 +11,7 @@ use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::kill_switch::KillSwitchLayer;
 use carapace_filters::rate_limit::{KeyedLimits, Rate, ToolRateLimitLayer};
 use carapace_filters::schema::{InputSchemaLayer, OutputSchemaLayer};
+use carapace_filters::secret_guard::{Scanned, SecretGuardLayer};
 use carapace_filters::signature::{
     AuthMode, ReplayGuard, SignatureLayer, SignatureVerifier, SigningKey,
 };
@@ -134,6 +135,10 @@ pub(crate) fn call_stack(
             .option_layer(signature)
             .layer(InputSchemaLayer)
             .layer(CallTimeoutLayer)
+            .option_layer(
+                crate::secret_guard::of(cfg, crate::secret_guard::Role::Inbound)
+                    .map(|g| SecretGuardLayer::new(g, Scanned::Results)),
+            )
             .layer(OutputSchemaLayer)
             .service(back),
     )

@@ -17,6 +17,8 @@ use crate::caller_body::CallerBody;
 use crate::config::mcp::McpFrontConfig;
 use crate::config::{Loaded, Protocol};
 use crate::edge::{edge, HttpStack, PanicAnswer};
+use carapace_filters::secret_guard::{Scanned, SecretGuardLayer};
+
 use crate::front::{CallStack, Envelope};
 use crate::mcp::McpFront;
 use crate::outbound::{Outbound, OutboundBack};
@@ -39,6 +41,10 @@ pub(crate) fn build_outbound_stack(
             .layer(InputSchemaLayer)
             .layer(CallTimeoutLayer)
             .layer(OutputSchemaLayer)
+            .option_layer(
+                crate::secret_guard::of(cfg, crate::secret_guard::Role::Outbound)
+                    .map(|g| SecretGuardLayer::new(g, Scanned::Arguments)),
+            )
             .service(OutboundBack::new(outbound.clone())),
     );
     let body = BodyLimits {

@@ -1,0 +1,506 @@
+//! The secret guard: credentials do not cross the shell. On the tool-host side it looks at
+//! every result leaving for the caller (the output, an MCP server's content blocks and `_meta`,
+//! an error's message and details); on the gateway side at every call's arguments leaving for
+//! a peer or skill. A credential found ([`detectors`]) is, per tool, redacted in place
+//! (`[REDACTED:<detector>]`) or the call refused (`FORBIDDEN`); in `warn` mode it is only
+//! reported. The log line names the detector and the JSON path, never the value.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use carapace_filters::secret_guard::{
+//!     Detectors, GuardAction, GuardMode, Scanned, SecretGuard, SecretGuardLayer,
+//! };
+//! use tower::Layer;
+//!
+//! let guard = SecretGuard::new(
+//!     Detectors::new(&[], vec![]).unwrap(),
+//!     GuardMode::Enforce,
+//!     GuardAction::Redact,
+//!     Default::default(),
+//!     "inbound",
+//! );
+//! let layer = SecretGuardLayer::new(Arc::new(guard), Scanned::Results);
+//! let _service = layer.layer(tower::service_fn(|_call: carapace_filters::call::ToolCall| async {
+//!     Ok::<_, carapace_filters::Rejection>(carapace_filters::call::CallOutcome::Ok {
+//!         output: serde_json::json!({}),
+//!         meta: None,
+//!         content: None,
+//!     })
+//! }));
+//! ```
+
+pub mod detectors;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use serde_json::Value;
+use tower::{Layer, Service};
+
+use crate::call::{CallOutcome, ToolCall};
+use crate::{BoxFuture, Rejection};
+pub use detectors::{Detectors, Found, PatternError};
+
+/// Most findings logged for one call.
+const MAX_LOGGED: usize = 16;
+
+/// Whether the guard acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardMode {
+    Off,
+    /// Report, change nothing.
+    Warn,
+    /// Redact or refuse, as the tool's action says.
+    Enforce,
+}
+
+/// What a credential found does in `enforce` mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardAction {
+    /// Replace it with `[REDACTED:<detector>]` and let the call go on.
+    Redact,
+    /// Refuse the call (`FORBIDDEN`); nothing of it goes on.
+    Refuse,
+}
+
+/// Which side of a call is looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scanned {
+    /// The arguments, before the call goes on (the gateway side).
+    Arguments,
+    /// The outcome, before it goes back to the caller (the tool-host side).
+    Results,
+}
+
+/// The detectors and what to do with what they find.
+#[derive(Debug)]
+pub struct SecretGuard {
+    detectors: Detectors,
+    mode: GuardMode,
+    action: GuardAction,
+    tools: HashMap<String, GuardAction>,
+    /// `inbound` or `outbound`, for the log.
+    role: &'static str,
+}
+
+/// A credential found at a JSON path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub detector: String,
+    pub path: String,
+}
+
+impl SecretGuard {
+    pub fn new(
+        detectors: Detectors,
+        mode: GuardMode,
+        action: GuardAction,
+        tools: HashMap<String, GuardAction>,
+        role: &'static str,
+    ) -> Self {
+        SecretGuard {
+            detectors,
+            mode,
+            action,
+            tools,
+            role,
+        }
+    }
+
+    pub fn mode(&self) -> GuardMode {
+        self.mode
+    }
+
+    /// Look through `value` (found at `at`): every finding, with the strings redacted when
+    /// `redact`.
+    pub fn scan(&self, value: &mut Value, at: &str, redact: bool) -> Vec<Finding> {
+        let mut findings = Vec::new();
+        let mut path = at.to_owned();
+        self.walk(value, &mut path, redact, &mut findings);
+        findings
+    }
+
+    /// `path` is where `v` is; segments are pushed and popped, so nothing is allocated for
+    /// values with nothing in them.
+    fn walk(&self, v: &mut Value, path: &mut String, redact: bool, out: &mut Vec<Finding>) {
+        use std::fmt::Write;
+        match v {
+            Value::String(s) => {
+                let found = self.detectors.find(s);
+                if found.is_empty() {
+                    return;
+                }
+                out.extend(found.iter().map(|f| Finding {
+                    detector: f.detector.clone(),
+                    path: path.clone(),
+                }));
+                if redact {
+                    *s = redacted(s, &found);
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    let len = path.len();
+                    let _ = write!(path, "/{i}");
+                    self.walk(item, path, redact, out);
+                    path.truncate(len);
+                }
+            }
+            Value::Object(m) => {
+                for (k, item) in m.iter_mut() {
+                    let len = path.len();
+                    path.push('/');
+                    for c in k.chars() {
+                        match c {
+                            '~' => path.push_str("~0"),
+                            '/' => path.push_str("~1"),
+                            c => path.push(c),
+                        }
+                    }
+                    self.walk(item, path, redact, out);
+                    path.truncate(len);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Apply the guard to the parts of one call (`tool`): what it found, or the refusal.
+    fn guard(&self, tool: &str, parts: Vec<(&str, &mut Value)>) -> Result<(), Rejection> {
+        if self.mode == GuardMode::Off {
+            return Ok(());
+        }
+        let action = self.tools.get(tool).copied().unwrap_or(self.action);
+        let redact = self.mode == GuardMode::Enforce && action == GuardAction::Redact;
+        let mut findings = Vec::new();
+        for (at, value) in parts {
+            findings.extend(self.scan(value, at, redact));
+        }
+        if findings.is_empty() {
+            return Ok(());
+        }
+        let done = match (self.mode, action) {
+            (GuardMode::Enforce, GuardAction::Refuse) => "refused",
+            (GuardMode::Enforce, GuardAction::Redact) => "redacted",
+            _ => "reported (warn)",
+        };
+        for f in findings.iter().take(MAX_LOGGED) {
+            tracing::warn!(
+                tool,
+                "secret_detected role={} tool={tool} detector={} path={} action={done}",
+                self.role,
+                f.detector,
+                f.path
+            );
+        }
+        if done == "refused" {
+            let f = &findings[0];
+            return Err(Rejection::Forbidden(format!(
+                "a credential ({}) at {} may not cross carapace",
+                f.detector, f.path
+            )));
+        }
+        Ok(())
+    }
+
+    /// The guard over a call's outcome.
+    pub fn guard_outcome(&self, tool: &str, outcome: &mut CallOutcome) -> Result<(), Rejection> {
+        let mut message_value;
+        let mut parts: Vec<(&str, &mut Value)> = Vec::new();
+        let message = match outcome {
+            CallOutcome::Ok {
+                output,
+                meta,
+                content,
+            } => {
+                parts.push(("/output", output));
+                if let Some(m) = meta {
+                    parts.push(("/meta", m));
+                }
+                if let Some(c) = content {
+                    parts.push(("/content", &mut c.blocks));
+                    if let Some(m) = &mut c.meta {
+                        parts.push(("/_meta", m));
+                    }
+                }
+                None
+            }
+            CallOutcome::AppError {
+                message,
+                details,
+                content,
+                ..
+            } => {
+                if let Some(d) = details {
+                    parts.push(("/details", d));
+                }
+                if let Some(c) = content {
+                    parts.push(("/content", &mut c.blocks));
+                    if let Some(m) = &mut c.meta {
+                        parts.push(("/_meta", m));
+                    }
+                    if let Some(q) = &mut c.input_required {
+                        parts.push(("/input_required", q));
+                    }
+                }
+                Some(message)
+            }
+        };
+        match message {
+            Some(message) => {
+                message_value = Value::String(std::mem::take(message));
+                parts.push(("/message", &mut message_value));
+                let result = self.guard(tool, parts);
+                if let Value::String(s) = message_value {
+                    *message = s;
+                }
+                result
+            }
+            None => self.guard(tool, parts),
+        }
+    }
+}
+
+/// `s` with each finding replaced by `[REDACTED:<detector>]`.
+fn redacted(s: &str, found: &[Found]) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut at = 0;
+    for f in found {
+        out.push_str(&s[at..f.start]);
+        out.push_str("[REDACTED:");
+        out.push_str(&f.detector);
+        out.push(']');
+        at = f.end;
+    }
+    out.push_str(&s[at..]);
+    out
+}
+
+/// Applies a [`SecretGuard`] to the arguments or the results of every call.
+#[derive(Debug, Clone)]
+pub struct SecretGuardLayer {
+    guard: Arc<SecretGuard>,
+    scanned: Scanned,
+}
+
+impl SecretGuardLayer {
+    pub fn new(guard: Arc<SecretGuard>, scanned: Scanned) -> Self {
+        SecretGuardLayer { guard, scanned }
+    }
+}
+
+impl<S> Layer<S> for SecretGuardLayer {
+    type Service = SecretGuardService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        SecretGuardService {
+            inner,
+            guard: self.guard.clone(),
+            scanned: self.scanned,
+        }
+    }
+}
+
+/// Service of [`SecretGuardLayer`].
+#[derive(Debug, Clone)]
+pub struct SecretGuardService<S> {
+    inner: S,
+    guard: Arc<SecretGuard>,
+    scanned: Scanned,
+}
+
+impl<S> Service<ToolCall> for SecretGuardService<S>
+where
+    S: Service<ToolCall, Response = CallOutcome, Error = Rejection>,
+    S::Future: Send + 'static,
+{
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut call: ToolCall) -> Self::Future {
+        let guard = self.guard.clone();
+        let tool = call.tool.name.clone();
+        if self.scanned == Scanned::Arguments {
+            if let Err(r) = guard.guard(&tool, vec![("/args", &mut call.args)]) {
+                return Box::pin(async move { Err(r) });
+            }
+            return Box::pin(self.inner.call(call));
+        }
+        let fut = self.inner.call(call);
+        Box::pin(async move {
+            let mut outcome = fut.await?;
+            guard.guard_outcome(&tool, &mut outcome)?;
+            Ok(outcome)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::testing::{call, tool};
+    use crate::call::ServerContent;
+    use serde_json::json;
+    use tower::ServiceExt;
+
+    const KEY: &str =
+        "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----";
+
+    fn guard(mode: GuardMode, action: GuardAction) -> Arc<SecretGuard> {
+        let mut tools = HashMap::new();
+        tools.insert("strict".to_string(), GuardAction::Refuse);
+        Arc::new(SecretGuard::new(
+            Detectors::new(&[], vec![("app_secret".into(), "hunter2-hunter2".into())]).unwrap(),
+            mode,
+            action,
+            tools,
+            "inbound",
+        ))
+    }
+
+    async fn through(
+        g: Arc<SecretGuard>,
+        scanned: Scanned,
+        name: &str,
+        outcome: CallOutcome,
+    ) -> (Result<CallOutcome, Rejection>, Value) {
+        let seen = Arc::new(std::sync::Mutex::new(Value::Null));
+        let s = seen.clone();
+        let svc = SecretGuardLayer::new(g, scanned).layer(tower::service_fn(move |c: ToolCall| {
+            *s.lock().unwrap() = c.args.clone();
+            let o = outcome.clone();
+            async move { Ok::<_, Rejection>(o) }
+        }));
+        let mut c = call(tool(name, 1000, 1000), None);
+        c.args = json!({"token": "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB", "n": 1});
+        let r = svc.oneshot(c).await;
+        let args = seen.lock().unwrap().clone();
+        (r, args)
+    }
+
+    fn result_with_key() -> CallOutcome {
+        CallOutcome::Ok {
+            output: json!({"pem": KEY, "note": "fine"}),
+            meta: None,
+            content: Some(ServerContent {
+                blocks: json!([{"type": "text", "text": format!("here: {KEY}")}]),
+                structured: true,
+                meta: None,
+                input_required: None,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_private_key_in_a_result_is_redacted_everywhere_the_caller_would_see_it() {
+        let (r, _) = through(
+            guard(GuardMode::Enforce, GuardAction::Redact),
+            Scanned::Results,
+            "t",
+            result_with_key(),
+        )
+        .await;
+        let CallOutcome::Ok {
+            output, content, ..
+        } = r.unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            output,
+            json!({"pem": "[REDACTED:private_key]", "note": "fine"})
+        );
+        let text = content.unwrap().blocks[0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(text, "here: [REDACTED:private_key]");
+    }
+
+    #[tokio::test]
+    async fn a_refusing_tool_gets_forbidden_naming_the_detector_and_path_only() {
+        let (r, _) = through(
+            guard(GuardMode::Enforce, GuardAction::Redact),
+            Scanned::Results,
+            "strict",
+            result_with_key(),
+        )
+        .await;
+        let Err(Rejection::Forbidden(why)) = r else {
+            panic!("{r:?}")
+        };
+        assert!(
+            why.contains("private_key") && why.contains("/output/pem"),
+            "{why}"
+        );
+        assert!(!why.contains("MIIE"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn warn_reports_and_changes_nothing_and_off_does_nothing() {
+        for mode in [GuardMode::Warn, GuardMode::Off] {
+            let (r, _) = through(
+                guard(mode, GuardAction::Refuse),
+                Scanned::Results,
+                "strict",
+                result_with_key(),
+            )
+            .await;
+            assert_eq!(r.unwrap(), result_with_key());
+        }
+    }
+
+    #[tokio::test]
+    async fn arguments_are_guarded_before_the_call_goes_on() {
+        let ok = CallOutcome::Ok {
+            output: json!({}),
+            meta: None,
+            content: None,
+        };
+        let (r, seen) = through(
+            guard(GuardMode::Enforce, GuardAction::Redact),
+            Scanned::Arguments,
+            "t",
+            ok.clone(),
+        )
+        .await;
+        assert!(r.is_ok());
+        assert_eq!(seen, json!({"token": "[REDACTED:github_token]", "n": 1}));
+        let (r, seen) = through(
+            guard(GuardMode::Enforce, GuardAction::Redact),
+            Scanned::Arguments,
+            "strict",
+            ok,
+        )
+        .await;
+        assert!(matches!(r, Err(Rejection::Forbidden(_))));
+        assert_eq!(seen, Value::Null, "nothing went on");
+    }
+
+    #[tokio::test]
+    async fn an_error_message_is_guarded_too() {
+        let err = CallOutcome::AppError {
+            code: "TOOL_ERROR".into(),
+            message: "failed with hunter2-hunter2".into(),
+            details: None,
+            retryable: false,
+            content: None,
+        };
+        let (r, _) = through(
+            guard(GuardMode::Enforce, GuardAction::Redact),
+            Scanned::Results,
+            "t",
+            err,
+        )
+        .await;
+        let CallOutcome::AppError { message, .. } = r.unwrap() else {
+            panic!()
+        };
+        assert_eq!(message, "failed with [REDACTED:app_secret]");
+    }
+}
