@@ -212,6 +212,7 @@ CASES: dict[str, dict[str, Any]] = {
                 },
                 "pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
             },
+            "secretGuard": {"inbound": "enforce", "tools": {"files.read": "refuse"}},
         },
         "replicas": 1,
         "app": "app",
@@ -228,6 +229,7 @@ CASES: dict[str, dict[str, Any]] = {
             "descriptions": {"files.read": "Read a file of the shared volume."},
         },
         "app_pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
+        "secret_guard": {"inbound": "enforce", "tools": {"files.read": "refuse"}},
     },
     # The outbound role: the app (an agent) calls paired tool hosts through a Unix socket.
     "gateway": {
@@ -560,6 +562,7 @@ def test_config_values(case):
     assert cfg["app"].get("mcp") == expect.get("app_mcp")
     assert cfg["app"].get("filter") == expect.get("app_filter")
     assert cfg["app"].get("pinning") == expect.get("app_pinning")
+    assert cfg.get("secret_guard") == expect.get("secret_guard")
     if "mcp" in expect:
         assert cfg["front"]["mcp"] == expect["mcp"]
         assert cfg["peers"] == {"file": f"{identity}/peers.json"}

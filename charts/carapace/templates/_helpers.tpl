@@ -196,6 +196,7 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- with $v.limits }}{{ $_ := set $cfg "limits" . }}{{ end }}
 {{- with $v.tools }}{{ $_ := set $cfg "tools" . }}{{ end }}
 {{- with $v.killSwitch }}{{ $_ := set $cfg "kill_switch" . }}{{ end }}
+{{- with $v.secretGuard }}{{ $_ := set $cfg "secret_guard" . }}{{ end }}
 {{- /* operations */}}
 {{- $_ := set $cfg "ops" (dict "address" (printf "0.0.0.0:%d" (int $v.ops.port))) }}
 {{- $_ := set $cfg "log" (dict "format" $v.log.format "level" $v.log.level) }}
