@@ -518,7 +518,11 @@ async fn resources_and_prompts_pass_through_with_authorization() {
         .iter()
         .map(|r| r["uri"].as_str().unwrap())
         .collect();
-    assert_eq!(uris, ["notes://public/readme"], "{list}");
+    assert_eq!(
+        uris,
+        ["notes://public/readme", "notes://public/deploy"],
+        "{list}"
+    );
     assert_eq!(list["result"]["cacheScope"], "private", "{list}");
 
     let mut read = modern_body(3, "resources/read", json!({"uri": "notes://public/readme"}));
@@ -579,5 +583,24 @@ async fn resources_and_prompts_pass_through_with_authorization() {
         answer["error"]["data"]["code"].is_null(),
         "the server's own error: {answer}"
     );
+    r.shutdown().await;
+}
+
+/// A resource passed through from the server is guarded as a tool result is: a private key in
+/// it is redacted before the caller sees it (`secret_guard.inbound: enforce`).
+#[tokio::test]
+async fn a_private_key_in_a_passed_through_resource_is_redacted() {
+    let env = Env::new().await;
+    let (_server, sock) = python_http_server(&env);
+    let app = format!("address: \"unix:{}\"", sock.display());
+    let config = yaml(&env, "mcp", &app) + "\nsecret_guard: { inbound: enforce }\n";
+    let r = start(&env, &config).await;
+    let read = modern_body(1, "resources/read", json!({"uri": "notes://public/deploy"}));
+    let answer = modern(&env.local(&r), &read).await;
+    let text = answer.json()["result"]["contents"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{:?}", answer.json()))
+        .to_owned();
+    assert_eq!(text, "deploy with [REDACTED:private_key]");
     r.shutdown().await;
 }

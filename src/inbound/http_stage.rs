@@ -95,7 +95,11 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
             .with_server(match &app {
                 AppConn::Mcp(server) => Some(server.clone()),
                 AppConn::Http(_) => None,
-            });
+            })
+            .with_secret_guard(crate::secret_guard::of(
+                cfg,
+                crate::secret_guard::Role::Inbound,
+            ));
             let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
             edge(envelope, panic)
         }

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use tower::Service;
 
 use carapace_filters::call::Principal;
+use carapace_filters::secret_guard::SecretGuard;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
@@ -74,12 +75,21 @@ pub struct McpFront {
     /// The MCP server behind carapace, when the app is one: its resources, prompts and
     /// completions are passed through.
     server: Option<Arc<McpUpstream>>,
+    /// The tool-host side's secret guard, for what is passed through.
+    guard: Option<Arc<SecretGuard>>,
 }
 
 impl McpFront {
     /// Pass resources, prompts and completions through to `server`.
     pub fn with_server(mut self, server: Option<Arc<McpUpstream>>) -> Self {
         self.server = server;
+        self
+    }
+
+    /// Guard what is passed through from the server (resources, prompts, completions) as
+    /// tool results are.
+    pub fn with_secret_guard(mut self, guard: Option<Arc<SecretGuard>>) -> Self {
+        self.guard = guard;
         self
     }
 
@@ -101,6 +111,7 @@ impl McpFront {
             sessions,
             in_flight,
             server: None,
+            guard: None,
         }
     }
 
@@ -227,6 +238,13 @@ impl McpFront {
                 let now = (self.clock)();
                 return match passthrough::forward(server, m, params, &principal, now).await {
                     Ok((mut r, filtered)) => {
+                        let guarded = self
+                            .guard
+                            .as_ref()
+                            .map(|g| g.check(m, vec![("/result", &mut r)]));
+                        if let Some(Err(e)) = guarded {
+                            return refused(Some(&id), &McpError::Refused(e));
+                        }
                         if version == MODERN_VERSION
                             && (m.ends_with("/list") || m == "resources/read")
                         {

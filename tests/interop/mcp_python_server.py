@@ -80,6 +80,12 @@ def readme() -> str:
     return "public notes"
 
 
+@server.resource("notes://public/deploy")
+def deploy() -> str:
+    """Notes that hold a private key by mistake."""
+    return "deploy with -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+
+
 @server.resource("notes://secret/plan")
 def plan() -> str:
     """Secret notes."""

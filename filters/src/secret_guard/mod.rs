@@ -166,8 +166,10 @@ impl SecretGuard {
         }
     }
 
-    /// Apply the guard to the parts of one call (`tool`): what it found, or the refusal.
-    fn guard(&self, tool: &str, parts: Vec<(&str, &mut Value)>) -> Result<(), Rejection> {
+    /// Apply the guard to `parts` of what `tool` (or another named thing, such as
+    /// `resources/read`) answered or was given: `Ok` when it may go on (redacted in place in
+    /// `enforce`/`redact`), the refusal otherwise.
+    pub fn check(&self, tool: &str, parts: Vec<(&str, &mut Value)>) -> Result<(), Rejection> {
         if self.mode == GuardMode::Off {
             return Ok(());
         }
@@ -251,13 +253,13 @@ impl SecretGuard {
             Some(message) => {
                 message_value = Value::String(std::mem::take(message));
                 parts.push(("/message", &mut message_value));
-                let result = self.guard(tool, parts);
+                let result = self.check(tool, parts);
                 if let Value::String(s) = message_value {
                     *message = s;
                 }
                 result
             }
-            None => self.guard(tool, parts),
+            None => self.check(tool, parts),
         }
     }
 }
@@ -326,7 +328,7 @@ where
         let guard = self.guard.clone();
         let tool = call.tool.name.clone();
         if self.scanned == Scanned::Arguments {
-            if let Err(r) = guard.guard(&tool, vec![("/args", &mut call.args)]) {
+            if let Err(r) = guard.check(&tool, vec![("/args", &mut call.args)]) {
                 return Box::pin(async move { Err(r) });
             }
             return Box::pin(self.inner.call(call));
