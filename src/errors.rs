@@ -38,9 +38,10 @@ pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
         Rejection::Forbidden(_) | Rejection::ToolNotApproved { .. } => {
             ("FORBIDDEN", StatusCode::FORBIDDEN)
         }
-        Rejection::AuthFailed(_) | Rejection::Unsigned(_) => {
+        Rejection::AuthFailed(_) | Rejection::Unsigned(_) | Rejection::BearerToken { .. } => {
             ("UNAUTHORIZED", StatusCode::UNAUTHORIZED)
         }
+        Rejection::InsufficientScope { .. } => ("FORBIDDEN", StatusCode::FORBIDDEN),
         Rejection::Disabled(_) => ("DEPENDENCY_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE),
         Rejection::RateLimited { .. } => ("RATE_LIMITED", StatusCode::TOO_MANY_REQUESTS),
         Rejection::Overloaded | Rejection::NonceStoreFull { .. } => {
@@ -80,6 +81,9 @@ pub fn tools_v1_reference_status(r: &Rejection, malformed: bool) -> StatusCode {
         Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Rejection::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         Rejection::InvalidRequest { .. } if malformed => StatusCode::BAD_REQUEST,
+        // OAuth is HTTP authentication: its clients act on the status and the challenge.
+        Rejection::BearerToken { .. } => StatusCode::UNAUTHORIZED,
+        Rejection::InsufficientScope { .. } => StatusCode::FORBIDDEN,
         _ => StatusCode::OK,
     }
 }
@@ -105,12 +109,13 @@ pub fn tools_v1_call_status(r: &Rejection) -> &'static str {
 pub fn skill_v1(r: &Rejection) -> (&'static str, StatusCode) {
     let http_error = "SKILL_HTTP_ERROR";
     match r {
-        Rejection::PairingRequired | Rejection::AuthFailed(_) | Rejection::Unsigned(_) => {
-            ("SKILL_AUTH_FAILED", StatusCode::UNAUTHORIZED)
-        }
-        Rejection::Forbidden(_) | Rejection::ToolNotApproved { .. } => {
-            ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN)
-        }
+        Rejection::PairingRequired
+        | Rejection::AuthFailed(_)
+        | Rejection::Unsigned(_)
+        | Rejection::BearerToken { .. } => ("SKILL_AUTH_FAILED", StatusCode::UNAUTHORIZED),
+        Rejection::Forbidden(_)
+        | Rejection::ToolNotApproved { .. }
+        | Rejection::InsufficientScope { .. } => ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN),
         Rejection::Disabled(_) => ("GATEWAY_DISABLED", StatusCode::SERVICE_UNAVAILABLE),
         Rejection::RateLimited { .. } => (http_error, StatusCode::TOO_MANY_REQUESTS),
         Rejection::Overloaded | Rejection::NonceStoreFull { .. } => {
@@ -200,13 +205,20 @@ pub fn log_detail(r: &Rejection) -> bool {
     )
 }
 
-/// Add `Retry-After` when the rejection says how long to wait.
-pub fn retry_after_header(r: &Rejection, headers: &mut http::HeaderMap) {
+/// Add `Retry-After` when the rejection says how long to wait, and `WWW-Authenticate` when it
+/// carries a challenge.
+pub fn refusal_headers(r: &Rejection, headers: &mut http::HeaderMap) {
     if let Some(d) = r.retry_after() {
         headers.insert(
             http::header::RETRY_AFTER,
             http::HeaderValue::from(d.as_secs().max(1)),
         );
+    }
+    if let Some(v) = r
+        .challenge()
+        .and_then(|c| http::HeaderValue::from_str(c).ok())
+    {
+        headers.insert(http::header::WWW_AUTHENTICATE, v);
     }
 }
 
@@ -246,6 +258,32 @@ mod tests {
                 false,
                 403,
                 200,
+                "SKILL_AUTH_FAILED",
+                403,
+            ),
+            (
+                R::BearerToken {
+                    challenge: "Bearer x".into(),
+                    description: "x".into(),
+                },
+                "UNAUTHORIZED",
+                "error",
+                false,
+                401,
+                401,
+                "SKILL_AUTH_FAILED",
+                401,
+            ),
+            (
+                R::InsufficientScope {
+                    challenge: "Bearer x".into(),
+                    action: "x".into(),
+                },
+                "FORBIDDEN",
+                "error",
+                false,
+                403,
+                403,
                 "SKILL_AUTH_FAILED",
                 403,
             ),
@@ -554,7 +592,7 @@ mod tests {
         );
         assert_eq!(
             rows.len(),
-            27,
+            29,
             "a Rejection variant is missing from this table"
         );
     }

@@ -20,6 +20,7 @@ pub mod lingering;
 pub mod listener;
 pub mod mcp;
 pub mod memory_app;
+pub mod oauth;
 pub mod ops;
 pub mod outbound;
 pub mod pairing;

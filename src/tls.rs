@@ -162,9 +162,12 @@ impl PairedFiles {
 
 /// The listener's TLS: the certificate and gateway CA of the current pairing, else the
 /// configured files.
+/// `certificate_optional`: connections without a client certificate are let through (as
+/// anonymous) for a later layer to authenticate each request (OAuth bearer tokens).
 pub fn listener_tls(
     tls: &TlsConfig,
     paired: Option<&PairedFiles>,
+    certificate_optional: bool,
 ) -> Result<ListenerTls, TlsError> {
     let (cert, key, ca) = match paired {
         Some(p) => (&p.cert, &p.key, Some(&p.ca)),
@@ -178,7 +181,7 @@ pub fn listener_tls(
         Some([one]) => Some(fingerprint(one)),
         _ => None,
     };
-    let config = server_config(load_certs(cert)?, load_key(key)?, cas)?;
+    let config = server_config(load_certs(cert)?, load_key(key)?, cas, certificate_optional)?;
     Ok(ListenerTls {
         acceptor: tokio_rustls::TlsAcceptor::from(config),
         client_ca_fingerprint,
@@ -186,11 +189,13 @@ pub fn listener_tls(
 }
 
 /// TLS 1.3 only, ALPN `h2` and `http/1.1`, and — when client CAs are given — a client
-/// certificate chained to one of them required on every connection.
+/// certificate chained to one of them on every connection (or, `certificate_optional`, on
+/// every connection that presents one).
 pub fn server_config(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     client_cas: Option<Vec<CertificateDer<'static>>>,
+    certificate_optional: bool,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
@@ -203,7 +208,13 @@ pub fn server_config(
                     .add(c)
                     .map_err(|e| TlsError::Verifier(e.to_string()))?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if certificate_optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::Verifier(e.to_string()))?;
             builder

@@ -1081,20 +1081,11 @@ async fn peers_list_and_revoke_from_the_command_line() {
     srv.stop().await;
 }
 
-/// A free loopback port (bound and released; the child binds it right after).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_pair_with_carapace_pair_tool_and_the_gateway_reaches_the_app() {
     let env = Env::new().await;
     common::write_peers(&env.path().join("peers.json"), &[]);
-    let (tools_port, pair_port) = (free_port(), free_port());
+    let (tools_port, pair_port) = (common::free_port(), common::free_port());
     let gw = env.path().join("gw");
     std::fs::create_dir_all(&gw).unwrap();
     let gw_admin = gw.join("state/admin.sock");

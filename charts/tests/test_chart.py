@@ -176,6 +176,13 @@ CASES: dict[str, dict[str, Any]] = {
                     "sessionKey": {"existingSecret": "mcp-session", "key": "session.key"},
                     "sessionIdleTimeoutS": 600,
                 },
+                "oauth": {
+                    "resource": "https://tools.example.com/mcp",
+                    "issuer": "https://auth.example.com",
+                    "jwks_url": "https://auth.example.com/.well-known/jwks.json",
+                    "scopes": {"tools": ["tool.call:*"], "tools:read": ["tool.call:memory.query"]},
+                    "challenge_scope": "tools:read",
+                },
             },
         },
         "replicas": 2,
@@ -195,6 +202,13 @@ CASES: dict[str, dict[str, Any]] = {
             "list_ttl_ms": 30000,
             "session_idle_timeout_s": 600,
             "session_key": {"file": "/etc/carapace/mcp-session/session.key"},
+        },
+        "oauth": {
+            "resource": "https://tools.example.com/mcp",
+            "issuer": "https://auth.example.com",
+            "jwks_url": "https://auth.example.com/.well-known/jwks.json",
+            "scopes": {"tools": ["tool.call:*"], "tools:read": ["tool.call:memory.query"]},
+            "challenge_scope": "tools:read",
         },
     },
     # An MCP server (Streamable HTTP on loopback) behind carapace, with some tools filtered.
@@ -563,6 +577,7 @@ def test_config_values(case):
     assert cfg["app"].get("filter") == expect.get("app_filter")
     assert cfg["app"].get("pinning") == expect.get("app_pinning")
     assert cfg.get("secret_guard") == expect.get("secret_guard")
+    assert cfg["front"].get("oauth") == expect.get("oauth")
     if "mcp" in expect:
         assert cfg["front"]["mcp"] == expect["mcp"]
         assert cfg["peers"] == {"file": f"{identity}/peers.json"}

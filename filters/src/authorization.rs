@@ -99,25 +99,60 @@ pub struct Policy {
 }
 
 /// Whether `pattern` covers `action`.
-fn matches(pattern: &str, action: &str) -> bool {
+pub fn matches_action(pattern: &str, action: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => action.starts_with(prefix),
         None => pattern == action,
     }
 }
 
+/// How a denied action is answered, when the caller's credential says more than `Forbidden`
+/// (an OAuth token answers with the scope it lacks).
+pub trait Denial: Send + Sync + std::fmt::Debug + 'static {
+    /// The refusal of `action` to the principal `who`.
+    fn refusal(&self, who: &str, action: &str) -> Rejection;
+}
+
 /// A peer's role and policy, resolved once per peer record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Permissions {
     role: String,
     policy: Policy,
+    denial: Option<Arc<dyn Denial>>,
 }
+
+impl PartialEq for Permissions {
+    fn eq(&self, other: &Self) -> bool {
+        let same_denial = match (&self.denial, &other.denial) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.role == other.role && self.policy == other.policy && same_denial
+    }
+}
+impl Eq for Permissions {}
 
 impl Permissions {
     pub fn new(role: impl Into<String>, policy: Policy) -> Self {
         Permissions {
             role: role.into(),
             policy,
+            denial: None,
+        }
+    }
+
+    /// Answer denied actions with `denial` instead of `Forbidden`.
+    pub fn with_denial(mut self, denial: Arc<dyn Denial>) -> Self {
+        self.denial = Some(denial);
+        self
+    }
+
+    /// The refusal of `action` to the principal `who`.
+    pub fn refusal(&self, who: &str, action: &str) -> Rejection {
+        match &self.denial {
+            Some(d) => d.refusal(who, action),
+            None => Rejection::Forbidden(format!("{who} may not {action}")),
         }
     }
 
@@ -144,9 +179,11 @@ impl Permissions {
         if action == PAIR_START {
             return false;
         }
-        let any = |patterns: &[String]| patterns.iter().any(|p| matches(p, action));
+        let any = |patterns: &[String]| patterns.iter().any(|p| matches_action(p, action));
         let mut leases = self.policy.leases.iter().filter(|l| l.in_force(now_ms));
-        let granted = role_defaults(&self.role).iter().any(|p| matches(p, action))
+        let granted = role_defaults(&self.role)
+            .iter()
+            .any(|p| matches_action(p, action))
             || any(&self.policy.allow)
             || leases.clone().any(|l| any(&l.allow));
         let denied = any(&self.policy.deny) || leases.any(|l| any(&l.deny));
@@ -234,22 +271,18 @@ where
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         let now_ms = (self.clock)();
-        let allowed = call
-            .principal
-            .permissions
-            .as_ref()
-            .is_some_and(|p| p.may_call(&call.tool.name, now_ms));
-        if allowed {
+        let permissions = call.principal.permissions.as_ref();
+        if permissions.is_some_and(|p| p.may_call(&call.tool.name, now_ms)) {
             if let Some(hook) = &self.on_allowed {
                 hook(&call.principal, now_ms);
             }
-            ReadyOr::inner(self.inner.call(call))
-        } else {
-            ReadyOr::reject(Rejection::Forbidden(format!(
-                "{} may not call {}",
-                call.principal.id, call.tool.name
-            )))
+            return ReadyOr::inner(self.inner.call(call));
         }
+        let action = format!("tool.call:{}", call.tool.name);
+        ReadyOr::reject(match permissions {
+            Some(p) => p.refusal(&call.principal.id, &action),
+            None => Rejection::Forbidden(format!("{} may not {action}", call.principal.id)),
+        })
     }
 }
 

@@ -6,6 +6,7 @@
 //! | stage | layer | rejection |
 //! |---|---|---|
 //! | HTTP | [`identity::IdentityLayer`] | `PairingRequired`, `Forbidden` |
+//! | HTTP | [`bearer::BearerLayer`] (OAuth callers) | `BearerToken` |
 //! | HTTP | [`kill_switch::KillSwitchLayer`] (global) | `Disabled` |
 //! | HTTP | [`rate_limit::PeerRateLimitLayer`] | `RateLimited` |
 //! | HTTP | [`concurrency::LoadShedLayer`] | `Overloaded` |
@@ -25,6 +26,7 @@
 //! middleware.
 
 pub mod authorization;
+pub mod bearer;
 pub mod body;
 pub mod call;
 pub mod canonical;

@@ -25,6 +25,18 @@ pub enum Rejection {
     /// Missing or wrong credential (API key, HMAC signature).
     #[error("authentication failed: {0}")]
     AuthFailed(&'static str),
+    /// The request carries no usable OAuth bearer token: answered 401 with `challenge` in
+    /// `WWW-Authenticate`.
+    #[error("{description}")]
+    BearerToken {
+        /// The whole `WWW-Authenticate` value.
+        challenge: String,
+        description: String,
+    },
+    /// The bearer token is valid but its scopes do not allow `action`: answered 403 with
+    /// `challenge` (`error="insufficient_scope"`, the scope needed) in `WWW-Authenticate`.
+    #[error("the token's scopes do not allow {action}")]
+    InsufficientScope { challenge: String, action: String },
     /// The body carries data its signature does not cover (a field outside the signed set, a
     /// `__proto__` member the reference implementation drops before signing).
     #[error("the signature does not cover {0}")]
@@ -122,6 +134,8 @@ impl Rejection {
             Rejection::PairingRequired => "pairing_required",
             Rejection::Forbidden(_) => "forbidden",
             Rejection::AuthFailed(_) => "auth_failed",
+            Rejection::BearerToken { .. } => "invalid_token",
+            Rejection::InsufficientScope { .. } => "insufficient_scope",
             Rejection::Unsigned(_) => "unsigned_data",
             Rejection::Disabled(_) => "kill_switch",
             Rejection::RateLimited { .. } => "rate_limited",
@@ -169,6 +183,15 @@ impl Rejection {
             Rejection::Overloaded | Rejection::SharedStateUnavailable(_) => {
                 Some(Duration::from_secs(1))
             }
+            _ => None,
+        }
+    }
+
+    /// The `WWW-Authenticate` value the answer carries, when the rejection has one.
+    pub fn challenge(&self) -> Option<&str> {
+        match self {
+            Rejection::BearerToken { challenge, .. }
+            | Rejection::InsufficientScope { challenge, .. } => Some(challenge),
             _ => None,
         }
     }

@@ -28,6 +28,9 @@ pub struct FrontConfig {
     /// mcp only: the endpoint, origins, caching and sessions.
     #[serde(default)]
     pub mcp: Option<mcp::McpFrontConfig>,
+    /// mcp only: OAuth 2.1 bearer tokens for callers without a client certificate.
+    #[serde(default)]
+    pub oauth: Option<super::oauth::OAuthConfig>,
 }
 
 /// Skill Gateway v1 caller authentication.
@@ -76,6 +79,9 @@ pub struct KeyConfig {
     pub secret: SecretRef,
 }
 pub(super) fn resolve_front(f: &mut FrontConfig, base: &Path) {
+    if let Some(o) = &mut f.oauth {
+        super::oauth::resolve_oauth(o, base);
+    }
     if let Some(auth) = &mut f.auth {
         auth.keys
             .iter_mut()
@@ -90,6 +96,14 @@ pub(super) fn check_front(
 ) {
     if f.mcp.is_some() && f.protocol != Protocol::Mcp {
         errors.push(err("/front/mcp", "only an mcp front has this section"));
+    }
+    match (&f.oauth, f.protocol) {
+        (Some(o), Protocol::Mcp) => d.oauth_keys = super::oauth::check_oauth(o, errors),
+        (Some(_), p) => errors.push(err(
+            "/front/oauth",
+            format!("OAuth bearer tokens are for an mcp front, not {p}"),
+        )),
+        (None, _) => {}
     }
     match f.protocol {
         Protocol::Mcp => {

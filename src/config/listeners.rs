@@ -73,6 +73,7 @@ pub(super) fn resolve_listeners(l: &mut ListenersConfig, base: &Path) {
 pub(super) fn check_listeners(
     l: &ListenersConfig,
     front: Option<Protocol>,
+    oauth: bool,
     d: &mut Derived,
     errors: &mut Vec<ConfigError>,
 ) {
@@ -111,7 +112,7 @@ pub(super) fn check_listeners(
             format!("a {p} front on TCP requires mTLS (remote mode is mTLS only)"),
         )),
         (Some(tls), Some(p @ (Protocol::ToolsV1 | Protocol::Mcp)))
-            if tls.client_ca_file.is_none() =>
+            if tls.client_ca_file.is_none() && !oauth =>
         {
             errors.push(err(
                 "/listeners/tcp/tls/client_ca_file",

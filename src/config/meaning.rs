@@ -209,7 +209,8 @@ impl<'a> Parts<'a> {
 pub(super) fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
     let mut d = Derived::default();
     if let Some(l) = p.listeners {
-        check_listeners(l, p.front.map(|f| f.protocol), &mut d, errors);
+        let oauth = p.front.is_some_and(|f| f.oauth.is_some());
+        check_listeners(l, p.front.map(|f| f.protocol), oauth, &mut d, errors);
     }
     if let Some(f) = p.front {
         check_front(f, p.app, &mut d, errors);

@@ -27,6 +27,8 @@ pub use app::{
 };
 mod pinning;
 pub use pinning::{PinMode, PinningConfig};
+pub mod oauth;
+pub use oauth::OAuthConfig;
 mod secret_guard;
 pub use secret_guard::{GuardActionConfig, GuardModeConfig, SecretGuardConfig};
 mod app_command;
@@ -215,6 +217,8 @@ pub struct Loaded {
     pub outbound_pins: BTreeMap<String, String>,
     /// The secret guard's configured values (`secret_guard.values`), loaded.
     pub guard_values: Vec<(String, Secret)>,
+    /// `front.oauth.jwks_file`, loaded.
+    pub oauth_keys: Option<jsonwebtoken::jwk::JwkSet>,
 }
 
 impl Loaded {
@@ -361,6 +365,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             pins: d.pins,
             outbound_pins: d.outbound_pins,
             guard_values,
+            oauth_keys: d.oauth_keys,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -393,4 +398,5 @@ struct Derived {
     redis_password: Option<Secret>,
     pins: BTreeMap<String, String>,
     outbound_pins: BTreeMap<String, String>,
+    oauth_keys: Option<jsonwebtoken::jwk::JwkSet>,
 }

@@ -242,3 +242,67 @@ fn the_shared_state_store_is_checked_without_echoing_secrets() {
     let e = errors(&format!("{MINIMAL}shared_state: {{ backend: etcd }}"));
     assert!(e[0].starts_with("/shared_state/backend"), "{e:?}");
 }
+
+#[test]
+fn oauth_is_checked_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let private = dir.path().join("private.json");
+    std::fs::write(
+        &jwks,
+        r#"{"keys": [{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}, {"kty": "XYZ"}]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        &private,
+        r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "d": "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A"}]}"#,
+    )
+    .unwrap();
+    let front = |oauth: &str, protocol: &str| {
+        format!(
+            "
+state_dir: /tmp/x
+front:
+  protocol: {protocol}
+  oauth: {oauth}
+listeners: {{ unix: {{ path: /tmp/x/s.sock }} }}
+app: {{ protocol: tools-v1, address: 'http://127.0.0.1:8080' }}
+"
+        )
+    };
+    let good = format!(
+        "{{ resource: 'https://tools.example.com/mcp', issuer: 'https://auth.example.com', jwks_file: {}, scopes: {{ tools: ['tool.call:*'] }}, challenge_scope: tools }}",
+        jwks.display()
+    );
+    let l = parse(&front(&good, "mcp"), Path::new("/")).unwrap();
+    assert_eq!(
+        l.oauth_keys.unwrap().keys.len(),
+        1,
+        "the unusable key is skipped"
+    );
+    let all = errors(&front(&good, "tools-v1")).join("\n");
+    assert!(
+        all.contains("/front/oauth: OAuth bearer tokens are for an mcp front"),
+        "{all}"
+    );
+    let bad = format!(
+        "{{ resource: 'http://tools.example.com/mcp', issuer: 'auth', jwks_file: {}, jwks_url: 'http://example.com/jwks', scopes: {{ 'a b': ['control:*'] }}, challenge_scope: nope, clock_skew_s: 9999 }}",
+        jwks.display()
+    );
+    let all = errors(&front(&bad, "mcp")).join("\n");
+    for expected in [
+        "/front/oauth/resource: `http://tools.example.com/mcp` must be https",
+        "/front/oauth/issuer",
+        "/front/oauth: exactly one of jwks_file and jwks_url",
+        "/front/oauth/scopes/a b: a scope is a non-empty token",
+        "/front/oauth/scopes/a b/0: `control:*` is not a tool.call:",
+        "/front/oauth/challenge_scope: `nope` is not a configured scope",
+        "/front/oauth/clock_skew_s",
+    ] {
+        assert!(all.contains(expected), "{expected} in {all}");
+    }
+    let with_private = good.replace(&jwks.display().to_string(), &private.display().to_string());
+    let all = errors(&front(&with_private, "mcp")).join("\n");
+    assert!(all.contains("private key material"), "{all}");
+    assert!(!all.contains("nWGxne"), "never echoes key material: {all}");
+}

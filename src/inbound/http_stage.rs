@@ -1,4 +1,4 @@
-//! The inbound HTTP stage: identity, control plane, kill-switch, per-peer rate limit, load
+//! The inbound HTTP stage: identity, bearer tokens (OAuth callers), control plane, kill-switch, per-peer rate limit, load
 //! shedding and body limits in front of the configured front, wrapped in its error envelope.
 
 use std::collections::BTreeMap;
@@ -43,6 +43,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
     };
     let http = ServiceBuilder::new()
         .layer(identity_layer(cfg, shared))
+        .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
         .layer(crate::ops::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         .option_layer((c.front.protocol == Protocol::Mcp).then(|| {
@@ -121,7 +122,10 @@ fn skill_v1_front(cfg: &Loaded, shared: &Shared, calls: crate::front::CallStack)
 /// Identity, with the front's configured credential header counted as one.
 fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
     let c = &cfg.config;
-    let layer = IdentityLayer::new(shared.peers.clone(), c.front.protocol == Protocol::SkillV1);
+    // Connections without a certificate go on when every call carries a signature (skill-v1)
+    // or every request a bearer token (oauth), checked by the next layer.
+    let anonymous = c.front.protocol == Protocol::SkillV1 || c.front.oauth.is_some();
+    let layer = IdentityLayer::new(shared.peers.clone(), anonymous);
     match c
         .front
         .auth

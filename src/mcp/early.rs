@@ -105,14 +105,16 @@ impl<S> MirroredHeaderCheck<S> {
     /// The caller's authorization for `tool`.
     fn authorized<B>(&self, req: &Request<B>, tool: &str) -> Result<(), Rejection> {
         let principal = req.extensions().get::<Arc<Principal>>();
-        if principal
-            .and_then(|p| p.permissions.as_ref())
-            .is_some_and(|p| p.may_call(tool, (self.clock)()))
-        {
+        let permissions = principal.and_then(|p| p.permissions.as_ref());
+        if permissions.is_some_and(|p| p.may_call(tool, (self.clock)())) {
             return Ok(());
         }
         let who = principal.map_or("the caller", |p| p.id.as_str());
-        Err(Rejection::Forbidden(format!("{who} may not call {tool}")))
+        let action = format!("tool.call:{tool}");
+        Err(match permissions {
+            Some(p) => p.refusal(who, &action),
+            None => Rejection::Forbidden(format!("{who} may not {action}")),
+        })
     }
 }
 

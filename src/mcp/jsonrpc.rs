@@ -161,7 +161,7 @@ pub fn error_response(id: Option<&Value>, e: &McpError) -> Resp {
     let body = json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": error});
     let mut resp = json_response(status, &body);
     if let McpError::Refused(r) = e {
-        errors::retry_after_header(r, resp.headers_mut());
+        errors::refusal_headers(r, resp.headers_mut());
     }
     if let McpError::HttpMethod(allow) = e {
         resp.headers_mut()
@@ -180,7 +180,7 @@ pub fn refusal_response(r: &Rejection) -> Resp {
         "error": {"code": code, "message": errors::message(r), "data": carapace_error(r)},
     });
     let mut resp = json_response(status, &body);
-    errors::retry_after_header(r, resp.headers_mut());
+    errors::refusal_headers(r, resp.headers_mut());
     resp
 }
 

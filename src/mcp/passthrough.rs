@@ -68,11 +68,13 @@ impl Access<'_> {
             .is_some_and(|p| p.may_get_prompt(name, self.now_ms))
     }
 
-    fn refuse(&self, what: String) -> McpError {
-        McpError::Refused(Rejection::Forbidden(format!(
-            "{} may not use {what}",
-            self.principal.id
-        )))
+    /// The refusal of `action` (`resource.read:<uri>`, `prompt.get:<name>`).
+    fn refuse(&self, action: String) -> McpError {
+        let who = &self.principal.id;
+        McpError::Refused(match &self.principal.permissions {
+            Some(p) => p.refusal(who, &action),
+            None => Rejection::Forbidden(format!("{who} may not {action}")),
+        })
     }
 }
 
@@ -161,26 +163,26 @@ fn authorize(
         "resources/read" => {
             let uri = required(params, "uri")?;
             if !access.read(uri) {
-                return Err(access.refuse(format!("the resource {uri}")));
+                return Err(access.refuse(format!("resource.read:{uri}")));
             }
         }
         "prompts/get" => {
             let name = required(params, "name")?;
             if !access.prompt(name) {
-                return Err(access.refuse(format!("the prompt {name}")));
+                return Err(access.refuse(format!("prompt.get:{name}")));
             }
         }
         "completion/complete" => match required(params, "ref/type")? {
             "ref/prompt" => {
                 let name = required(params, "ref/name")?;
                 if !access.prompt(name) {
-                    return Err(access.refuse(format!("the prompt {name}")));
+                    return Err(access.refuse(format!("prompt.get:{name}")));
                 }
             }
             "ref/resource" => {
                 let uri = required(params, "ref/uri")?;
                 if !access.read(uri) {
-                    return Err(access.refuse(format!("the resource {uri}")));
+                    return Err(access.refuse(format!("resource.read:{uri}")));
                 }
             }
             other => {

@@ -91,7 +91,12 @@ pub(crate) fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTl
     match tls {
         Some(tls) => {
             let paired = crate::tls::PairedFiles::current(&cfg.config.state_dir);
-            Ok(Some(crate::tls::listener_tls(tls, paired.as_ref())?))
+            let optional = cfg.config.front.oauth.is_some();
+            Ok(Some(crate::tls::listener_tls(
+                tls,
+                paired.as_ref(),
+                optional,
+            )?))
         }
         None => Ok(None),
     }

@@ -61,7 +61,7 @@ pub fn error_response(r: &Rejection) -> Resp {
         "details": errors::details(r),
     });
     let mut resp = json_response(status, &body);
-    errors::retry_after_header(r, resp.headers_mut());
+    errors::refusal_headers(r, resp.headers_mut());
     resp.extensions_mut().insert(front::RefusalCode(code));
     resp
 }

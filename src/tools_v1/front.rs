@@ -50,7 +50,7 @@ pub fn error_response(
             "duration_ms": duration_ms,
         }),
     );
-    errors::retry_after_header(r, resp.headers_mut());
+    errors::refusal_headers(r, resp.headers_mut());
     resp.extensions_mut().insert(front::RefusalCode(code));
     if let Rejection::MethodNotAllowed(allow) = r {
         if let Ok(v) = http::HeaderValue::from_str(allow) {

@@ -157,6 +157,16 @@ ops: {{ address: "127.0.0.1:0" }}
     }
 }
 
+/// A free loopback port, bound and released, for a listener whose address must be known
+/// before it starts (a child process, a URL in the configuration).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Write a peer store with `(fingerprint, component_id, status)` records.
 pub fn write_peers(path: &Path, peers: &[(&str, &str, &str)]) {
     let peers: Vec<Value> = peers

@@ -154,6 +154,7 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- $_ := set $mcp "session_key" (dict "file" (printf "%s/%s" (include "carapace.path.mcpSession" .) $m.sessionKey.key)) }}
 {{- end }}
 {{- $_ := set $front "mcp" $mcp }}
+{{- with $v.front.oauth }}{{ $_ := set $front "oauth" . }}{{ end }}
 {{- end }}
 {{- $_ := set $cfg "front" $front }}
 {{- /* listeners */}}

@@ -162,6 +162,17 @@ impl McpFront {
             Err(e @ Rejection::ToolNotApproved { .. }) => return Err(McpError::Refused(e)),
             Err(_) => return Err(McpError::InvalidParams(format!("Unknown tool: {name}"))),
         };
+        // An OAuth caller short of a scope is answered at the HTTP level (403 with the scope
+        // it needs), in every era, so that its client can ask for the scope; every other
+        // refusal of the call stage stays a tool result.
+        if let Some(p) = &principal.permissions {
+            if !p.may_call(&tool.name, (self.clock)()) {
+                let action = format!("tool.call:{}", tool.name);
+                if let r @ Rejection::InsufficientScope { .. } = p.refusal(&principal.id, &action) {
+                    return Err(McpError::Refused(r));
+                }
+            }
+        }
         Ok(ToolCall {
             call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
             tool,

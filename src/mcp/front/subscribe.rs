@@ -57,10 +57,11 @@ impl McpFront {
             return Ok(json!({}));
         }
         if !self.may_read(principal, uri) {
-            return Err(McpError::Refused(Rejection::Forbidden(format!(
-                "{} may not read the resource {uri}",
-                principal.id
-            ))));
+            let action = format!("resource.read:{uri}");
+            return Err(McpError::Refused(match &principal.permissions {
+                Some(p) => p.refusal(&principal.id, &action),
+                None => Rejection::Forbidden(format!("{} may not {action}", principal.id)),
+            }));
         }
         hub.subscribe(&session.id, uri).map_err(refusal)?;
         Ok(json!({}))
