@@ -11,6 +11,7 @@
 //! | HTTP | [`rate_limit::PeerRateLimitLayer`] | `RateLimited` |
 //! | HTTP | [`concurrency::LoadShedLayer`] | `Overloaded` |
 //! | HTTP | [`body::BodyLimitLayer`] | `PayloadTooLarge`, `BodyTimeout` |
+//! | HTTP | [`http_signature::HttpSignatureLayer`] (RFC 9421 fronts) | `AuthFailed`, `StaleTimestamp`, `NonceReplay` |
 //! | call | [`kill_switch::KillSwitchLayer`] (per tool) | `Disabled` |
 //! | call | [`rate_limit::ToolRateLimitLayer`] | `RateLimited` |
 //! | call | [`signature::SignatureLayer`] | `AuthFailed`, `StaleTimestamp`, `NonceReplay` |
@@ -32,6 +33,7 @@ pub mod call;
 pub mod canonical;
 pub mod concurrency;
 pub mod future;
+pub mod http_signature;
 pub mod identity;
 pub mod kill_switch;
 pub mod nonce;

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::app::AppConfig;
 use super::secrets::{fix_secret, load_secret, SecretRef};
-use super::{err, is_valid_header_name, mcp, AuthModeConfig, ConfigError, Derived, Protocol};
+use super::{err, is_valid_header_name, mcp, ConfigError, Derived, Protocol};
 
 /// The caller-facing protocol.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -33,16 +33,47 @@ pub struct FrontConfig {
     pub oauth: Option<super::oauth::OAuthConfig>,
 }
 
-/// Skill Gateway v1 caller authentication.
+impl FrontConfig {
+    /// Whether a tools-v1 or mcp front authenticates each request itself (OAuth bearer tokens
+    /// or RFC 9421 signatures), so that its TLS listener may take connections without a
+    /// client certificate.
+    pub fn authenticates_each_request(&self) -> bool {
+        self.oauth.is_some() || self.http_signature()
+    }
+
+    /// Whether callers sign each request with RFC 9421 signatures.
+    pub fn http_signature(&self) -> bool {
+        self.auth
+            .as_ref()
+            .is_some_and(|a| a.mode == CallerAuthMode::HttpSignature)
+    }
+}
+
+/// How callers of a front authenticate each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CallerAuthMode {
+    /// skill-v1: HMAC-SHA256 over the canonical JSON of the signed fields.
+    Hmac,
+    /// skill-v1: the raw secret in a header.
+    ApiKey,
+    /// tools-v1 and mcp: RFC 9421 HTTP Message Signatures (`hmac-sha256` with `keys`, or
+    /// `ed25519` with a paired peer's identity key, `keyid` its component id).
+    HttpSignature,
+}
+
+/// Caller authentication: Skill Gateway v1 signatures or API keys, or RFC 9421 signatures.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CallerAuthConfig {
-    pub mode: AuthModeConfig,
+    pub mode: CallerAuthMode,
     /// Header carrying the API key (api_key mode, default `X-API-Key`) or a copy of the
     /// signature (hmac mode, default `X-Skill-Signature`; optional on requests).
     #[serde(default)]
     pub header_name: Option<String>,
     /// Active keys; every one is accepted (add the new key, move callers, remove the old).
+    /// With `http_signature`, each is an `hmac-sha256` key named by its id as `keyid`.
+    #[serde(default)]
     pub keys: Vec<KeyConfig>,
     /// Accepted clock difference for `timestamp`, in seconds.
     #[serde(default = "default_skew_s")]
@@ -107,8 +138,8 @@ pub(super) fn check_front(
     }
     match f.protocol {
         Protocol::Mcp => {
+            check_signed_front(f, d, errors);
             for (set, key) in [
-                (f.auth.is_some(), "auth"),
                 (f.skill_id.is_some(), "skill_id"),
                 (f.answers.is_some(), "answers"),
             ] {
@@ -122,12 +153,7 @@ pub(super) fn check_front(
             d.mcp_session_key = mcp::check(&f.mcp.clone().unwrap_or_default(), errors);
         }
         Protocol::ToolsV1 => {
-            if f.auth.is_some() {
-                errors.push(err(
-                    "/front/auth",
-                    "tools-v1 callers are authenticated by mTLS; auth is for skill-v1 fronts",
-                ));
-            }
+            check_signed_front(f, d, errors);
             if f.skill_id.is_some() {
                 errors.push(err(
                     "/front/skill_id",
@@ -137,6 +163,28 @@ pub(super) fn check_front(
         }
         Protocol::SkillV1 => check_skill_v1_front(f, app, d, errors),
     }
+}
+
+/// `front.auth` of a tools-v1 or mcp front: only RFC 9421 signatures (their callers are paired
+/// peers over mTLS otherwise).
+fn check_signed_front(f: &FrontConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    let Some(auth) = &f.auth else { return };
+    if auth.mode != CallerAuthMode::HttpSignature {
+        errors.push(err(
+            "/front/auth/mode",
+            format!(
+                "a {} front takes only http_signature (hmac and api_key are Skill Gateway v1's)",
+                f.protocol
+            ),
+        ));
+    }
+    if auth.header_name.is_some() {
+        errors.push(err(
+            "/front/auth/header_name",
+            "not used by http_signature (Signature-Input and Signature carry the signature)",
+        ));
+    }
+    check_front_auth(auth, d, errors);
 }
 
 /// A skill-v1 front: its skill id and the callers' signing keys.
@@ -164,6 +212,10 @@ fn check_skill_v1_front(
         ));
     }
     match &f.auth {
+        Some(auth) if auth.mode == CallerAuthMode::HttpSignature => errors.push(err(
+            "/front/auth/mode",
+            "a skill-v1 front signs its calls in the body: hmac or api_key",
+        )),
         Some(auth) => check_front_auth(auth, d, errors),
         None => errors.push(err(
             "/front/auth",
@@ -174,7 +226,8 @@ fn check_skill_v1_front(
 
 /// `front.auth`: keys, header, timestamp window and the nonce store that covers it.
 fn check_front_auth(auth: &CallerAuthConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
-    if auth.keys.is_empty() {
+    // With http_signature, paired peers may sign with their own keys alone.
+    if auth.keys.is_empty() && auth.mode != CallerAuthMode::HttpSignature {
         errors.push(err("/front/auth/keys", "at least one key is required"));
     }
     let mut ids = std::collections::HashSet::new();

@@ -73,7 +73,7 @@ pub(super) fn resolve_listeners(l: &mut ListenersConfig, base: &Path) {
 pub(super) fn check_listeners(
     l: &ListenersConfig,
     front: Option<Protocol>,
-    oauth: bool,
+    per_request: bool,
     d: &mut Derived,
     errors: &mut Vec<ConfigError>,
 ) {
@@ -112,7 +112,7 @@ pub(super) fn check_listeners(
             format!("a {p} front on TCP requires mTLS (remote mode is mTLS only)"),
         )),
         (Some(tls), Some(p @ (Protocol::ToolsV1 | Protocol::Mcp)))
-            if tls.client_ca_file.is_none() && !oauth =>
+            if tls.client_ca_file.is_none() && !per_request =>
         {
             errors.push(err(
                 "/listeners/tcp/tls/client_ca_file",

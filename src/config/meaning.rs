@@ -209,8 +209,9 @@ impl<'a> Parts<'a> {
 pub(super) fn check_meaning(p: &Parts<'_>, errors: &mut Vec<ConfigError>) -> Derived {
     let mut d = Derived::default();
     if let Some(l) = p.listeners {
-        let oauth = p.front.is_some_and(|f| f.oauth.is_some());
-        check_listeners(l, p.front.map(|f| f.protocol), oauth, &mut d, errors);
+        // Bearer tokens or RFC 9421 signatures authenticate callers without a certificate.
+        let per_request = p.front.is_some_and(|f| f.authenticates_each_request());
+        check_listeners(l, p.front.map(|f| f.protocol), per_request, &mut d, errors);
     }
     if let Some(f) = p.front {
         check_front(f, p.app, &mut d, errors);

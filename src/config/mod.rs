@@ -19,7 +19,9 @@ use serde::Deserialize;
 mod listeners;
 pub use listeners::{ListenersConfig, TcpListenerConfig, TlsConfig, UnixListenerConfig};
 mod front;
-pub use front::{CallerAuthConfig, FrontConfig, KeyConfig, MAX_NONCE_CAPACITY, MAX_SKEW_S};
+pub use front::{
+    CallerAuthConfig, CallerAuthMode, FrontConfig, KeyConfig, MAX_NONCE_CAPACITY, MAX_SKEW_S,
+};
 mod app;
 pub use app::{
     AppAuthConfig, AppConfig, DiscoveryConfig, McpAppConfig, PoolConfig, SkillAppConfig,

@@ -306,3 +306,48 @@ app: {{ protocol: tools-v1, address: 'http://127.0.0.1:8080' }}
     assert!(all.contains("private key material"), "{all}");
     assert!(!all.contains("nWGxne"), "never echoes key material: {all}");
 }
+
+#[test]
+fn each_front_takes_only_its_own_auth_modes() {
+    let cfg = |protocol: &str, mode: &str| {
+        format!(
+            "
+state_dir: /tmp/x
+front:
+  protocol: {protocol}
+  skill_id: s
+  auth: {{ mode: {mode}, keys: [] }}
+listeners: {{ unix: {{ path: /tmp/x/s.sock }} }}
+app: {{ protocol: tools-v1, address: 'http://127.0.0.1:8080' }}
+"
+        )
+        .replace(
+            "  skill_id: s\n",
+            if protocol == "skill-v1" {
+                "  skill_id: s\n"
+            } else {
+                ""
+            },
+        )
+    };
+    assert!(
+        errors(&cfg("tools-v1", "http_signature")).is_empty(),
+        "peers may sign alone"
+    );
+    assert!(errors(&cfg("mcp", "http_signature")).is_empty());
+    let all = errors(&cfg("tools-v1", "hmac")).join("\n");
+    assert!(
+        all.contains("/front/auth/mode: a tools-v1 front takes only http_signature"),
+        "{all}"
+    );
+    let all = errors(&cfg("skill-v1", "http_signature")).join("\n");
+    assert!(
+        all.contains("/front/auth/mode: a skill-v1 front signs its calls in the body"),
+        "{all}"
+    );
+    let all = errors(&cfg("skill-v1", "hmac")).join("\n");
+    assert!(
+        all.contains("/front/auth/keys: at least one key is required"),
+        "{all}"
+    );
+}

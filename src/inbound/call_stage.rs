@@ -21,7 +21,7 @@ use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
 use crate::app::AppConn;
-use crate::config::{AuthModeConfig, Loaded, Protocol, RateConfig};
+use crate::config::{AuthModeConfig, CallerAuthMode, Loaded, Protocol, RateConfig};
 use crate::front::CallStack;
 use crate::mcp::back::McpBack;
 /// The service every listener hands requests to.
@@ -53,10 +53,20 @@ pub(crate) fn keyed_limits(
     }
 }
 
-pub(crate) fn auth_mode(m: AuthModeConfig) -> AuthMode {
+pub(crate) fn app_auth_mode(m: AuthModeConfig) -> AuthMode {
     match m {
         AuthModeConfig::Hmac => AuthMode::Hmac,
         AuthModeConfig::ApiKey => AuthMode::ApiKey,
+    }
+}
+
+/// The Skill Gateway v1 mode of a front's callers; `None` for RFC 9421 signatures, which the
+/// HTTP stage checks.
+pub(crate) fn auth_mode(m: CallerAuthMode) -> Option<AuthMode> {
+    match m {
+        CallerAuthMode::Hmac => Some(AuthMode::Hmac),
+        CallerAuthMode::ApiKey => Some(AuthMode::ApiKey),
+        CallerAuthMode::HttpSignature => None,
     }
 }
 
@@ -84,7 +94,7 @@ pub(crate) fn call_stack(
         (Protocol::SkillV1, AppConn::Http(app)) => {
             let skill = c.app.skill.as_ref().expect("validated");
             let signing = skill.auth.as_ref().map(|a| AppSigning {
-                mode: auth_mode(a.mode),
+                mode: app_auth_mode(a.mode),
                 header: a
                     .header_name
                     .as_deref()
@@ -99,7 +109,12 @@ pub(crate) fn call_stack(
             ))
         }
     };
-    let signature = c.front.auth.as_ref().map(|auth| {
+    let signed = c
+        .front
+        .auth
+        .as_ref()
+        .and_then(|a| Some((a, auth_mode(a.mode)?)));
+    let signature = signed.map(|(auth, mode)| {
         let keys = cfg
             .caller_keys
             .iter()
@@ -109,21 +124,10 @@ pub(crate) fn call_stack(
             })
             .collect();
         SignatureLayer::new(Arc::new(SignatureVerifier::new(
-            auth_mode(auth.mode),
+            mode,
             keys,
             Duration::from_secs(auth.timestamp_skew_s),
-            match &shared.redis {
-                Some(redis) => ReplayGuard::Shared {
-                    store: Arc::new(redis.clone()),
-                    ttl: Duration::from_secs(auth.nonce_ttl_s),
-                },
-                None => ReplayGuard::Local(
-                    shared
-                        .nonces
-                        .clone()
-                        .expect("a signed front has a nonce store"),
-                ),
-            },
+            replay_guard(shared, auth.nonce_ttl_s),
             shared.clock.clone(),
         )))
     });
@@ -142,6 +146,23 @@ pub(crate) fn call_stack(
             .layer(OutputSchemaLayer)
             .service(back),
     )
+}
+
+/// Where a signed front records nonces: the shared store when there is one, else this
+/// process's (opened at start for every front with `auth`).
+pub(crate) fn replay_guard(shared: &Shared, nonce_ttl_s: u64) -> ReplayGuard {
+    match &shared.redis {
+        Some(redis) => ReplayGuard::Shared {
+            store: Arc::new(redis.clone()),
+            ttl: Duration::from_secs(nonce_ttl_s),
+        },
+        None => ReplayGuard::Local(
+            shared
+                .nonces
+                .clone()
+                .expect("a front with auth has a nonce store"),
+        ),
+    }
 }
 
 /// Notes each accepted call's peer in the peer store (`last_seen_at`).

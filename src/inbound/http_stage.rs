@@ -55,7 +55,8 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         }))
         .layer(PeerRateLimitLayer::new(peer_limits))
         .layer(shared.load_shed_layer(c.limits.max_in_flight))
-        .layer(BodyLimitLayer::new(body));
+        .layer(BodyLimitLayer::new(body))
+        .option_layer(crate::inbound::signature_keys::layer(cfg, shared));
     let answers = c.front.answers.unwrap_or_default();
     let panic = PanicAnswer {
         front: c.front.protocol,
@@ -111,7 +112,7 @@ fn skill_v1_front(cfg: &Loaded, shared: &Shared, calls: crate::front::CallStack)
     let auth = cfg.config.front.auth.as_ref().expect("validated");
     SkillV1Front::new(
         cfg.front_skill_id.as_deref().expect("validated"),
-        auth_mode(auth.mode),
+        auth_mode(auth.mode).expect("validated: hmac or api_key on skill-v1"),
         auth.header_name.as_deref(),
         shared.catalog.clone(),
         calls,
@@ -124,7 +125,7 @@ fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
     let c = &cfg.config;
     // Connections without a certificate go on when every call carries a signature (skill-v1)
     // or every request a bearer token (oauth), checked by the next layer.
-    let anonymous = c.front.protocol == Protocol::SkillV1 || c.front.oauth.is_some();
+    let anonymous = c.front.protocol == Protocol::SkillV1 || c.front.authenticates_each_request();
     let layer = IdentityLayer::new(shared.peers.clone(), anonymous);
     match c
         .front

@@ -44,7 +44,7 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             .as_ref()
             .and_then(|t| t.tls.as_ref())
             .ok_or("no TLS listener to install the pairing on")?;
-        let optional = cfg.config.front.oauth.is_some();
+        let optional = cfg.config.front.authenticates_each_request();
         let tls = crate::tls::listener_tls(tls_config, Some(&files), optional)
             .map_err(|e| e.to_string())?;
         let ca_fingerprint = tls

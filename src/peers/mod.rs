@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use carapace_filters::call::Principal;
 use carapace_filters::signature::UnixClock;
 use load::{parse, read, Snapshot};
 use seen::SeenLog;
@@ -149,6 +150,22 @@ impl PeerStore {
             .iter()
             .find(|e| e.0.component_id == component_id && e.0.status == ACTIVE)
             .map(|e| e.0.clone())
+    }
+
+    /// The Ed25519 identity key (32 bytes) and principal of the active peer `component_id`,
+    /// when its record holds a key: how the peer signs RFC 9421 requests.
+    pub fn signing_peer(&self, component_id: &str) -> Option<(Vec<u8>, Arc<Principal>)> {
+        use base64::Engine;
+        let snap = self.snapshot.load();
+        let entry = snap
+            .all
+            .iter()
+            .find(|e| e.0.component_id == component_id && e.0.status == ACTIVE)?;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(entry.0.public_key_ed25519.as_deref()?)
+            .ok()
+            .filter(|k| k.len() == 32)?;
+        Some((key, entry.1.clone()))
     }
 
     /// Change the file: read its current content, apply `change`, validate the result, write

@@ -91,7 +91,7 @@ pub(crate) fn tls_acceptor(cfg: &Loaded) -> Result<Option<crate::tls::ListenerTl
     match tls {
         Some(tls) => {
             let paired = crate::tls::PairedFiles::current(&cfg.config.state_dir);
-            let optional = cfg.config.front.oauth.is_some();
+            let optional = cfg.config.front.authenticates_each_request();
             Ok(Some(crate::tls::listener_tls(
                 tls,
                 paired.as_ref(),

@@ -1,0 +1,340 @@
+//! RFC 9421 HTTP Message Signatures for fronts whose bodies carry no signature (tools-v1, MCP).
+//!
+//! Every request that does not come over the local socket must carry a `Signature-Input` and
+//! `Signature` whose covered components include `@method`, `@target-uri` and (for a request
+//! with a body) `content-digest` (RFC 9530), with the `created`, `nonce` and `keyid`
+//! parameters. The key is `hmac-sha256` (a configured shared key, rotated like the Skill
+//! Gateway v1 keys) or `ed25519` (a paired peer's identity key, `keyid` its component id).
+//! Order of checks, as for Skill Gateway v1 signatures: the signature first, then the
+//! `created` window, then the content digest, and only then is the nonce recorded (in the same
+//! store, embedded or shared), so a caller without a key can neither fill the store nor burn
+//! a nonce.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use tower::{Layer, Service};
+
+use crate::call::Principal;
+use crate::identity::{set_identity_headers, ConnectionIdentity};
+use crate::nonce::NonceError;
+use crate::signature::{ReplayGuard, UnixClock};
+use crate::{BoxFuture, Rejection};
+
+pub mod message;
+
+pub use message::{content_digest, MessageSignature, RequestView, SignatureError};
+
+/// Longest accepted nonce.
+pub const MAX_NONCE_LEN: usize = 128;
+
+/// A key a signature can be checked with.
+#[derive(Clone)]
+pub enum VerifyKey {
+    /// A shared secret (`alg="hmac-sha256"`).
+    HmacSha256(Arc<[u8]>),
+    /// A 32-byte Ed25519 public key (`alg="ed25519"`).
+    Ed25519(Vec<u8>),
+}
+
+impl std::fmt::Debug for VerifyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VerifyKey::HmacSha256(_) => "HmacSha256(<redacted>)",
+            VerifyKey::Ed25519(_) => "Ed25519",
+        })
+    }
+}
+
+impl VerifyKey {
+    fn alg(&self) -> &'static str {
+        match self {
+            VerifyKey::HmacSha256(_) => "hmac-sha256",
+            VerifyKey::Ed25519(_) => "ed25519",
+        }
+    }
+
+    /// Whether `signature` signs `base` (constant time for HMAC).
+    fn verifies(&self, base: &[u8], signature: &[u8]) -> bool {
+        match self {
+            VerifyKey::HmacSha256(secret) => {
+                let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+                ring::hmac::verify(&key, base, signature).is_ok()
+            }
+            VerifyKey::Ed25519(public) => {
+                ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, public)
+                    .verify(base, signature)
+                    .is_ok()
+            }
+        }
+    }
+}
+
+/// A signer's key, and for a peer's key the principal it speaks for.
+#[derive(Debug, Clone)]
+pub struct SignerKey {
+    pub key: VerifyKey,
+    pub principal: Option<Arc<Principal>>,
+}
+
+/// Where signing keys are found, by `keyid`.
+pub trait SignatureKeys: Send + Sync + 'static {
+    fn key(&self, keyid: &str) -> Option<SignerKey>;
+}
+
+/// The window, the scheme requests arrive by, and the nonce store.
+#[derive(Clone)]
+pub struct HttpSignaturePolicy {
+    /// Accepted difference between `created` and now.
+    pub skew: Duration,
+    /// `https` on a TLS listener, else `http`: the scheme of `@target-uri`.
+    pub scheme: &'static str,
+    pub replay: ReplayGuard,
+}
+
+/// Verifies RFC 9421 signatures on collected requests. Sits after the body limit (the body is
+/// needed for `content-digest`) and after identity: on a connection without a certificate
+/// the signer becomes the principal (a peer by its own key, else the anonymous signed
+/// caller); on a peer's connection, a peer key must be that peer's.
+///
+/// ```
+/// use std::sync::Arc;
+/// use carapace_filters::http_signature::*;
+/// use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
+/// use carapace_filters::signature::ReplayGuard;
+///
+/// struct Keys;
+/// impl SignatureKeys for Keys {
+///     fn key(&self, keyid: &str) -> Option<SignerKey> {
+///         (keyid == "k1").then(|| SignerKey {
+///             key: VerifyKey::HmacSha256(Arc::from(&b"a shared secret of enough bytes"[..])),
+///             principal: None,
+///         })
+///     }
+/// }
+/// let policy = HttpSignaturePolicy {
+///     skew: std::time::Duration::from_secs(120),
+///     scheme: "https",
+///     replay: ReplayGuard::Local(Arc::new(NonceStore::open(
+///         NonceStoreConfig { capacity: 1000, ttl: std::time::Duration::from_secs(300), journal: None },
+///         carapace_filters::unix_now_ms(),
+///     ).unwrap())),
+/// };
+/// let clock: carapace_filters::signature::UnixClock = Arc::new(carapace_filters::unix_now_ms);
+/// let stack = tower::ServiceBuilder::new()
+///     .layer(HttpSignatureLayer::new(Arc::new(Keys), policy, clock))
+///     .service_fn(|_: http::Request<bytes::Bytes>| async {
+///         Ok::<_, carapace_filters::Rejection>(http::Response::new(()))
+///     });
+/// # let _ = stack;
+/// ```
+#[derive(Clone)]
+pub struct HttpSignatureLayer {
+    keys: Arc<dyn SignatureKeys>,
+    policy: Arc<HttpSignaturePolicy>,
+    clock: UnixClock,
+}
+
+impl HttpSignatureLayer {
+    pub fn new(
+        keys: Arc<dyn SignatureKeys>,
+        policy: HttpSignaturePolicy,
+        clock: UnixClock,
+    ) -> Self {
+        HttpSignatureLayer {
+            keys,
+            policy: Arc::new(policy),
+            clock,
+        }
+    }
+}
+
+impl<S> Layer<S> for HttpSignatureLayer {
+    type Service = HttpSignature<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        HttpSignature {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Service of [`HttpSignatureLayer`].
+#[derive(Clone)]
+pub struct HttpSignature<S> {
+    inner: S,
+    layer: HttpSignatureLayer,
+}
+
+/// A signature checked up to its nonce: who signed and what to record.
+struct Checked {
+    keyid: String,
+    nonce: String,
+    signer: Option<Arc<Principal>>,
+}
+
+fn joined(headers: &http::HeaderMap, name: &str) -> Result<Option<String>, SignatureError> {
+    let values: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str())
+        .collect::<Result<_, _>>()
+        .map_err(|_| SignatureError::Malformed)?;
+    Ok((!values.is_empty()).then(|| values.join(", ")))
+}
+
+impl HttpSignatureLayer {
+    /// Everything but the nonce record.
+    fn check(&self, req: &Request<Bytes>, now_ms: u64) -> Result<Checked, Rejection> {
+        let fail = |e: SignatureError| Rejection::AuthFailed(e.text());
+        let h = req.headers();
+        let (Some(input), Some(signature)) = (
+            joined(h, "signature-input").map_err(fail)?,
+            joined(h, "signature").map_err(fail)?,
+        ) else {
+            return Err(fail(SignatureError::Missing));
+        };
+        let has_body = !req.body().is_empty()
+            || matches!(
+                *req.method(),
+                http::Method::POST | http::Method::PUT | http::Method::PATCH
+            );
+        let covers = |s: &MessageSignature| {
+            let c = |id: &str| s.components.iter().any(|x| x == id);
+            c("@method") && c("@target-uri") && (!has_body || c("content-digest"))
+        };
+        let sigs = message::parse(&input, &signature).map_err(fail)?;
+        let sig = sigs
+            .into_iter()
+            .find(covers)
+            .ok_or(fail(SignatureError::Coverage))?;
+        if sig.nonce.is_empty() || sig.nonce.len() > MAX_NONCE_LEN {
+            return Err(fail(SignatureError::Nonce));
+        }
+        let signer = self
+            .keys
+            .key(&sig.keyid)
+            .ok_or(fail(SignatureError::UnknownKey))?;
+        if sig.alg.as_deref().is_some_and(|a| a != signer.key.alg()) {
+            return Err(fail(SignatureError::Algorithm));
+        }
+        let view = RequestView {
+            method: req.method(),
+            scheme: self.policy.scheme,
+            uri: req.uri(),
+            headers: h,
+        };
+        let base = message::signature_base(&sig, &view).map_err(fail)?;
+        if !signer.key.verifies(base.as_bytes(), &sig.signature) {
+            return Err(fail(SignatureError::Mismatch));
+        }
+        let now_s = (now_ms / 1000) as i64;
+        let skew = self.policy.skew.as_secs() as i64;
+        if sig.created.abs_diff(now_s) > skew as u64 {
+            return Err(Rejection::StaleTimestamp {
+                window: self.policy.skew,
+            });
+        }
+        if sig.expires.is_some_and(|e| e <= now_s) {
+            return Err(fail(SignatureError::Expired));
+        }
+        if sig.components.iter().any(|c| c == "content-digest") {
+            let digest = joined(h, "content-digest")
+                .map_err(fail)?
+                .ok_or(fail(SignatureError::Digest))?;
+            message::check_content_digest(&digest, req.body()).map_err(fail)?;
+        }
+        Ok(Checked {
+            keyid: sig.keyid,
+            nonce: sig.nonce,
+            signer: signer.principal,
+        })
+    }
+}
+
+/// Record the nonce: now (embedded store) or once the shared store answers.
+fn record(
+    replay: &ReplayGuard,
+    c: &Checked,
+    now_ms: u64,
+) -> Result<Option<BoxFuture<Result<(), Rejection>>>, Rejection> {
+    let scope = format!("httpsig:{}", c.keyid);
+    match replay {
+        ReplayGuard::Local(store) => match store.check_and_insert(&scope, &c.nonce, now_ms) {
+            Ok(()) => Ok(None),
+            Err(NonceError::Replay) => Err(Rejection::NonceReplay),
+            Err(NonceError::Full { retry_after }) => Err(Rejection::NonceStoreFull { retry_after }),
+            Err(NonceError::Journal(e)) => Err(Rejection::Internal(format!("nonce journal: {e}"))),
+        },
+        ReplayGuard::Shared { store, ttl } => {
+            let insert = store.insert_if_absent(&scope, &c.nonce, *ttl);
+            Ok(Some(Box::pin(async move {
+                match insert.await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(Rejection::NonceReplay),
+                    Err(e) => Err(Rejection::SharedStateUnavailable(e.0)),
+                }
+            })))
+        }
+    }
+}
+
+impl<S> Service<Request<Bytes>> for HttpSignature<S>
+where
+    S: Service<Request<Bytes>, Error = Rejection> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<S::Response, Rejection>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let identity = req.extensions().get::<ConnectionIdentity>().cloned();
+        if matches!(identity, Some(ConnectionIdentity::Local)) {
+            return Box::pin(inner.call(req));
+        }
+        let now_ms = (self.layer.clock)();
+        let checked = self.layer.check(&req, now_ms).and_then(|c| {
+            let current = req.extensions().get::<Arc<Principal>>().cloned();
+            match (&identity, &c.signer, current) {
+                // A peer's connection signed with another peer's key.
+                (Some(ConnectionIdentity::Certificate(_)), Some(signer), Some(conn))
+                    if signer.id != conn.id =>
+                {
+                    Err(Rejection::AuthFailed(SignatureError::OtherPeer.text()))
+                }
+                _ => Ok(c),
+            }
+        });
+        let pending = checked.and_then(|c| {
+            let pending = record(&self.layer.policy.replay, &c, now_ms)?;
+            if let (Some(ConnectionIdentity::Anonymous { .. }), Some(signer)) =
+                (&identity, &c.signer)
+            {
+                set_identity_headers(req.headers_mut(), signer);
+                req.extensions_mut().insert(signer.clone());
+            }
+            tracing::debug!(keyid = %c.keyid, "HTTP message signature verified");
+            Ok(pending)
+        });
+        Box::pin(async move {
+            if let Some(p) = pending? {
+                p.await?;
+            }
+            inner.call(req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
