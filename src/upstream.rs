@@ -160,6 +160,10 @@ pub struct AppClient {
     client: Client<AppConnector, Full<Bytes>>,
     authority: Arc<str>,
     max_response_bytes: usize,
+    /// Signs every request (RFC 9421), when the other side asks for it.
+    signer: Option<Arc<dyn carapace_filters::http_signature::MessageSigner>>,
+    /// `https` to a peer over TLS, else `http`: the scheme of the signed `@target-uri`.
+    scheme: &'static str,
 }
 
 impl std::fmt::Debug for AppClient {
@@ -205,6 +209,10 @@ impl AppClient {
     }
 
     fn build(target: Target, authority: Arc<str>, pool: &PoolConfig, max: u64) -> Self {
+        let scheme = match target {
+            Target::Tls { .. } => "https",
+            Target::App(_) => "http",
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(pool.idle_timeout_s))
@@ -217,7 +225,19 @@ impl AppClient {
             client,
             authority,
             max_response_bytes: max as usize,
+            signer: None,
+            scheme,
         }
+    }
+
+    /// Sign every request with `signer` (RFC 9421: `@method`, `@target-uri`,
+    /// `content-digest`, a fresh nonce, `created` from the system clock).
+    pub fn with_signer(
+        mut self,
+        signer: Arc<dyn carapace_filters::http_signature::MessageSigner>,
+    ) -> Self {
+        self.signer = Some(signer);
+        self
     }
 
     /// A human-readable base URL for logs.
@@ -275,9 +295,21 @@ impl AppClient {
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
-            .body(Full::new(body))
+            .body(Full::new(body.clone()))
             .map_err(|e| Rejection::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
+        if let Some(signer) = &self.signer {
+            let nonce = hex::encode(rand::random::<[u8; 16]>());
+            let created = carapace_filters::unix_now_ms() / 1000;
+            carapace_filters::http_signature::sign_request(
+                &mut req,
+                &body,
+                self.scheme,
+                signer.as_ref(),
+                created,
+                &nonce,
+            );
+        }
         let resp = self
             .client
             .request(req)

@@ -31,6 +31,17 @@ async fn setup() -> Setup {
 /// app when `None`) and `outbound_extra` in the gateway's `outbound` section (YAML lines,
 /// indented two spaces), ready once the gateway lists `tool`.
 async fn setup_with(host_app: Option<String>, tool: &str, outbound_extra: &str) -> Setup {
+    setup_full(host_app, tool, outbound_extra, false).await
+}
+
+/// `signed`: the tool host's front asks for RFC 9421 signatures, and the gateway signs its
+/// requests to it with its identity key.
+async fn setup_full(
+    host_app: Option<String>,
+    tool: &str,
+    outbound_extra: &str,
+    signed: bool,
+) -> Setup {
     let env = Env::new().await;
     write_peers(&env.path().join("peers.json"), &[]);
     let secret = b"skill-secret-for-outbound";
@@ -47,6 +58,13 @@ async fn setup_with(host_app: Option<String>, tool: &str, outbound_extra: &str) 
         "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}"
     );
     let mut host_yaml = env.tools_yaml(&pairing);
+    if signed {
+        host_yaml = host_yaml.replace(
+            "front: { protocol: tools-v1 }",
+            "front: { protocol: tools-v1, auth: { mode: http_signature } }",
+        );
+    }
+    let peer_signs = if signed { ", http_signature: true" } else { "" };
     if let Some(app) = host_app {
         host_yaml = host_yaml.replace(
             &format!(
@@ -79,7 +97,7 @@ ops: {{ address: "" }}
 gateway: {{ id: gw_home }}
 outbound:
   socket: {d}/outbound.sock
-  peers: {{ memory-east: {{ url: "https://{tools}" }} }}
+  peers: {{ memory-east: {{ url: "https://{tools}"{peer_signs} }} }}
 {outbound_extra}
   skills:
     demo.echo:
@@ -366,5 +384,23 @@ async fn a_peer_tool_that_changes_is_withheld_from_the_agent_until_approved() {
         .await
         .unwrap();
     assert_eq!(called.json()["status"], "ok", "{}", called.json());
+    s.gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_gateway_signs_its_requests_for_a_host_that_asks() {
+    // The host refuses every unsigned request: discovery and the call pass only signed.
+    let s = setup_full(None, "memory.append", "", true).await;
+    let agent = Client::new(Transport::Unix(s.socket.clone()));
+    let call = modern_body(
+        1,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": "signed by the gateway"}}),
+    );
+    let answer = modern(&agent, &call).await.json();
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    let seen = s.env.app.received();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
     s.gw.shutdown().await;
 }

@@ -251,7 +251,10 @@ CASES: dict[str, dict[str, Any]] = {
             "role": "gateway",
             "gateway": {
                 "id": "gw_home",
-                "peers": {"memory-east": {"url": "https://10.96.0.15:8443"}},
+                "peers": {
+                    "memory-east": {"url": "https://10.96.0.15:8443"},
+                    "files-west": {"url": "https://10.96.0.16:8443", "httpSignature": True},
+                },
                 "discoveryIntervalS": 30,
             },
             "state": {"existingClaim": "gateway-state"},
@@ -730,7 +733,10 @@ def test_gateway_role():
     assert cfg["gateway"] == {"id": "gw_home"}
     assert cfg["outbound"] == {
         "socket": f"{RUN}/outbound.sock",
-        "peers": {"memory-east": {"url": "https://10.96.0.15:8443"}},
+        "peers": {
+            "memory-east": {"url": "https://10.96.0.15:8443"},
+            "files-west": {"url": "https://10.96.0.16:8443", "http_signature": True},
+        },
         "discovery_interval_s": 30,
     }
     spec = pod_spec(r)

@@ -76,6 +76,10 @@ pub struct OutboundSkill {
 pub struct OutboundPeerConfig {
     /// `https://IP:PORT` of the peer's tools-v1 listener.
     pub url: String,
+    /// Sign every request to this peer with RFC 9421 (the gateway's Ed25519 identity key,
+    /// `keyid` the gateway id), for a peer whose front has `auth.mode: http_signature`.
+    #[serde(default)]
+    pub http_signature: bool,
 }
 
 pub(super) fn check_outbound(

@@ -64,6 +64,29 @@ pub struct Outbound {
     known: KnownTools,
     /// The pins of the tools the peers and skills serve, in [`PINS_FILE`].
     pins: PinStore,
+    /// The gateway's identity key, signing the requests of the peers in `signed_peers`.
+    signer: Arc<GatewaySigner>,
+    /// Peers whose requests are signed (RFC 9421, `outbound.peers.<id>.http_signature`).
+    signed_peers: std::collections::BTreeSet<String>,
+}
+
+/// The gateway's Ed25519 identity key as an RFC 9421 signer, `keyid` the gateway id (the
+/// `component_id` a tool host knows the gateway by).
+pub struct GatewaySigner {
+    id: String,
+    key: crate::pairing::wire::SigningIdentity,
+}
+
+impl carapace_filters::http_signature::MessageSigner for GatewaySigner {
+    fn keyid(&self) -> &str {
+        &self.id
+    }
+    fn alg(&self) -> &'static str {
+        "ed25519"
+    }
+    fn sign(&self, base: &[u8]) -> Vec<u8> {
+        self.key.sign_bytes(base)
+    }
 }
 
 /// The file in `state_dir` keeping the pins of the outbound role's tools.
@@ -105,6 +128,18 @@ impl Outbound {
             refreshing: tokio::sync::Mutex::new(()),
             known: KnownTools::load(cfg.config.state_dir.join(KNOWN_TOOLS_FILE)),
             pins: PinStore::open_at(cfg.config.state_dir.join(PINS_FILE)).map_err(OutboundError)?,
+            signer: Arc::new(GatewaySigner {
+                id: gateway.gateway_id.clone(),
+                key: gateway.signing_key(),
+            }),
+            signed_peers: cfg
+                .config
+                .outbound
+                .iter()
+                .flat_map(|o| &o.peers)
+                .filter(|(_, p)| p.http_signature)
+                .map(|(id, _)| id.clone())
+                .collect(),
         };
         outbound.restore_known(cfg);
         Ok(outbound)
@@ -189,12 +224,15 @@ impl Outbound {
             .with_custom_certificate_verifier(verifier)
             .with_client_auth_cert(vec![self.cert.clone()], key)
             .map_err(|e| internal(e.to_string()))?;
-        let client = AppClient::mtls(
+        let mut client = AppClient::mtls(
             address,
             Arc::new(config),
             &self.pool,
             self.max_response_bytes,
         );
+        if self.signed_peers.contains(peer) {
+            client = client.with_signer(self.signer.clone());
+        }
         clients.insert(peer.to_string(), (fingerprint.to_string(), client.clone()));
         Ok(client)
     }

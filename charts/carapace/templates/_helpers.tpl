@@ -220,7 +220,9 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- $_ := set $cfg "gateway" (dict "id" $v.gateway.id) }}
 {{- $peers := dict }}
 {{- range $id, $peer := $v.gateway.peers }}
-{{- $_ := set $peers $id (dict "url" $peer.url) }}
+{{- $p := dict "url" $peer.url }}
+{{- if $peer.httpSignature }}{{ $_ := set $p "http_signature" true }}{{ end }}
+{{- $_ := set $peers $id $p }}
 {{- end }}
 {{- $out := dict "socket" (printf "%s/outbound.sock" (include "carapace.path.run" .)) "peers" $peers }}
 {{- if not (kindIs "invalid" $v.gateway.discoveryIntervalS) }}{{ $_ := set $out "discovery_interval_s" $v.gateway.discoveryIntervalS }}{{ end }}

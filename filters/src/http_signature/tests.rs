@@ -314,3 +314,45 @@ fn the_readme_example_from_an_independent_signer_verifies() {
     assert!(key.verifies(base.as_bytes(), &sig.signature), "{base}");
     assert!(!key.verifies(base.replace("POST", "PUT").as_bytes(), &sig.signature));
 }
+
+struct PeerSigner(ring::signature::Ed25519KeyPair);
+
+impl MessageSigner for PeerSigner {
+    fn keyid(&self) -> &str {
+        "gw_east"
+    }
+    fn alg(&self) -> &'static str {
+        "ed25519"
+    }
+    fn sign(&self, base: &[u8]) -> Vec<u8> {
+        self.0.sign(base).as_ref().to_vec()
+    }
+}
+
+#[tokio::test]
+async fn what_sign_request_signs_the_layer_accepts() {
+    let pkcs8 =
+        ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    let k = Arc::new(Keys {
+        peer: ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap(),
+    });
+    let h = harness(k);
+    let signer = PeerSigner(pair);
+    let body = Bytes::from_static(br#"{"x":1}"#);
+    let mut req = Request::post("http://10.0.0.7:8443/v1/tools/call")
+        .body(body.clone())
+        .unwrap();
+    sign_request(&mut req, &body, "https", &signer, NOW_S, "s-1");
+    let p = send(&h, req, anon()).await.unwrap();
+    assert_eq!(p.unwrap().id, "gw_east");
+    let mut get = Request::get("http://10.0.0.7:8443/v1/tools")
+        .body(Bytes::new())
+        .unwrap();
+    sign_request(&mut get, b"", "https", &signer, NOW_S, "s-2");
+    assert!(
+        get.headers().get("content-digest").is_none(),
+        "no body, no digest"
+    );
+    assert!(send(&h, get, anon()).await.is_ok());
+}

@@ -59,6 +59,11 @@ impl SigningIdentity {
         BASE64.encode(self.key.public_key().as_ref())
     }
 
+    /// The 64-byte signature of `msg`.
+    pub fn sign_bytes(&self, msg: &[u8]) -> Vec<u8> {
+        self.key.sign(msg).as_ref().to_vec()
+    }
+
     /// Signs `msg`; standard base64 of the 64-byte signature (the wire form of `sig_ed25519`).
     pub fn sign(&self, msg: &[u8]) -> String {
         BASE64.encode(self.key.sign(msg).as_ref())
