@@ -26,6 +26,10 @@ if [ ${#targets[@]} -eq 0 ]; then
     mcp_request
     mcp_stdio_framing
     mcp_response
+    bearer_token
+    www_authenticate
+    http_signature
+    secret_guard
   )
 fi
 

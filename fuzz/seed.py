@@ -155,6 +155,55 @@ def mcp_request():
     yield bytes([0x10 | session])
 
 
+def b64url(obj):
+    import base64
+    raw = json.dumps(obj, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def bearer_token():
+    """JWS compact tokens (headers of every accepted and some refused algorithms) and claims."""
+    claims = {"iss": "https://auth.test", "aud": "https://tools.test/mcp", "sub": "alice",
+              "scope": "tools tools:read", "iat": 1799999990, "exp": 1800000300}
+    yield json.dumps(claims)
+    yield json.dumps(dict(claims, aud=["https://TOOLS.test/mcp/", "x"], scp=["a", "b"]))
+    for header in ({"alg": "ES256", "kid": "ec"}, {"alg": "EdDSA", "kid": "ed"}, {"alg": "RS256", "kid": "rsa"},
+                   {"alg": "RS256"}, {"alg": "none"}, {"alg": "HS256", "kid": "ec"},
+                   {"alg": "ES256", "crit": ["exp"]}):
+        yield f"{b64url(header)}.{b64url(claims)}.c2lnbmF0dXJl"
+
+
+def www_authenticate():
+    yield 'Bearer resource_metadata="https://tools.test/.well-known/oauth-protected-resource/mcp", scope="tools:read"'
+    yield 'Bearer error="insufficient_scope", scope="tools", error_description="tool.call:x needs \\"tools\\""'
+    yield 'Basic realm="a, b", Bearer error=invalid_token, Negotiate abc=='
+    yield "needs the scope tools\ntools tools:read"
+
+
+def http_signature():
+    """The README's signed request: Signature-Input, Signature, Content-Digest and body."""
+    body = b'{"version":"v1","call_id":"c-1","tool_name":"memory.query","tenant_id":"t","args":{"query":"x"}}'
+    parts = [
+        b'sig1=("@method" "@target-uri" "content-digest");created=1795000000;keyid="k1";alg="hmac-sha256";nonce="6f1c2a9e4b7d8a03"',
+        b"sig1=:VUc4rmyI6M/PTsRr7pSzaQTDfs4dS9riyh0rbUGYXr8=:",
+        b"sha-256=:wf7ChwqwWCzLc6rQp0MuixbV8exg6lt0wARDLV5JEd0=:",
+        body,
+    ]
+    yield b"\xff".join(parts)
+    yield b"\xff".join([
+        b'a=("@authority" "@path" "@query" "@request-target" "content-type");created=1;nonce="n";keyid="k";expires=2;tag="t", b=("date");created=1',
+        b"a=:AAAA:, b=:AAAA:",
+        b"sha-512=:AAAA:, sha-256=:AAAA:, md5=:AAAA:",
+        b"",
+    ])
+
+
+def secret_guard():
+    yield json.dumps({"key": "AKIAIOSFODNN7EXAMPLE", "nested": ["Bearer abcdefghijklmnopqrstuvwx", {"v": "s3cr3t-value"}]})
+    yield "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+    yield json.dumps({"jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJlc2lnbmF0dXJl", "t": "tok_abcd1234"})
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -164,6 +213,10 @@ TARGETS = {
     "config": config,
     "app_responses": app_responses,
     "mcp_request": mcp_request,
+    "bearer_token": bearer_token,
+    "www_authenticate": www_authenticate,
+    "http_signature": http_signature,
+    "secret_guard": secret_guard,
 }
 
 

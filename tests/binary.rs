@@ -1048,6 +1048,9 @@ fn demo_runs_and_names_the_error_codes() {
         "NONCE_REPLAY",
         "DEPENDENCY_UNAVAILABLE",
         "TIMEOUT",
+        "tool_not_approved",
+        "error=\"insufficient_scope\"",
+        "replayed -> HTTP 401 nonce_replay",
     ] {
         assert!(
             out.stdout.contains(c),

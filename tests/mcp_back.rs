@@ -51,7 +51,7 @@ async fn a_python_sdk_server_over_http_is_spoken_to_in_2026_07_28_through_the_mc
         .collect();
     assert_eq!(
         names,
-        ["add", "confirm", "count", "echo", "fail", "touch"],
+        ["add", "confirm", "count", "echo", "fail", "leak", "touch"],
         "{list}"
     );
 
@@ -602,5 +602,43 @@ async fn a_private_key_in_a_passed_through_resource_is_redacted() {
         .unwrap_or_else(|| panic!("{:?}", answer.json()))
         .to_owned();
     assert_eq!(text, "deploy with [REDACTED:private_key]");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_the_server_says_during_a_call_is_guarded_as_its_result() {
+    let env = Env::new().await;
+    let (_server, sock) = python_http_server(&env);
+    let app = format!("address: \"unix:{}\"", sock.display());
+    let config = yaml(&env, "mcp", &app) + "\nsecret_guard: { inbound: enforce }\n";
+    let r = start(&env, &config).await;
+    let mut body = modern_body(1, "tools/call", json!({"name": "leak", "arguments": {}}));
+    body["params"]["_meta"]["progressToken"] = json!("p-1");
+    body["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = json!("debug");
+    let answer = env
+        .local(&r)
+        .post_json(
+            "/mcp",
+            &[
+                ("mcp-protocol-version", common::mcp::MODERN),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "leak"),
+                ("accept", "application/json, text/event-stream"),
+            ],
+            &body,
+        )
+        .await
+        .unwrap();
+    let stream = String::from_utf8_lossy(&answer.body).into_owned();
+    assert!(stream.contains("notifications/message"), "{stream}");
+    assert!(stream.contains("notifications/progress"), "{stream}");
+    assert!(stream.contains("uploaded"), "{stream}");
+    assert!(!stream.contains("AKIAIOSFODNN7EXAMPLE"), "{stream}");
+    assert!(
+        !stream.contains("ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"),
+        "{stream}"
+    );
+    assert!(stream.contains("[REDACTED:aws_access_key_id]"), "{stream}");
+    assert!(stream.contains("[REDACTED:github_token]"), "{stream}");
     r.shutdown().await;
 }

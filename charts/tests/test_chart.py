@@ -919,3 +919,28 @@ def test_consumer_values_are_checked_by_the_carapace_schema(consumer):
     with helm.Chart.load(consumer) as chart:
         with pytest.raises(helm.HelmValuesError, match="/service/type"):
             chart.render({"carapace": {"service": {"type": "Loadbalancer"}}}, name=RELEASE)
+
+
+def test_tools_front_with_rfc9421_signatures():
+    """`front.auth.mode: http_signature` on a tools-v1 front: the keys mounted from their
+    Secret, the config's auth as carapace takes it, and replicas refused without Redis."""
+    values = {
+        "front": {
+            "protocol": "tools-v1",
+            "auth": {"mode": "http_signature", "existingSecret": "caller-keys", "keys": ["k1"]},
+        },
+    }
+    r = render_chart(CHART, copy.deepcopy(values))
+    cfg = r.config()
+    assert cfg["front"]["auth"] == {
+        "mode": "http_signature",
+        "keys": [{"id": "k1", "secret": {"file": f"{KEYS}/k1"}}],
+    }
+    jsonschema.validate(cfg, config_schema())
+    spec = pod_spec(r)
+    assert volumes(spec)["carapace-front-keys"]["secret"]["secretName"] == "caller-keys"
+    assert mounts(container(spec, "carapace"))["carapace-front-keys"]["mountPath"] == KEYS
+    values["replicaCount"] = 2
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmRenderError, match="sharedState.backend"):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)

@@ -183,5 +183,127 @@ fn secret_guard(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, signature, schema, nonces, secret_guard);
+/// Caller authentication without mTLS: an OAuth JWT (ES256 and EdDSA) checked as the bearer
+/// layer does, and an RFC 9421 signed request (HMAC-SHA256) checked as the signature layer
+/// does (parse, signature base, HMAC, content digest), without the nonce record.
+fn caller_auth(c: &mut Criterion) {
+    use carapace_filters::bearer::token::{self, TokenRules};
+    use carapace_filters::http_signature::message::{self, RequestView};
+    use ring::signature::KeyPair;
+    let b64 = |b: &[u8]| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    };
+    let rng = ring::rand::SystemRandom::new();
+    let alg = &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+    let ec = ring::signature::EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+    let ec_pub = ring::signature::EcdsaKeyPair::from_pkcs8(alg, ec.as_ref(), &rng).unwrap();
+    let p = ec_pub.public_key().as_ref();
+    let ed = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+    let ed_pub = ring::signature::Ed25519KeyPair::from_pkcs8(ed.as_ref()).unwrap();
+    let keys: jsonwebtoken::jwk::JwkSet = serde_json::from_value(json!({"keys": [
+        {"kty": "EC", "crv": "P-256", "kid": "ec", "x": b64(&p[1..33]), "y": b64(&p[33..65])},
+        {"kty": "OKP", "crv": "Ed25519", "kid": "ed", "x": b64(ed_pub.public_key().as_ref())},
+    ]}))
+    .unwrap();
+    let rules = TokenRules {
+        issuer: "https://auth.test".into(),
+        audiences: vec!["https://tools.test/mcp".into()],
+        skew: Duration::from_secs(60),
+    };
+    let claims = json!({"iss": "https://auth.test", "aud": "https://tools.test/mcp",
+        "sub": "alice", "scope": "tools:read", "iat": 1_800_000_000u64, "exp": 1_800_000_300u64});
+    let sign = |a: jsonwebtoken::Algorithm, kid: &str, key: jsonwebtoken::EncodingKey| {
+        let mut h = jsonwebtoken::Header::new(a);
+        h.kid = Some(kid.into());
+        jsonwebtoken::encode(&h, &claims, &key).unwrap()
+    };
+    let tokens = [
+        (
+            "ES256",
+            sign(
+                jsonwebtoken::Algorithm::ES256,
+                "ec",
+                jsonwebtoken::EncodingKey::from_ec_der(ec.as_ref()),
+            ),
+        ),
+        (
+            "EdDSA",
+            sign(
+                jsonwebtoken::Algorithm::EdDSA,
+                "ed",
+                jsonwebtoken::EncodingKey::from_ed_der(ed.as_ref()),
+            ),
+        ),
+    ];
+    let mut g = c.benchmark_group("caller_auth");
+    for (name, t) in &tokens {
+        g.bench_function(format!("bearer JWT {name}"), |b| {
+            b.iter(|| {
+                let (alg, kid) = token::header(black_box(t)).unwrap();
+                let jwk = token::key_for(&keys, alg, kid.as_deref()).unwrap();
+                token::verify(t, alg, jwk, &rules, 1_800_000_100).unwrap()
+            })
+        });
+    }
+    // The same token again, as the layer finds it in its cache of verified tokens.
+    let cache = carapace_filters::bearer::cache::TokenCache::default();
+    let shared = std::sync::Arc::new(keys.clone());
+    let (alg, kid) = token::header(&tokens[0].1).unwrap();
+    let holder = token::verify(
+        &tokens[0].1,
+        alg,
+        token::key_for(&keys, alg, kid.as_deref()).unwrap(),
+        &rules,
+        1_800_000_100,
+    )
+    .unwrap();
+    cache.put(&tokens[0].1, &shared, &holder);
+    g.bench_function("bearer JWT ES256, verified before (cache)", |b| {
+        b.iter(|| {
+            cache
+                .get(black_box(&tokens[0].1), &shared, 1_800_000_100, 60)
+                .unwrap()
+        })
+    });
+    // The README's request, signed by PyPI http-message-signatures.
+    let body = br#"{"version":"v1","call_id":"c-1","tool_name":"memory.query","tenant_id":"t","args":{"query":"x"}}"#;
+    let input = r#"sig1=("@method" "@target-uri" "content-digest");created=1795000000;keyid="k1";alg="hmac-sha256";nonce="6f1c2a9e4b7d8a03""#;
+    let signature = "sig1=:VUc4rmyI6M/PTsRr7pSzaQTDfs4dS9riyh0rbUGYXr8=:";
+    let digest = "sha-256=:wf7ChwqwWCzLc6rQp0MuixbV8exg6lt0wARDLV5JEd0=:";
+    let mut headers = http::HeaderMap::new();
+    headers.insert("host", "tools.example.com:8443".parse().unwrap());
+    headers.insert("content-digest", digest.parse().unwrap());
+    let uri: http::Uri = "/v1/tools/call".parse().unwrap();
+    let key = ring::hmac::Key::new(
+        ring::hmac::HMAC_SHA256,
+        b"a shared secret of at least thirty-two bytes",
+    );
+    g.bench_function("RFC 9421 hmac-sha256, 95-byte body", |b| {
+        b.iter(|| {
+            let view = RequestView {
+                method: &http::Method::POST,
+                scheme: "https",
+                uri: &uri,
+                headers: &headers,
+            };
+            let sig = message::parse(black_box(input), signature)
+                .unwrap()
+                .remove(0);
+            let base = message::signature_base(&sig, &view).unwrap();
+            ring::hmac::verify(&key, base.as_bytes(), &sig.signature).unwrap();
+            message::check_content_digest(digest, body).unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    signature,
+    schema,
+    nonces,
+    secret_guard,
+    caller_auth
+);
 criterion_main!(benches);

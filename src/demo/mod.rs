@@ -17,6 +17,7 @@ use crate::server::{self, Running};
 
 mod mcp;
 mod pinning;
+mod shell_auth;
 
 const DEMO_KEY: &str = "demo-hmac-key-do-not-use-in-production";
 
@@ -349,6 +350,8 @@ ops: {{ address: "" }}
     codes.extend(mcp::mcp_steps(dir, &app_addr.to_string(), &ca, &gateway, &app).await?);
     mcp::outbound_step(dir, &app_addr.to_string(), &app).await?;
     pinning::pinning_step(dir, &app_addr.to_string()).await?;
+    shell_auth::oauth_step(dir, &app_addr.to_string(), &ca).await?;
+    shell_auth::signature_step(dir, &app_addr.to_string(), &ca).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)

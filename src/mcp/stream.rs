@@ -26,6 +26,7 @@ use super::back::relay::ServerMessage;
 use super::back::upstream::Reply;
 use crate::edge::{StreamBody, StreamedBody};
 use crate::front::Resp;
+use carapace_filters::secret_guard::SecretGuard;
 
 /// Most requests of the server waiting for callers' answers, over all sessions.
 const MAX_PENDING: usize = 10_000;
@@ -87,20 +88,44 @@ pub struct StreamContext {
     pub answers: Arc<PendingAnswers>,
     /// The caller's session (older era); a caller without one is put no requests.
     pub session: Option<String>,
+    /// The tool-host side's secret guard and the tool called: what the server says during
+    /// the call leaves the tool-host side as its result does.
+    pub guard: Option<(Arc<SecretGuard>, String)>,
 }
 
 impl StreamContext {
-    /// The SSE frame for one message of the server, if it goes to the caller.
+    /// Whether `params` may go to the caller (redacted in place when the guard says so).
+    fn guarded(&self, params: &mut Value) -> bool {
+        match &self.guard {
+            Some((guard, tool)) => guard.check(tool, vec![("/params", params)]).is_ok(),
+            None => true,
+        }
+    }
+
+    /// The SSE frame for one message of the server, if it goes to the caller. A message the
+    /// secret guard refuses is dropped; a refused request is answered to the server with an
+    /// error instead.
     fn frame(&self, msg: ServerMessage) -> Option<Bytes> {
         let doc = match msg {
-            ServerMessage::Notification { method, params } => {
+            ServerMessage::Notification { method, mut params } => {
+                if !self.guarded(&mut params) {
+                    return None;
+                }
                 json!({"jsonrpc": "2.0", "method": method, "params": params})
             }
             ServerMessage::Request {
                 method,
-                params,
+                mut params,
                 answer,
             } => {
+                if !self.guarded(&mut params) {
+                    let _ = answer.send(Reply::Error {
+                        code: super::jsonrpc::INTERNAL_ERROR,
+                        message: "carapace withheld this request from the caller: it carries a credential".into(),
+                        data: None,
+                    });
+                    return None;
+                }
                 let session = self.session.as_deref()?;
                 let id = self.answers.wait(session, answer)?;
                 json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})

@@ -67,6 +67,14 @@ async def count(n: int, ctx: Context) -> str:
 
 
 @server.tool()
+async def leak(ctx: Context) -> str:
+    """Say a credential while working: in a log message and in a progress message."""
+    await ctx.log("warning", "using AKIAIOSFODNN7EXAMPLE for the upload")
+    await ctx.report_progress(1, 1, "token ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789")
+    return "uploaded"
+
+
+@server.tool()
 async def touch(uri: str, ctx: Context) -> str:
     """Say that the resource `uri` changed, and that the list of resources did."""
     await ctx.notify_resource_updated(uri)

@@ -112,8 +112,8 @@ the render with a message naming the value.
 {{- fail "gateway.id is required with role: gateway" }}
 {{- end }}
 {{- end }}
-{{- if and (eq $v.sharedState.backend "memory") $v.deployment.enabled (gt (int $v.replicaCount) 1) (eq $v.front.protocol "skill-v1") }}
-{{- fail "sharedState.backend: with several replicas a skill-v1 front needs redis, or a nonce used on one replica is accepted again on another" }}
+{{- if and (eq $v.sharedState.backend "memory") $v.deployment.enabled (gt (int $v.replicaCount) 1) (or (eq $v.front.protocol "skill-v1") (eq $v.front.auth.mode "http_signature")) }}
+{{- fail "sharedState.backend: with several replicas a signed front (skill-v1, or http_signature) needs redis, or a nonce used on one replica is accepted again on another" }}
 {{- end }}
 {{- if and $v.deployment.enabled (gt (int $v.replicaCount) 1) (eq $v.front.protocol "mcp") (not $v.front.mcp.sessionKey.existingSecret) }}
 {{- fail "front.mcp.sessionKey.existingSecret: with several replicas an mcp front needs one session key for all, or a session opened on one replica is unknown to the others" }}
@@ -129,8 +129,11 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- $cfg := dict "state_dir" (include "carapace.path.state" .) }}
 {{- /* front */}}
 {{- $front := dict "protocol" $v.front.protocol }}
+{{- $signed := or (eq $v.front.protocol "skill-v1") (eq $v.front.auth.mode "http_signature") }}
+{{- if $signed }}
 {{- if eq $v.front.protocol "skill-v1" }}
 {{- with $v.front.skillId }}{{ $_ := set $front "skill_id" . }}{{ end }}
+{{- end }}
 {{- $a := $v.front.auth }}
 {{- $keys := list }}
 {{- range $a.keys }}
@@ -337,7 +340,7 @@ volumeMounts:
     mountPath: {{ include "carapace.path.identity" . }}
     readOnly: true
   {{- end }}
-  {{- if and (eq $v.front.protocol "skill-v1") $v.front.auth.keys }}
+  {{- if and (or (eq $v.front.protocol "skill-v1") (eq $v.front.auth.mode "http_signature")) $v.front.auth.keys }}
   - name: carapace-front-keys
     mountPath: {{ include "carapace.path.frontKeys" . }}
     readOnly: true
@@ -394,10 +397,10 @@ Secrets are mounted with mode 0440: the pod needs fsGroup 65532 (carapace.podSec
     secretName: {{ include "carapace.identitySecretName" . }}
     defaultMode: 288  # 0440: owner and group (fsGroup) read
 {{- end }}
-{{- if and (eq $v.front.protocol "skill-v1") $v.front.auth.keys }}
+{{- if and (or (eq $v.front.protocol "skill-v1") (eq $v.front.auth.mode "http_signature")) $v.front.auth.keys }}
 - name: carapace-front-keys
   secret:
-    secretName: {{ required "front.auth.existingSecret is required for a skill-v1 front" $v.front.auth.existingSecret }}
+    secretName: {{ required "front.auth.existingSecret is required for front.auth.keys" $v.front.auth.existingSecret }}
     defaultMode: 288  # 0440: owner and group (fsGroup) read
     items:
       {{- range $v.front.auth.keys }}

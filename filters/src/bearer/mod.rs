@@ -24,6 +24,7 @@ use crate::identity::{set_identity_headers, ConnectionIdentity};
 use crate::signature::UnixClock;
 use crate::{BoxFuture, Rejection};
 
+pub mod cache;
 pub mod challenge;
 pub mod scopes;
 pub mod token;
@@ -132,6 +133,7 @@ pub struct BearerLayer {
     keys: Arc<dyn KeySource>,
     clock: UnixClock,
     denial: Arc<dyn Denial>,
+    verified: Arc<cache::TokenCache>,
 }
 
 impl BearerLayer {
@@ -145,6 +147,7 @@ impl BearerLayer {
             keys,
             clock,
             denial,
+            verified: Arc::default(),
         }
     }
 }
@@ -199,16 +202,24 @@ impl BearerLayer {
 
     /// The principal a valid `token` stands for.
     async fn principal(&self, token: &str) -> Result<Principal, Rejection> {
-        let (alg, kid) = token::header(token).map_err(|e| self.invalid(&e))?;
-        let mut keys = self.keys.keys();
-        if token::key_for(&keys, alg, kid.as_deref()).is_none() {
-            keys = self.keys.refresh().await;
-        }
-        let jwk = token::key_for(&keys, alg, kid.as_deref())
-            .ok_or_else(|| self.invalid(&TokenError::UnknownKey))?;
         let now_s = (self.clock)() / 1000;
-        let holder = token::verify(token, alg, jwk, &self.policy.rules, now_s)
-            .map_err(|e| self.invalid(&e))?;
+        let skew_s = self.policy.rules.skew.as_secs();
+        let mut keys = self.keys.keys();
+        let holder = match self.verified.get(token, &keys, now_s, skew_s) {
+            Some(holder) => holder,
+            None => {
+                let (alg, kid) = token::header(token).map_err(|e| self.invalid(&e))?;
+                if token::key_for(&keys, alg, kid.as_deref()).is_none() {
+                    keys = self.keys.refresh().await;
+                }
+                let jwk = token::key_for(&keys, alg, kid.as_deref())
+                    .ok_or_else(|| self.invalid(&TokenError::UnknownKey))?;
+                let holder = token::verify(token, alg, jwk, &self.policy.rules, now_s)
+                    .map_err(|e| self.invalid(&e))?;
+                self.verified.put(token, &keys, &holder);
+                holder
+            }
+        };
         let permissions = self
             .policy
             .scopes

@@ -84,6 +84,9 @@ pub struct SecretGuard {
     role: &'static str,
 }
 
+/// Most passes of [`SecretGuard::scan`] over one string before it is replaced whole.
+pub const MAX_REDACTION_PASSES: usize = 4;
+
 /// A credential found at a JSON path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
@@ -121,6 +124,29 @@ impl SecretGuard {
         findings
     }
 
+    /// `s` with `found` redacted, and again while the redacted text holds a credential: taking
+    /// text out can complete one beside it (a word boundary appears where the credential
+    /// was). After [`MAX_REDACTION_PASSES`] the whole string goes.
+    fn redact_fully(&self, s: &str, found: &[Found], path: &str, out: &mut Vec<Finding>) -> String {
+        let mut text = redacted(s, found);
+        for _ in 0..MAX_REDACTION_PASSES {
+            let again = self.detectors.find(&text);
+            if again.is_empty() {
+                return text;
+            }
+            out.extend(again.iter().map(|f| Finding {
+                detector: f.detector.clone(),
+                path: path.to_owned(),
+            }));
+            text = redacted(&text, &again);
+        }
+        if self.detectors.find(&text).is_empty() {
+            text
+        } else {
+            "[REDACTED]".to_owned()
+        }
+    }
+
     /// `path` is where `v` is; segments are pushed and popped, so nothing is allocated for
     /// values with nothing in them.
     fn walk(&self, v: &mut Value, path: &mut String, redact: bool, out: &mut Vec<Finding>) {
@@ -136,7 +162,7 @@ impl SecretGuard {
                     path: path.clone(),
                 }));
                 if redact {
-                    *s = redacted(s, &found);
+                    *s = self.redact_fully(s, &found, path, out);
                 }
             }
             Value::Array(items) => {
@@ -383,6 +409,27 @@ mod tests {
         let r = svc.oneshot(c).await;
         let args = seen.lock().unwrap().clone();
         (r, args)
+    }
+
+    /// Found by the fuzzer: redacting `tok_…` put a word boundary after an AWS key id that
+    /// had none, so a second scan found it.
+    #[test]
+    fn a_credential_completed_by_a_redaction_is_redacted_too() {
+        let g = SecretGuard::new(
+            Detectors::new(&["tok_[a-z0-9]{8}".to_string()], vec![]).unwrap(),
+            GuardMode::Enforce,
+            GuardAction::Redact,
+            HashMap::new(),
+            "inbound",
+        );
+        let mut v = json!("key AKIAIOSFODNN7EXAMPF0tok_abcd1234 here");
+        let found = g.scan(&mut v, "", true);
+        assert_eq!(
+            v,
+            json!("key [REDACTED:aws_access_key_id][REDACTED:pattern_0] here")
+        );
+        assert_eq!(found.len(), 2);
+        assert!(g.scan(&mut v, "", false).is_empty());
     }
 
     fn result_with_key() -> CallOutcome {

@@ -60,6 +60,11 @@ impl McpFront {
             CallerStream::new(progress, features, session.is_some(), logs)
         });
         let (stream, messages) = relay.unzip();
+        let tool_name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         let this = self.clone();
         let cancel_key = session.clone().map(|s| ("mcp", s, id.to_string()));
         let call = async move {
@@ -78,6 +83,7 @@ impl McpFront {
         let cx = StreamContext {
             answers: self.sessions.answers().clone(),
             session,
+            guard: self.guard.clone().map(|g| (g, tool_name)),
         };
         stream::respond(Box::pin(call), messages, cx).await
     }
