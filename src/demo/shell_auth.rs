@@ -72,24 +72,22 @@ fn challenge(r: &Reply) -> String {
         .to_owned()
 }
 
-/// 12: OAuth 2.1 bearer tokens on an MCP front.
-pub(super) async fn oauth_step(dir: &Path, app_addr: &str, ca: &Authority) -> Result<(), String> {
-    let issuer = Issuer::new()?;
-    std::fs::write(dir.join("issuer-jwks.json"), issuer.jwks.to_string())
-        .map_err(|e| e.to_string())?;
+/// carapace in `dir/<name>` with `front` (YAML lines), on a TLS listener that asks for no
+/// client certificate, in front of the sample app; and a client without one.
+async fn without_certificates(
+    dir: &Path,
+    name: &str,
+    front: &str,
+    app_addr: &str,
+    ca: &Authority,
+) -> Result<(crate::server::Running, Client), String> {
     let running = start(
-        &dir.join("oauth"),
+        &dir.join(name),
         &format!(
             r#"
-state_dir: {dir}/oauth
+state_dir: {dir}/{name}
 front:
-  protocol: mcp
-  oauth:
-    resource: "{RESOURCE}"
-    issuer: "{ISSUER}"
-    jwks_file: {dir}/issuer-jwks.json
-    scopes: {{ memory: ["tool.call:memory.*"], "memory:read": ["tool.call:memory.query"] }}
-    challenge_scope: "memory:read"
+{front}
 listeners:
   tcp:
     address: "127.0.0.1:0"
@@ -105,6 +103,25 @@ ops: {{ address: "" }}
         address: running.tcp_address.ok_or("no tcp address")?,
         config: tls_config(&ca.cert_pem(), None, false),
     });
+    Ok((running, client))
+}
+
+/// 12: OAuth 2.1 bearer tokens on an MCP front.
+pub(super) async fn oauth_step(dir: &Path, app_addr: &str, ca: &Authority) -> Result<(), String> {
+    let issuer = Issuer::new()?;
+    std::fs::write(dir.join("issuer-jwks.json"), issuer.jwks.to_string())
+        .map_err(|e| e.to_string())?;
+    let front = format!(
+        r#"  protocol: mcp
+  oauth:
+    resource: "{RESOURCE}"
+    issuer: "{ISSUER}"
+    jwks_file: {dir}/issuer-jwks.json
+    scopes: {{ memory: ["tool.call:memory.*"], "memory:read": ["tool.call:memory.query"] }}
+    challenge_scope: "memory:read""#,
+        dir = dir.display()
+    );
+    let (running, client) = without_certificates(dir, "oauth", &front, app_addr, ca).await?;
     let none = mcp_call(&client, "", "memory.query", json!({"query": "cat"})).await?;
     let read = issuer.token("memory:read")?;
     let query = mcp_call(&client, &read, "memory.query", json!({"query": "cat"})).await?;
@@ -193,30 +210,11 @@ pub(super) async fn signature_step(
 ) -> Result<(), String> {
     let secret = "a demo key shared with one caller, 32+ bytes";
     std::fs::write(dir.join("demo-key.secret"), secret).map_err(|e| e.to_string())?;
-    let running = start(
-        &dir.join("signed"),
-        &format!(
-            r#"
-state_dir: {dir}/signed
-front:
-  protocol: tools-v1
-  answers: http_status
-  auth: {{ mode: http_signature, keys: [{{ id: demo-key, secret: {{ file: {dir}/demo-key.secret }} }}] }}
-listeners:
-  tcp:
-    address: "127.0.0.1:0"
-    tls: {{ cert_file: {dir}/server.crt, key_file: {dir}/server.key }}
-app: {{ protocol: tools-v1, address: "http://{app_addr}" }}
-ops: {{ address: "" }}
-"#,
-            dir = dir.display()
-        ),
-    )
-    .await?;
-    let client = Client::new(Transport::Tls {
-        address: running.tcp_address.ok_or("no tcp address")?,
-        config: tls_config(&ca.cert_pem(), None, false),
-    });
+    let front = format!(
+        "  protocol: tools-v1\n  answers: http_status\n  auth: {{ mode: http_signature, keys: [{{ id: demo-key, secret: {{ file: {}/demo-key.secret }} }}] }}",
+        dir.display()
+    );
+    let (running, client) = without_certificates(dir, "signed", &front, app_addr, ca).await?;
     let key = DemoKey(Arc::from(secret.as_bytes()));
     let body = json!({"version": "v1", "call_id": "c-13", "tool_name": "memory.query",
         "tenant_id": "home", "args": {"query": "cat"},
