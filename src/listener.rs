@@ -185,9 +185,36 @@ pub async fn accept_unix(
     }
 }
 
-/// Serve the TCP listener (mTLS, or plain loopback for a signed front).
+/// What a TCP listener serves: its stack and its TLS.
+#[derive(Clone)]
+pub enum TcpEndpoint {
+    /// The tool-host role's listener: the inbound stack, and the TLS of the current pairing
+    /// (or the configured files), which an installed pairing replaces.
+    Inbound,
+    /// The outbound role's endpoint for remote agents (`outbound.listen`): its own TLS, no
+    /// client certificates.
+    Outbound(Arc<crate::tls::ListenerTls>),
+}
+
+impl TcpEndpoint {
+    fn parts(
+        &self,
+        shared: &Arc<Shared>,
+    ) -> (
+        Arc<ArcSwap<HttpStack>>,
+        Option<Arc<crate::tls::ListenerTls>>,
+    ) {
+        match self {
+            TcpEndpoint::Inbound => (shared.stack.clone(), shared.tls.load_full()),
+            TcpEndpoint::Outbound(tls) => (shared.outbound_stack.clone(), Some(tls.clone())),
+        }
+    }
+}
+
+/// Serve a TCP listener (mTLS, or plain loopback for a signed front).
 pub async fn accept_tcp(
     l: TcpListener,
+    endpoint: TcpEndpoint,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
     graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
@@ -217,6 +244,7 @@ pub async fn accept_tcp(
             stream,
             peer,
             slot,
+            endpoint.clone(),
             shared.clone(),
             graceful.clone(),
         ));
@@ -228,12 +256,14 @@ async fn serve_tcp(
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     slot: Slot,
+    endpoint: TcpEndpoint,
     shared: Arc<Shared>,
     graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
 ) {
     let mut lifetime = Lifetime::of(&shared.config.load());
-    let parts = (shared.clone(), shared.stack.clone());
-    let Some(listener_tls) = shared.tls.load_full() else {
+    let (stacks, tls) = endpoint.parts(&shared);
+    let parts = (shared.clone(), stacks);
+    let Some(listener_tls) = tls else {
         // A signed front on loopback: every call is authenticated by its signature.
         if let Err(e) = slot.identify(&peer.ip().to_string(), false) {
             tracing::info!(%peer, "closing a connection: {e}");

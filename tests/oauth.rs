@@ -4,49 +4,16 @@
 
 mod common;
 
-use base64::Engine;
 use carapace::client::Reply;
 use carapace_filters::bearer::challenge;
 use common::mcp::{interop, modern_body};
+use common::oauth::{b64, Issuer};
 use common::Env;
 use jsonwebtoken::{EncodingKey, Header};
-use ring::rand::SystemRandom;
-use ring::signature::{self, KeyPair};
 use serde_json::{json, Value};
 
 const ISSUER: &str = "https://auth.test";
 const RESOURCE: &str = "https://tools.test/mcp";
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// The issuer's ES256 key: its JWKS and a signer.
-struct Issuer {
-    key: EncodingKey,
-    jwks: Value,
-}
-
-impl Issuer {
-    fn new(kid: &str) -> Self {
-        let rng = SystemRandom::new();
-        let alg = &signature::ECDSA_P256_SHA256_FIXED_SIGNING;
-        let pkcs8 = signature::EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
-        let pair = signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap();
-        let p = pair.public_key().as_ref();
-        Issuer {
-            key: EncodingKey::from_ec_der(pkcs8.as_ref()),
-            jwks: json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig",
-                "x": b64(&p[1..33]), "y": b64(&p[33..65])}]}),
-        }
-    }
-
-    fn token(&self, claims: &Value) -> String {
-        let mut h = Header::new(jsonwebtoken::Algorithm::ES256);
-        h.kid = self.jwks["keys"][0]["kid"].as_str().map(str::to_owned);
-        jsonwebtoken::encode(&h, claims, &self.key).unwrap()
-    }
-}
 
 fn now_s() -> u64 {
     carapace_filters::unix_now_ms() / 1000

@@ -43,6 +43,7 @@ async fn setup_full(
     signed: bool,
 ) -> Setup {
     let env = Env::new().await;
+    let outbound_extra = &outbound_extra.replace("{ENV}", &env.path().display().to_string());
     write_peers(&env.path().join("peers.json"), &[]);
     let secret = b"skill-secret-for-outbound";
     let (skill, skill_addr) =
@@ -402,5 +403,111 @@ async fn the_gateway_signs_its_requests_for_a_host_that_asks() {
     let seen = s.env.app.received();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
+    s.gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn remote_agents_reach_the_outbound_endpoint_with_oauth_tokens() {
+    let issuer = common::oauth::Issuer::new("k1");
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = keys.path().join("jwks.json");
+    std::fs::write(&jwks, issuer.jwks.to_string()).unwrap();
+    let listen = format!(
+        r#"  listen:
+    address: "127.0.0.1:0"
+    cert_file: {{ENV}}/server.crt
+    key_file: {{ENV}}/server.key
+    oauth:
+      resource: "https://gateway.test/mcp"
+      issuer: "https://auth.test"
+      jwks_file: {}
+      scopes: {{ memory: ["tool.call:memory.*"], "memory:read": ["tool.call:memory.query"] }}"#,
+        jwks.display()
+    );
+    let s = setup_with(None, "memory.append", &listen).await;
+    let remote = Client::new(Transport::Tls {
+        address: s.gw.outbound_address.expect("outbound listener"),
+        config: carapace::client::tls_config(&s.env.pki.ca.cert_pem(), None, false),
+    });
+    let now = carapace_filters::unix_now_ms() / 1000;
+    let token = |scope: &str| {
+        issuer.token(
+            &json!({"iss": "https://auth.test", "aud": "https://gateway.test/mcp",
+            "sub": "remote-agent", "scope": scope, "iat": now, "exp": now + 300}),
+        )
+    };
+    let call = |tool: &str| {
+        modern_body(
+            1,
+            "tools/call",
+            json!({"name": tool, "arguments": {"text": "from afar"}}),
+        )
+    };
+    let send = |token: Option<String>, body: Value| {
+        let remote = remote.clone();
+        async move {
+            let auth = token.map(|t| format!("Bearer {t}"));
+            let name = body["params"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let mut h = vec![
+                ("mcp-protocol-version", common::mcp::MODERN),
+                ("mcp-method", body["method"].as_str().unwrap()),
+            ];
+            if !name.is_empty() {
+                h.push(("mcp-name", name.as_str()));
+            }
+            if let Some(a) = &auth {
+                h.push(("authorization", a.as_str()));
+            }
+            remote.post_json("/mcp", &h, &body).await.unwrap()
+        }
+    };
+    // No token: 401 naming the outbound endpoint's own metadata.
+    let none = send(None, call("memory.append")).await;
+    assert_eq!(none.status, StatusCode::UNAUTHORIZED, "{:?}", none.body);
+    let challenge = none.headers["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        challenge.contains("https://gateway.test/.well-known/oauth-protected-resource/mcp"),
+        "{challenge}"
+    );
+    // A read-only token sees the read-only tool and may not append.
+    let list = send(
+        Some(token("memory:read")),
+        modern_body(2, "tools/list", json!({})),
+    )
+    .await;
+    let names: Vec<String> = list.json()["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["memory.query"], "{}", list.json());
+    let short = send(Some(token("memory:read")), call("memory.append")).await;
+    assert_eq!(short.status, StatusCode::FORBIDDEN, "{:?}", short.body);
+    assert!(short.headers["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains("error=\"insufficient_scope\""));
+    assert!(
+        s.env.app.received().is_empty(),
+        "nothing reached the tool host's app"
+    );
+    // The right scope: the call goes to the paired tool host, as the gateway.
+    let ok = send(Some(token("memory")), call("memory.append")).await;
+    assert_eq!(ok.json()["result"]["isError"], false, "{}", ok.json());
+    let seen = s.env.app.received();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["x-carapace-peer-id"], "gw_home");
+    assert!(seen[0].headers.get("authorization").is_none());
+    // The local socket still needs no token.
+    let agent = Client::new(Transport::Unix(s.socket.clone()));
+    let local = modern(&agent, &modern_body(3, "tools/list", json!({}))).await;
+    assert_eq!(local.status, StatusCode::OK);
     s.gw.shutdown().await;
 }

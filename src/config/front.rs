@@ -129,7 +129,9 @@ pub(super) fn check_front(
         errors.push(err("/front/mcp", "only an mcp front has this section"));
     }
     match (&f.oauth, f.protocol) {
-        (Some(o), Protocol::Mcp) => d.oauth_keys = super::oauth::check_oauth(o, errors),
+        (Some(o), Protocol::Mcp) => {
+            d.oauth_keys = super::oauth::check_oauth(o, "/front/oauth", errors)
+        }
         (Some(_), p) => errors.push(err(
             "/front/oauth",
             format!("OAuth bearer tokens are for an mcp front, not {p}"),

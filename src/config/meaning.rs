@@ -148,6 +148,11 @@ pub(super) fn resolve_paths(c: &mut Config, base: &Path) {
         resolve_pairing(p, base);
     }
     if let Some(o) = &mut c.outbound {
+        if let Some(l) = &mut o.listen {
+            fix_path(&mut l.cert_file, base);
+            fix_path(&mut l.key_file, base);
+            super::oauth::resolve_oauth(&mut l.oauth, base);
+        }
         fix_path(&mut o.socket, base);
         super::pinning::resolve_pinning(&mut o.pinning, base);
         for skill in o.skills.values_mut() {

@@ -44,7 +44,9 @@ pub use limits::LimitsConfig;
 mod pairing;
 pub use pairing::{GatewayConfig, PairingConfig, PairingTlsConfig};
 mod outbound;
-pub use outbound::{OutboundConfig, OutboundPeerConfig, OutboundSkill, OutboundSkillConfig};
+pub use outbound::{
+    OutboundConfig, OutboundListenConfig, OutboundPeerConfig, OutboundSkill, OutboundSkillConfig,
+};
 mod shared_state;
 pub use shared_state::{RedisConfig, SharedStateBackend, SharedStateConfig};
 mod ops;
@@ -221,6 +223,10 @@ pub struct Loaded {
     pub guard_values: Vec<(String, Secret)>,
     /// `front.oauth.jwks_file`, loaded.
     pub oauth_keys: Option<jsonwebtoken::jwk::JwkSet>,
+    /// `outbound.listen.address`.
+    pub outbound_listen: Option<SocketAddr>,
+    /// `outbound.listen.oauth.jwks_file`, loaded.
+    pub outbound_oauth_keys: Option<jsonwebtoken::jwk::JwkSet>,
 }
 
 impl Loaded {
@@ -368,6 +374,8 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
             outbound_pins: d.outbound_pins,
             guard_values,
             oauth_keys: d.oauth_keys,
+            outbound_listen: d.outbound_listen,
+            outbound_oauth_keys: d.outbound_oauth_keys,
         }),
         _ => Err(ConfigErrors(errors)),
     }
@@ -401,4 +409,6 @@ struct Derived {
     pins: BTreeMap<String, String>,
     outbound_pins: BTreeMap<String, String>,
     oauth_keys: Option<jsonwebtoken::jwk::JwkSet>,
+    outbound_listen: Option<SocketAddr>,
+    outbound_oauth_keys: Option<jsonwebtoken::jwk::JwkSet>,
 }

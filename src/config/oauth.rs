@@ -106,15 +106,17 @@ pub fn check_url(url: &str, allow_path: bool) -> Result<http::Uri, String> {
 
 const ACTIONS: [&str; 3] = ["tool.call:", "resource.read:", "prompt.get:"];
 
-/// The issuer's keys when they come from a file.
+/// The issuer's keys when they come from a file. `at` is where the section is
+/// (`/front/oauth`, `/outbound/listen/oauth`).
 pub(super) fn check_oauth(
     o: &OAuthConfig,
+    at: &str,
     errors: &mut Vec<ConfigError>,
 ) -> Option<jsonwebtoken::jwk::JwkSet> {
     let mut e = |path: &str, m: String| {
         let at = match path {
-            "" => "/front/oauth".to_owned(),
-            p => format!("/front/oauth/{p}"),
+            "" => at.to_owned(),
+            p => format!("{at}/{p}"),
         };
         errors.push(err(at, m))
     };

@@ -37,6 +37,23 @@ pub struct OutboundConfig {
     /// `warn` unless `mode` says otherwise).
     #[serde(default)]
     pub pinning: super::PinningConfig,
+    /// The same endpoint (tools-v1, and MCP at `/mcp`) for agents elsewhere: TLS, every
+    /// request with an OAuth bearer token.
+    #[serde(default)]
+    pub listen: Option<OutboundListenConfig>,
+}
+
+/// The outbound role's endpoint on TCP, for remote agents.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundListenConfig {
+    /// `host:port` to bind.
+    pub address: String,
+    /// PEM certificate chain and key of this listener (TLS 1.3; no client certificates).
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// How remote agents authenticate: OAuth 2.1 bearer tokens (as `front.oauth`).
+    pub oauth: super::OAuthConfig,
 }
 
 /// One skill-v1 skill the outbound role calls.
@@ -82,6 +99,26 @@ pub struct OutboundPeerConfig {
     pub http_signature: bool,
 }
 
+/// `outbound.listen`: its address, its certificate and its OAuth settings.
+fn check_listen(l: &OutboundListenConfig, d: &mut Derived, errors: &mut Vec<ConfigError>) {
+    match l.address.parse::<SocketAddr>() {
+        Ok(a) => d.outbound_listen = Some(a),
+        Err(_) => errors.push(err(
+            "/outbound/listen/address",
+            format!("`{}` is not host:port with an IP host", l.address),
+        )),
+    }
+    for (at, f) in [("cert_file", &l.cert_file), ("key_file", &l.key_file)] {
+        if let Err(e) = std::fs::metadata(f) {
+            errors.push(err(
+                format!("/outbound/listen/{at}"),
+                format!("{}: {e}", f.display()),
+            ));
+        }
+    }
+    d.outbound_oauth_keys = super::oauth::check_oauth(&l.oauth, "/outbound/listen/oauth", errors);
+}
+
 pub(super) fn check_outbound(
     o: &OutboundConfig,
     gateway_set: bool,
@@ -89,6 +126,9 @@ pub(super) fn check_outbound(
     errors: &mut Vec<ConfigError>,
 ) {
     d.outbound_pins = super::pinning::check_pinning(&o.pinning, "/outbound/pinning", errors);
+    if let Some(l) = &o.listen {
+        check_listen(l, d, errors);
+    }
     if !gateway_set {
         errors.push(err(
             "/outbound",

@@ -351,3 +351,34 @@ app: {{ protocol: tools-v1, address: 'http://127.0.0.1:8080' }}
         "{all}"
     );
 }
+
+#[test]
+fn the_outbound_listener_is_checked_with_its_oauth() {
+    let all = errors(
+        "
+state_dir: /tmp/x
+front: { protocol: tools-v1 }
+listeners: { unix: { path: /tmp/x/s.sock } }
+app: { protocol: tools-v1, address: 'http://127.0.0.1:8080' }
+gateway: { id: gw }
+outbound:
+  socket: /tmp/x/out.sock
+  peers: {}
+  listen:
+    address: nowhere
+    cert_file: /nonexistent/c
+    key_file: /nonexistent/k
+    oauth: { resource: 'https://g.test/mcp', issuer: 'https://a.test', scopes: {} }
+",
+    )
+    .join("\n");
+    for expected in [
+        "/outbound/listen/address: `nowhere` is not host:port",
+        "/outbound/listen/cert_file",
+        "/outbound/listen/key_file",
+        "/outbound/listen/oauth: exactly one of jwks_file and jwks_url is required",
+        "/outbound/listen/oauth/scopes: at least one scope is required",
+    ] {
+        assert!(all.contains(expected), "{expected} in {all}");
+    }
+}

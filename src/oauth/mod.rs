@@ -57,6 +57,29 @@ pub fn metadata(o: &OAuthConfig) -> serde_json::Value {
 /// The bearer-token layer of an mcp front with `front.oauth`, else `None`.
 pub fn layer(cfg: &Loaded, clock: carapace_filters::signature::UnixClock) -> Option<BearerLayer> {
     let o = cfg.config.front.oauth.as_ref()?;
+    Some(layer_for(o, cfg.oauth_keys.as_ref(), clock))
+}
+
+/// The bearer-token layer of the outbound role's remote endpoint (`outbound.listen`), else
+/// `None`.
+pub fn outbound_layer(
+    cfg: &Loaded,
+    clock: carapace_filters::signature::UnixClock,
+) -> Option<BearerLayer> {
+    let listen = cfg.config.outbound.as_ref()?.listen.as_ref()?;
+    Some(layer_for(
+        &listen.oauth,
+        cfg.outbound_oauth_keys.as_ref(),
+        clock,
+    ))
+}
+
+/// The bearer-token layer of `o`; `file_keys` are its `jwks_file`, loaded.
+fn layer_for(
+    o: &OAuthConfig,
+    file_keys: Option<&jsonwebtoken::jwk::JwkSet>,
+    clock: carapace_filters::signature::UnixClock,
+) -> BearerLayer {
     // Checked when the configuration was loaded.
     let resource: http::Uri = o.resource.parse().expect("validated resource");
     let (resource_metadata, metadata_paths) = metadata_location(&resource);
@@ -74,11 +97,14 @@ pub fn layer(cfg: &Loaded, clock: carapace_filters::signature::UnixClock) -> Opt
         metadata_paths,
         metadata: Bytes::from(metadata(o).to_string()),
     };
-    Some(BearerLayer::new(policy, key_source(cfg, o), clock))
+    BearerLayer::new(policy, key_source(o, file_keys), clock)
 }
 
-fn key_source(cfg: &Loaded, o: &OAuthConfig) -> Arc<dyn KeySource> {
-    if let Some(keys) = &cfg.oauth_keys {
+fn key_source(
+    o: &OAuthConfig,
+    file_keys: Option<&jsonwebtoken::jwk::JwkSet>,
+) -> Arc<dyn KeySource> {
+    if let Some(keys) = file_keys {
         return Arc::new(StaticKeys(Arc::new(keys.clone())));
     }
     let url = o.jwks_url.as_deref().expect("validated: a file or a URL");

@@ -51,9 +51,13 @@ pub(crate) fn build_outbound_stack(
         max_bytes: c.limits.max_body_bytes,
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
     };
+    // Remote agents (`outbound.listen`) come without a certificate and are authenticated by
+    // their bearer token, the next layer; the local socket is the local principal.
+    let remote = c.outbound.as_ref().is_some_and(|o| o.listen.is_some());
     let http = || {
         ServiceBuilder::new()
-            .layer(IdentityLayer::new(shared.peers.clone(), false))
+            .layer(IdentityLayer::new(shared.peers.clone(), remote))
+            .option_layer(crate::oauth::outbound_layer(cfg, shared.clock.clone()))
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(shared.load_shed_layer(c.limits.max_in_flight))
             .layer(BodyLimitLayer::new(body))

@@ -52,6 +52,8 @@ pub struct Running {
     pub ops_address: Option<SocketAddr>,
     /// The bound pairing endpoint address.
     pub pairing_address: Option<SocketAddr>,
+    /// The bound address of the outbound role's endpoint for remote agents.
+    pub outbound_address: Option<SocketAddr>,
     pub unix_path: Option<PathBuf>,
     pub admin_socket: PathBuf,
     shutdown: watch::Sender<bool>,

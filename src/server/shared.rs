@@ -34,7 +34,7 @@ pub struct Shared {
     pub app: ArcSwap<crate::app::AppConn>,
     pub(crate) stack: Arc<ArcSwap<HttpStack>>,
     /// The outbound role's stack (serves only when `outbound` is configured).
-    pub(super) outbound_stack: Arc<ArcSwap<HttpStack>>,
+    pub(crate) outbound_stack: Arc<ArcSwap<HttpStack>>,
     pub(crate) tls: arc_swap::ArcSwapOption<crate::tls::ListenerTls>,
     pub(super) listening: AtomicBool,
     pub(super) rediscover: tokio::sync::Notify,

@@ -52,6 +52,8 @@ struct Bound {
     ops: Option<TcpListener>,
     pairing: Option<(TcpListener, Arc<PairingEndpoint>)>,
     outbound: Option<(UnixListener, Arc<Outbound>)>,
+    /// `outbound.listen`: the outbound role's endpoint for remote agents, and its TLS.
+    outbound_tcp: Option<(TcpListener, Arc<crate::tls::ListenerTls>)>,
     admin: UnixListener,
 }
 
@@ -217,6 +219,22 @@ async fn bind_listeners(
         }
         _ => None,
     };
+    let outbound_tcp = match (
+        cfg.outbound_listen,
+        c.outbound.as_ref().and_then(|o| o.listen.as_ref()),
+    ) {
+        (Some(a), Some(l)) => {
+            let certs = crate::tls::load_certs(&l.cert_file)?;
+            let key = crate::tls::load_key(&l.key_file)?;
+            let config = crate::tls::server_config(certs, key, None, false)?;
+            let tls = crate::tls::ListenerTls {
+                acceptor: tokio_rustls::TlsAcceptor::from(config),
+                client_ca_fingerprint: None,
+            };
+            Some((bind_tcp(a, "outbound listener").await?, Arc::new(tls)))
+        }
+        _ => None,
+    };
     let unix = match &c.listeners.unix {
         Some(u) => {
             let what = ("unix listener", "unix listener (mode)");
@@ -247,6 +265,7 @@ async fn bind_listeners(
         ops,
         pairing,
         outbound,
+        outbound_tcp,
         admin,
     })
 }
@@ -258,6 +277,10 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
     let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
     let mut tasks = tokio::task::JoinSet::new();
     let tcp_address = bound.tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let outbound_address = bound
+        .outbound_tcp
+        .as_ref()
+        .and_then(|(l, _)| l.local_addr().ok());
     let ops_address = bound.ops.as_ref().and_then(|l| l.local_addr().ok());
     let pairing_address = bound
         .pairing
@@ -278,9 +301,27 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
     }
     if let Some(l) = bound.tcp {
         tracing::info!("listening tcp={}", tcp_address.expect("bound"));
-        let accept =
-            crate::listener::accept_tcp(l, shared.clone(), shutdown.clone(), graceful.clone());
+        let accept = crate::listener::accept_tcp(
+            l,
+            crate::listener::TcpEndpoint::Inbound,
+            shared.clone(),
+            shutdown.clone(),
+            graceful.clone(),
+        );
         tasks.spawn(accept);
+    }
+    if let Some((l, tls)) = bound.outbound_tcp {
+        tracing::info!(
+            "outbound listening tcp={}",
+            outbound_address.expect("bound")
+        );
+        tasks.spawn(crate::listener::accept_tcp(
+            l,
+            crate::listener::TcpEndpoint::Outbound(tls),
+            shared.clone(),
+            shutdown.clone(),
+            graceful.clone(),
+        ));
     }
     if let Some(l) = bound.ops {
         let a = ops_address.expect("bound");
@@ -326,6 +367,7 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
         tcp_address,
         ops_address,
         pairing_address,
+        outbound_address,
         unix_path,
         admin_socket: cfg.admin_socket(),
         shutdown: shutdown_tx,

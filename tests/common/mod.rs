@@ -4,6 +4,7 @@
 
 pub mod mcp;
 pub mod node;
+pub mod oauth;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
