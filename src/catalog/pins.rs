@@ -3,7 +3,7 @@
 //!
 //! A tool's definition is what a caller or a model is shown of it: its served name,
 //! description, input and output schemas and annotations. Its pin is `sha256:` and the hex
-//! SHA-256 of that definition in canonical JSON (RFC 8785, as the signatures use). Pins come
+//! SHA-256 of that definition in canonical JSON (RFC 8785, `canonical::jcs_string`). Pins come
 //! from the configuration (`app.pinning.pins` and `file`): then a tool without one is not
 //! approved. Without configured pins, each tool is pinned at first discovery, in
 //! `<state_dir>/tool-pins.json` (with the definition, so a change can be shown field by field).
@@ -270,7 +270,7 @@ pub fn definition(t: &ToolSpec) -> Value {
 pub fn pin_of(definition: &Value) -> String {
     use sha2::Digest;
     // A definition is built from JSON values and objects with string keys: it canonicalizes.
-    let canonical = carapace_filters::canonical::canonical_string(definition)
+    let canonical = carapace_filters::canonical::jcs_string(definition)
         .unwrap_or_else(|_| definition.to_string());
     format!(
         "sha256:{}",

@@ -39,19 +39,23 @@ impl<'a> WriteError<'a> {
     }
 }
 
+/// Which canonical form: the two differ only in how object keys are ordered and in
+/// `__proto__`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// Skill Gateway v1 / Vagus: `JSON.stringify` of an object rebuilt from its sorted keys,
+    /// so array-index keys come first and `__proto__` is refused (JS would drop it).
+    SkillGateway,
+    /// RFC 8785 (JCS): keys by UTF-16 code units only.
+    Jcs,
+}
+
 /// Write the Vagus-compatible canonical form of `value` into `out`.
 ///
 /// The output is appended to `out`. On error `out` is truncated back to its original length,
 /// so a partial canonical string is never left behind to be MACed.
 pub fn write_canonical(value: &Value, out: &mut String) -> Result<(), CanonicalError> {
-    let original_len = out.len();
-    // One scratch stack of (key, value) pairs shared by all objects of the document: each
-    // object pushes its members, sorts its own slice and truncates it again when done.
-    let mut members: Vec<(&str, &Value)> = Vec::new();
-    write_value(value, out, &mut members, 0).map_err(|e| {
-        out.truncate(original_len);
-        e.into_public()
-    })
+    write_form(value, out, Form::SkillGateway)
 }
 
 /// The canonical form of `value` as a new `String` (see [`write_canonical`]).
@@ -61,11 +65,39 @@ pub fn canonical_string(value: &Value) -> Result<String, CanonicalError> {
     Ok(out)
 }
 
+/// The RFC 8785 (JSON Canonicalization Scheme) form of `value` into `out`: members ordered by
+/// the UTF-16 code units of their names, ECMAScript number formatting, `JSON.stringify`
+/// string escaping, no whitespace. An integer that an IEEE double cannot hold exactly is
+/// refused rather than rounded (RFC 8785 §3.2.2.3 would round it), so two different
+/// documents never share one form.
+pub fn write_jcs(value: &Value, out: &mut String) -> Result<(), CanonicalError> {
+    write_form(value, out, Form::Jcs)
+}
+
+/// The RFC 8785 form of `value` as a new `String` (see [`write_jcs`]).
+pub fn jcs_string(value: &Value) -> Result<String, CanonicalError> {
+    let mut out = String::new();
+    write_jcs(value, &mut out)?;
+    Ok(out)
+}
+
+fn write_form(value: &Value, out: &mut String, form: Form) -> Result<(), CanonicalError> {
+    let original_len = out.len();
+    // One scratch stack of (key, value) pairs shared by all objects of the document: each
+    // object pushes its members, sorts its own slice and truncates it again when done.
+    let mut members: Vec<(&str, &Value)> = Vec::new();
+    write_value(value, out, &mut members, 0, form).map_err(|e| {
+        out.truncate(original_len);
+        e.into_public()
+    })
+}
+
 fn write_value<'a>(
     value: &'a Value,
     out: &mut String,
     members: &mut Vec<(&'a str, &'a Value)>,
     depth: usize,
+    form: Form,
 ) -> Result<(), WriteError<'a>> {
     match value {
         Value::Null => out.push_str("null"),
@@ -82,7 +114,8 @@ fn write_value<'a>(
                 if i > 0 {
                     out.push(',');
                 }
-                write_value(item, out, members, depth + 1).map_err(|e| e.within(Seg::Index(i)))?;
+                write_value(item, out, members, depth + 1, form)
+                    .map_err(|e| e.within(Seg::Index(i)))?;
             }
             out.push(']');
         }
@@ -90,7 +123,7 @@ fn write_value<'a>(
             if depth >= MAX_DEPTH {
                 return Err(WriteError::TooDeep);
             }
-            if map.contains_key("__proto__") {
+            if form == Form::SkillGateway && map.contains_key("__proto__") {
                 return Err(WriteError::Uncovered(Vec::new()));
             }
             let start = members.len();
@@ -98,7 +131,12 @@ fn write_value<'a>(
             let end = members.len();
             // Keys are unique, so an unstable sort is deterministic. serde_json's map already
             // iterates in code-point order, which this sort only has to touch up.
-            members[start..end].sort_unstable_by(|a, b| js_key_order(a.0, b.0));
+            match form {
+                Form::SkillGateway => {
+                    members[start..end].sort_unstable_by(|a, b| js_key_order(a.0, b.0))
+                }
+                Form::Jcs => members[start..end].sort_unstable_by(|a, b| cmp_utf16(a.0, b.0)),
+            }
             out.push('{');
             for j in start..end {
                 let (key, member) = members[j];
@@ -107,7 +145,7 @@ fn write_value<'a>(
                 }
                 write_str(key, out);
                 out.push(':');
-                write_value(member, out, members, depth + 1)
+                write_value(member, out, members, depth + 1, form)
                     .map_err(|e| e.within(Seg::Key(Cow::Borrowed(key))))?;
             }
             members.truncate(start);
@@ -499,6 +537,36 @@ mod tests {
         assert_eq!(
             canonical_string(&value),
             Err(CanonicalError::TooDeep(MAX_DEPTH))
+        );
+    }
+
+    /// RFC 8785 §3.2.3 and Appendix B, and where it parts from the Skill Gateway form.
+    #[test]
+    fn jcs_orders_by_utf16_code_units_only() {
+        let v: Value = serde_json::from_str(
+            r#"{"\u20ac":"Euro Sign","\r":"Carriage Return","\ufb33":"Hebrew Letter Dalet With Dagesh","1":"One","\ud83d\ude00":"Emoji: Grinning Face","\u0080":"Control","\u00f6":"Latin Small Letter O With Diaeresis"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            jcs_string(&v).unwrap(),
+            "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
+        );
+        let numbers: Value = serde_json::from_str(
+            r#"{"numbers":[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001],"literals":[null,true,false]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            jcs_string(&numbers).unwrap(),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27]}"#
+        );
+        let indexed = serde_json::json!({"10": 1, "9": 2, "__proto__": 3});
+        assert_eq!(
+            jcs_string(&indexed).unwrap(),
+            r#"{"10":1,"9":2,"__proto__":3}"#
+        );
+        assert!(
+            canonical_string(&indexed).is_err(),
+            "the Skill Gateway form refuses __proto__"
         );
     }
 }
