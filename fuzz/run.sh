@@ -30,6 +30,7 @@ if [ ${#targets[@]} -eq 0 ]; then
     www_authenticate
     http_signature
     secret_guard
+    eat_catalog
   )
 fi
 

@@ -204,6 +204,18 @@ def secret_guard():
     yield json.dumps({"jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJlc2lnbmF0dXJl", "t": "tok_abcd1234"})
 
 
+def eat_catalog():
+    """Every catalog of the EAT vectors, as bytes (the cases' test_data, and the files)."""
+    cases = load("eat/upstream/examples/test-vectors/invalid_catalogs.json")
+    cases.append(load("eat/upstream/examples/test-vectors/valid_catalog.json"))
+    for case in cases:
+        data = case["test_data"]
+        yield data if isinstance(data, str) else json.dumps(data)
+    for rel in ("examples/catalogs/simple-catalog.json", "examples/catalogs/enterprise-catalog.json",
+                "examples/catalogs/signed-catalog.json", "tests/fixtures/catalogs/invalid_catalog.json"):
+        yield (VECTORS / "eat" / "upstream" / rel).read_bytes()
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -217,6 +229,7 @@ TARGETS = {
     "www_authenticate": www_authenticate,
     "http_signature": http_signature,
     "secret_guard": secret_guard,
+    "eat_catalog": eat_catalog,
 }
 
 

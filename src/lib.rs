@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod connections;
 pub mod demo;
+pub mod eat;
 pub mod edge;
 pub mod errors;
 pub mod front;

@@ -1,0 +1,5 @@
+//! EAT: the signed tool catalog (`/.well-known/api-catalog`) of the EAT protocol text, as
+//! carapace checks it. The catalog's shape is checked strictly, as the text's JSON Schema and
+//! its Conformance prose together say ([`validate`]).
+
+pub mod validate;
