@@ -2,4 +2,5 @@
 //! carapace checks it. The catalog's shape is checked strictly, as the text's JSON Schema and
 //! its Conformance prose together say ([`validate`]).
 
+pub mod keys;
 pub mod validate;

@@ -57,7 +57,7 @@ fn decode32(path: &Path, what: &str, b64: &str) -> Result<Secret32, IdentityErro
 }
 
 /// Load the JSON file at `path`, or create it with `create` and write it atomically.
-fn load_or_create<F: Serialize + for<'de> Deserialize<'de>>(
+pub(crate) fn load_or_create<F: Serialize + for<'de> Deserialize<'de>>(
     path: &Path,
     create: impl FnOnce() -> F,
 ) -> Result<F, IdentityError> {
