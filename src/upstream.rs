@@ -299,6 +299,10 @@ impl AppClient {
             .map_err(|e| Rejection::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
         if let Some(signer) = &self.signer {
+            // The authority signed is the one sent: set `Host` from it before signing.
+            if let Ok(host) = http::HeaderValue::from_str(&self.authority) {
+                req.headers_mut().insert(http::header::HOST, host);
+            }
             let nonce = hex::encode(rand::random::<[u8; 16]>());
             let created = carapace_filters::unix_now_ms() / 1000;
             carapace_filters::http_signature::sign_request(

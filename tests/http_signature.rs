@@ -87,7 +87,7 @@ fn yaml(env: &Env) -> String {
         .replace(
             "front: { protocol: tools-v1 }",
             &format!(
-                "front:\n  protocol: tools-v1\n  answers: http_status\n  auth:\n    mode: http_signature\n    keys: [{{ id: k1, secret: {{ file: {}/k1.secret }} }}]\n    timestamp_skew_s: 60",
+                "front:\n  protocol: tools-v1\n  answers: http_status\n  auth:\n    mode: http_signature\n    keys: [{{ id: k1, secret: {{ file: {}/k1.secret }} }}]\n    timestamp_skew_s: 60\n    authorities: [localhost]",
                 env.path().display()
             ),
         )
@@ -129,6 +129,11 @@ async fn independently_signed_requests_pass_and_tampered_ones_do_not() {
     assert_eq!(ok.status, 200, "{:?}", ok.body);
     assert_eq!(ok.json()["status"], "ok", "{}", ok.json());
     assert_eq!(env.app.received().len(), 1);
+    // The holder of a shared key is named by it.
+    assert_eq!(
+        env.app.received()[0].headers["x-carapace-peer-id"],
+        "signed:k1"
+    );
 
     // A replay of the same request: the nonce is used.
     let again = send(&anon, &body, &good).await;

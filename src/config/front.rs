@@ -78,6 +78,12 @@ pub struct CallerAuthConfig {
     /// Accepted clock difference for `timestamp`, in seconds.
     #[serde(default = "default_skew_s")]
     pub timestamp_skew_s: u64,
+    /// http_signature only: the `host:port` names callers reach this front by. When given, a
+    /// signed request naming another host is refused, so a request signed for one host cannot
+    /// be replayed to another that knows the same key (a gateway signs for every host with one
+    /// key). Empty: any host (then share the nonce store between such hosts).
+    #[serde(default)]
+    pub authorities: Vec<String>,
     /// How long a nonce stays used, in seconds.
     #[serde(default = "default_nonce_ttl_s")]
     pub nonce_ttl_s: u64,
@@ -186,6 +192,14 @@ fn check_signed_front(f: &FrontConfig, d: &mut Derived, errors: &mut Vec<ConfigE
             "not used by http_signature (Signature-Input and Signature carry the signature)",
         ));
     }
+    for (i, a) in auth.authorities.iter().enumerate() {
+        if a.parse::<http::uri::Authority>().is_err() || a.contains('@') {
+            errors.push(err(
+                format!("/front/auth/authorities/{i}"),
+                format!("`{a}` is not host:port"),
+            ));
+        }
+    }
     check_front_auth(auth, d, errors);
 }
 
@@ -218,7 +232,15 @@ fn check_skill_v1_front(
             "/front/auth/mode",
             "a skill-v1 front signs its calls in the body: hmac or api_key",
         )),
-        Some(auth) => check_front_auth(auth, d, errors),
+        Some(auth) => {
+            if !auth.authorities.is_empty() {
+                errors.push(err(
+                    "/front/auth/authorities",
+                    "only for http_signature (a skill-v1 body signature names no host)",
+                ));
+            }
+            check_front_auth(auth, d, errors)
+        }
         None => errors.push(err(
             "/front/auth",
             "a skill-v1 front requires auth (hmac or api_key)",

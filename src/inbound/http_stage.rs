@@ -46,13 +46,17 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
         .layer(crate::ops::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-        .option_layer((c.front.protocol == Protocol::Mcp).then(|| {
-            crate::mcp::early::MirroredHeaderLayer::new(
-                shared.kill_switch.clone(),
-                tool_limits.clone(),
-                shared.clock.clone(),
-            )
-        }))
+        // Not on a signed front: there the caller is known only once its signature is checked
+        // (after the body), and an unsigned request must not spend a tool's rate limit.
+        .option_layer(
+            (c.front.protocol == Protocol::Mcp && !c.front.http_signature()).then(|| {
+                crate::mcp::early::MirroredHeaderLayer::new(
+                    shared.kill_switch.clone(),
+                    tool_limits.clone(),
+                    shared.clock.clone(),
+                )
+            }),
+        )
         .layer(PeerRateLimitLayer::new(peer_limits))
         .layer(shared.load_shed_layer(c.limits.max_in_flight))
         .layer(BodyLimitLayer::new(body))

@@ -51,6 +51,11 @@ pub fn layer(cfg: &Loaded, shared: &Shared) -> Option<HttpSignatureLayer> {
     let policy = HttpSignaturePolicy {
         skew: Duration::from_secs(auth.timestamp_skew_s),
         scheme: if tls { "https" } else { "http" },
+        authorities: auth
+            .authorities
+            .iter()
+            .map(|a| a.to_ascii_lowercase())
+            .collect(),
         replay: super::call_stage::replay_guard(shared, auth.nonce_ttl_s),
     };
     Some(HttpSignatureLayer::new(

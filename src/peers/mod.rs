@@ -153,7 +153,8 @@ impl PeerStore {
     }
 
     /// The Ed25519 identity key (32 bytes) and principal of the active peer `component_id`,
-    /// when its record holds a key: how the peer signs RFC 9421 requests.
+    /// when its record holds a key and its certificate has not expired (as the identity layer
+    /// checks it): how the peer signs RFC 9421 requests.
     pub fn signing_peer(&self, component_id: &str) -> Option<(Vec<u8>, Arc<Principal>)> {
         use base64::Engine;
         let snap = self.snapshot.load();
@@ -161,6 +162,9 @@ impl PeerStore {
             .all
             .iter()
             .find(|e| e.0.component_id == component_id && e.0.status == ACTIVE)?;
+        if entry.2.is_some_and(|t| (self.clock)() as i64 > t) {
+            return None;
+        }
         let key = base64::engine::general_purpose::STANDARD
             .decode(entry.0.public_key_ed25519.as_deref()?)
             .ok()

@@ -220,6 +220,9 @@ pub fn claims(c: &Value, rules: &TokenRules, now_s: u64) -> Result<Holder, Token
     if number("iat")?.is_some_and(|iat| now_s.saturating_add(skew) < iat) {
         return Err(TokenError::NotYetValid);
     }
+    if c.get("sub").is_some_and(|s| !s.is_string()) {
+        return Err(TokenError::Malformed);
+    }
     let subject = ["sub", "client_id", "azp"]
         .iter()
         .find_map(|k| c.get(*k).and_then(Value::as_str))

@@ -20,6 +20,7 @@ pub enum SignatureError {
     Expired,
     Nonce,
     OtherPeer,
+    OtherHost,
 }
 
 impl SignatureError {
@@ -47,6 +48,7 @@ impl SignatureError {
             SignatureError::Expired => "the signature has expired",
             SignatureError::Nonce => "the nonce must be 1 to 128 characters",
             SignatureError::OtherPeer => "the signature is by another peer than the connection's",
+            SignatureError::OtherHost => "the signed request names another host",
         }
     }
 }
@@ -170,7 +172,7 @@ pub struct RequestView<'a> {
 
 impl RequestView<'_> {
     /// The authority: the URI's (HTTP/2) or the `Host` header's, lowercased.
-    fn authority(&self) -> Option<String> {
+    pub fn authority(&self) -> Option<String> {
         match self.uri.authority() {
             Some(a) => Some(a.as_str().to_ascii_lowercase()),
             None => self

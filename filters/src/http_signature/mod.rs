@@ -92,6 +92,10 @@ pub struct HttpSignaturePolicy {
     pub skew: Duration,
     /// `https` on a TLS listener, else `http`: the scheme of `@target-uri`.
     pub scheme: &'static str,
+    /// The `host:port` names this server answers to, lowercased; when any is given, a signed
+    /// request naming another is refused (a request signed for one host, replayed to another
+    /// that knows the same key). Empty: any.
+    pub authorities: Vec<String>,
     pub replay: ReplayGuard,
 }
 
@@ -118,6 +122,7 @@ pub struct HttpSignaturePolicy {
 /// let policy = HttpSignaturePolicy {
 ///     skew: std::time::Duration::from_secs(120),
 ///     scheme: "https",
+///     authorities: vec!["tools.example.com:8443".into()],
 ///     replay: ReplayGuard::Local(Arc::new(NonceStore::open(
 ///         NonceStoreConfig { capacity: 1000, ttl: std::time::Duration::from_secs(300), journal: None },
 ///         carapace_filters::unix_now_ms(),
@@ -202,9 +207,15 @@ impl HttpSignatureLayer {
                 *req.method(),
                 http::Method::POST | http::Method::PUT | http::Method::PATCH
             );
+        // A session id, when sent, is part of what is signed: a relayed request cannot be
+        // pointed at another session.
+        let session = h.contains_key("mcp-session-id");
         let covers = |s: &MessageSignature| {
             let c = |id: &str| s.components.iter().any(|x| x == id);
-            c("@method") && c("@target-uri") && (!has_body || c("content-digest"))
+            c("@method")
+                && c("@target-uri")
+                && (!has_body || c("content-digest"))
+                && (!session || c("mcp-session-id"))
         };
         let sigs = message::parse(&input, &signature).map_err(fail)?;
         let sig = sigs
@@ -230,6 +241,10 @@ impl HttpSignatureLayer {
         let base = message::signature_base(&sig, &view).map_err(fail)?;
         if !signer.key.verifies(base.as_bytes(), &sig.signature) {
             return Err(fail(SignatureError::Mismatch));
+        }
+        let authorities = &self.policy.authorities;
+        if !authorities.is_empty() && !view.authority().is_some_and(|a| authorities.contains(&a)) {
+            return Err(fail(SignatureError::OtherHost));
         }
         let now_s = (now_ms / 1000) as i64;
         let skew = self.policy.skew.as_secs() as i64;
@@ -307,9 +322,9 @@ where
         let checked = self.layer.check(&req, now_ms).and_then(|c| {
             let current = req.extensions().get::<Arc<Principal>>().cloned();
             match (&identity, &c.signer, current) {
-                // A peer's connection signed with another peer's key.
-                (Some(ConnectionIdentity::Certificate(_)), Some(signer), Some(conn))
-                    if signer.id != conn.id =>
+                // A peer's connection signed with another peer's key (or with no peer known).
+                (Some(ConnectionIdentity::Certificate(_)), Some(signer), conn)
+                    if conn.as_ref().is_none_or(|conn| signer.id != conn.id) =>
                 {
                     Err(Rejection::AuthFailed(SignatureError::OtherPeer.text()))
                 }
@@ -318,11 +333,22 @@ where
         });
         let pending = checked.and_then(|c| {
             let pending = record(&self.layer.policy.replay, &c, now_ms)?;
-            if let (Some(ConnectionIdentity::Anonymous { .. }), Some(signer)) =
-                (&identity, &c.signer)
-            {
-                set_identity_headers(req.headers_mut(), signer);
-                req.extensions_mut().insert(signer.clone());
+            if let Some(ConnectionIdentity::Anonymous { remote_ip }) = &identity {
+                // The signer is the caller: a peer by its own key, else the holder of a shared
+                // key, named by it (so that two key holders are never one principal).
+                let signer = c.signer.clone().unwrap_or_else(|| {
+                    Arc::new(Principal {
+                        id: format!("signed:{}", c.keyid),
+                        kind: "signed_caller".into(),
+                        fingerprint: None,
+                        remote_ip: *remote_ip,
+                        permissions: Some(Arc::new(crate::authorization::Permissions::all_tools(
+                            "signed_caller",
+                        ))),
+                    })
+                });
+                set_identity_headers(req.headers_mut(), &signer);
+                req.extensions_mut().insert(signer);
             }
             tracing::debug!(keyid = %c.keyid, "HTTP message signature verified");
             Ok(pending)

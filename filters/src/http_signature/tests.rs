@@ -117,6 +117,7 @@ fn harness(keys: Arc<Keys>) -> Harness {
     let policy = HttpSignaturePolicy {
         skew: Duration::from_secs(120),
         scheme: "https",
+        authorities: vec!["tools.test:8443".into()],
         replay: ReplayGuard::Local(Arc::new(
             NonceStore::open(
                 NonceStoreConfig {
@@ -340,13 +341,13 @@ async fn what_sign_request_signs_the_layer_accepts() {
     let h = harness(k);
     let signer = PeerSigner(pair);
     let body = Bytes::from_static(br#"{"x":1}"#);
-    let mut req = Request::post("http://10.0.0.7:8443/v1/tools/call")
+    let mut req = Request::post("http://tools.test:8443/v1/tools/call")
         .body(body.clone())
         .unwrap();
     sign_request(&mut req, &body, "https", &signer, NOW_S, "s-1");
     let p = send(&h, req, anon()).await.unwrap();
     assert_eq!(p.unwrap().id, "gw_east");
-    let mut get = Request::get("http://10.0.0.7:8443/v1/tools")
+    let mut get = Request::get("http://tools.test:8443/v1/tools")
         .body(Bytes::new())
         .unwrap();
     sign_request(&mut get, b"", "https", &signer, NOW_S, "s-2");
@@ -355,4 +356,59 @@ async fn what_sign_request_signs_the_layer_accepts() {
         "no body, no digest"
     );
     assert!(send(&h, get, anon()).await.is_ok());
+}
+
+#[tokio::test]
+async fn the_host_and_the_session_are_part_of_what_is_signed() {
+    let k = keys();
+    let h = harness(k.clone());
+    let mut other = signed(&k, "k1", NOW_S, "h-1", "{}", &ALL);
+    other
+        .headers_mut()
+        .insert("host", "elsewhere.test:8443".parse().unwrap());
+    // Re-signed for the other host: the signature holds, the host is not this one.
+    let mut elsewhere = Request::post("/v1/tools/call")
+        .header("host", "elsewhere.test:8443")
+        .body(Bytes::from_static(b"{}"))
+        .unwrap();
+    sign_request(&mut elsewhere, b"{}", "https", &HmacK1, NOW_S, "h-2");
+    let mut session = signed(&k, "k1", NOW_S, "h-3", "{}", &ALL);
+    session
+        .headers_mut()
+        .insert("mcp-session-id", "s-1".parse().unwrap());
+    for (req, says) in [
+        (other, "the signature does not verify"),
+        (elsewhere, "the signed request names another host"),
+        (
+            session,
+            "no signature covers @method, @target-uri and content-digest",
+        ),
+    ] {
+        let got = text(send(&h, req, anon()).await);
+        assert!(got.ends_with(says), "{got} / {says}");
+    }
+    let p = send(&h, signed(&k, "k1", NOW_S, "h-4", "{}", &ALL), anon())
+        .await
+        .unwrap();
+    assert_eq!(
+        p.unwrap().id,
+        "signed:k1",
+        "a shared key's holder is named by the key"
+    );
+}
+
+struct HmacK1;
+
+impl MessageSigner for HmacK1 {
+    fn keyid(&self) -> &str {
+        "k1"
+    }
+    fn alg(&self) -> &'static str {
+        "hmac-sha256"
+    }
+    fn sign(&self, base: &[u8]) -> Vec<u8> {
+        ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SECRET), base)
+            .as_ref()
+            .to_vec()
+    }
 }
