@@ -94,12 +94,20 @@ pub struct StreamContext {
 }
 
 impl StreamContext {
-    /// Whether `params` may go to the caller (redacted in place when the guard says so).
-    fn guarded(&self, params: &mut Value) -> bool {
-        match &self.guard {
-            Some((guard, tool)) => guard.check(tool, vec![("/params", params)]).is_ok(),
-            None => true,
+    /// Whether a message may go to the caller (its method and params redacted in place when
+    /// the guard says so: a server picks its notifications' method names too).
+    fn guarded(&self, method: &mut String, params: &mut Value) -> bool {
+        let Some((guard, tool)) = &self.guard else {
+            return true;
+        };
+        let mut name = Value::String(std::mem::take(method));
+        let ok = guard
+            .check(tool, vec![("/method", &mut name), ("/params", params)])
+            .is_ok();
+        if let Value::String(s) = name {
+            *method = s;
         }
+        ok
     }
 
     /// The SSE frame for one message of the server, if it goes to the caller. A message the
@@ -107,18 +115,21 @@ impl StreamContext {
     /// error instead.
     fn frame(&self, msg: ServerMessage) -> Option<Bytes> {
         let doc = match msg {
-            ServerMessage::Notification { method, mut params } => {
-                if !self.guarded(&mut params) {
+            ServerMessage::Notification {
+                mut method,
+                mut params,
+            } => {
+                if !self.guarded(&mut method, &mut params) {
                     return None;
                 }
                 json!({"jsonrpc": "2.0", "method": method, "params": params})
             }
             ServerMessage::Request {
-                method,
+                mut method,
                 mut params,
                 answer,
             } => {
-                if !self.guarded(&mut params) {
+                if !self.guarded(&mut method, &mut params) {
                     let _ = answer.send(Reply::Error {
                         code: super::jsonrpc::INTERNAL_ERROR,
                         message: "carapace withheld this request from the caller: it carries a credential".into(),
