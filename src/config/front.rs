@@ -31,6 +31,9 @@ pub struct FrontConfig {
     /// mcp only: OAuth 2.1 bearer tokens for callers without a client certificate.
     #[serde(default)]
     pub oauth: Option<super::oauth::OAuthConfig>,
+    /// Publish the tools as a signed EAT catalog (`/.well-known/api-catalog`).
+    #[serde(default)]
+    pub eat: Option<super::eat::EatConfig>,
 }
 
 impl FrontConfig {
@@ -116,6 +119,9 @@ pub struct KeyConfig {
     pub secret: SecretRef,
 }
 pub(super) fn resolve_front(f: &mut FrontConfig, base: &Path) {
+    if let Some(e) = &mut f.eat {
+        super::eat::resolve_eat(e, base);
+    }
     if let Some(o) = &mut f.oauth {
         super::oauth::resolve_oauth(o, base);
     }
@@ -133,6 +139,9 @@ pub(super) fn check_front(
 ) {
     if f.mcp.is_some() && f.protocol != Protocol::Mcp {
         errors.push(err("/front/mcp", "only an mcp front has this section"));
+    }
+    if let Some(e) = &f.eat {
+        super::eat::check_eat(e, f.protocol, errors);
     }
     match (&f.oauth, f.protocol) {
         (Some(o), Protocol::Mcp) => {

@@ -29,7 +29,9 @@ pub use app::{
 };
 mod pinning;
 pub use pinning::{PinMode, PinningConfig};
+pub mod eat;
 pub mod oauth;
+pub use eat::EatConfig;
 pub use oauth::OAuthConfig;
 mod secret_guard;
 pub use secret_guard::{GuardActionConfig, GuardModeConfig, SecretGuardConfig};

@@ -382,3 +382,56 @@ outbound:
         assert!(all.contains(expected), "{expected} in {all}");
     }
 }
+
+#[test]
+fn the_eat_catalog_is_checked_before_anything_starts() {
+    let with = |front: &str| MINIMAL.replace("front: { protocol: tools-v1 }", front);
+    let ok = parse(
+        &with("front: { protocol: mcp, eat: { base_url: 'https://tools.example.com:8443' } }"),
+        Path::new("/"),
+    )
+    .unwrap();
+    let eat = ok.config.front.eat.as_ref().unwrap();
+    assert_eq!(eat.did(), "did:web:tools.example.com%3A8443");
+    assert_eq!(
+        eat.server_url(Some("/mcp")),
+        "https://tools.example.com:8443/mcp"
+    );
+    for (front, needle) in [
+        (
+            "front: { protocol: mcp, eat: { base_url: 'https://h.example/api' } }",
+            "without a path",
+        ),
+        (
+            "front: { protocol: mcp, eat: { base_url: 'http://127.0.0.1:8443' } }",
+            "must be https",
+        ),
+        (
+            "front: { protocol: tools-v1, eat: { base_url: 'https://h.example' } }",
+            "/front/eat/server_url",
+        ),
+        (
+            "front: { protocol: mcp, eat: { base_url: 'https://h.example', max_age_s: 3000 } }",
+            "half of signature_ttl_s",
+        ),
+        (
+            "front: { protocol: mcp, eat: { base_url: 'https://h.example', signature_ttl_s: 10 } }",
+            "/front/eat/signature_ttl_s",
+        ),
+        (
+            "front: { protocol: mcp, eat: { base_url: 'https://h.example', keys_file: /nonexistent/k.json } }",
+            "/front/eat/keys_file",
+        ),
+        (
+            "front: { protocol: mcp, eat: { base_url: 'https://h.example', tools: { t: { capabilities: ['a b'] } } } }",
+            "/front/eat/tools/t/capabilities/0",
+        ),
+        (
+            "front: { protocol: mcp, eat: { base_url: 'https://h.example', colour: 1 } }",
+            "colour",
+        ),
+    ] {
+        let all = errors(&with(front)).join("\n");
+        assert!(all.contains(needle), "{front}: missing {needle} in:\n{all}");
+    }
+}

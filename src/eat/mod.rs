@@ -2,5 +2,8 @@
 //! carapace checks it. The catalog's shape is checked strictly, as the text's JSON Schema and
 //! its Conformance prose together say ([`validate`]).
 
+pub mod documents;
 pub mod keys;
+pub mod names;
+pub mod serve;
 pub mod validate;

@@ -1,4 +1,4 @@
-//! The inbound HTTP stage: identity, bearer tokens (OAuth callers), control plane, kill-switch, per-peer rate limit, load
+//! The inbound HTTP stage: the EAT documents, identity, bearer tokens (OAuth callers), control plane, kill-switch, per-peer rate limit, load
 //! shedding and body limits in front of the configured front, wrapped in its error envelope.
 
 use std::collections::BTreeMap;
@@ -13,6 +13,8 @@ use tower::ServiceBuilder;
 
 use crate::app::AppConn;
 use crate::config::{Loaded, Protocol};
+use crate::eat::documents::Publication;
+use crate::eat::serve::EatLayer;
 use crate::edge::{edge, HttpStack, PanicAnswer};
 use crate::errors::ToolsV1Answers;
 use crate::front::Envelope;
@@ -41,9 +43,12 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         max_bytes: c.limits.max_body_bytes,
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
     };
+    let (eat_keys, eat_catalog) = eat_layers(cfg, shared).unzip();
     let http = ServiceBuilder::new()
+        .option_layer(eat_keys)
         .layer(identity_layer(cfg, shared))
         .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
+        .option_layer(eat_catalog)
         .layer(crate::ops::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         // Not on a signed front: there the caller is known only once its signature is checked
@@ -122,6 +127,30 @@ fn skill_v1_front(cfg: &Loaded, shared: &Shared, calls: crate::front::CallStack)
         calls,
         shared.clock.clone(),
     )
+}
+
+/// `front.eat`: the public keys for anyone (before identity), the catalog and the OpenAPI
+/// documents for callers (after identity and OAuth).
+fn eat_layers(cfg: &Loaded, shared: &Shared) -> Option<(EatLayer, EatLayer)> {
+    let c = &cfg.config;
+    let (Some(e), Some(publisher)) = (&c.front.eat, &shared.eat) else {
+        if c.front.eat.is_some() {
+            tracing::warn!("front.eat was added by a reload: it is served from the next start");
+        }
+        return None;
+    };
+    let mcp_path =
+        (c.front.protocol == Protocol::Mcp).then(|| c.front.mcp.clone().unwrap_or_default().path);
+    let publication = Arc::new(Publication::new(e, mcp_path.as_deref()));
+    Some((
+        EatLayer::keys(publisher.clone(), publication.clone(), shared.clock.clone()),
+        EatLayer::catalog(
+            publisher.clone(),
+            publication,
+            shared.catalog.clone(),
+            shared.clock.clone(),
+        ),
+    ))
 }
 
 /// Identity, with the front's configured credential header counted as one.

@@ -26,6 +26,8 @@ pub enum StartError {
     Outbound(#[from] crate::outbound::OutboundError),
     #[error("MCP session key: {0}")]
     McpSessionKey(std::io::Error),
+    #[error("EAT catalog keys: {0}")]
+    EatKeys(#[from] crate::eat::keys::KeyError),
     #[error("tool pins: {0}")]
     Pins(String),
     #[error("cannot bind {what} {address}: {source}")]

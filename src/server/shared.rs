@@ -53,6 +53,8 @@ pub struct Shared {
     pub mcp_sessions: Option<Arc<crate::mcp::session::Sessions>>,
     /// Calls in flight that their callers may cancel (kept across reloads).
     pub in_flight: Arc<crate::in_flight::InFlightCalls>,
+    /// `front.eat`: the catalog's signing keys and signatures.
+    pub eat: Option<Arc<crate::eat::serve::Publisher>>,
 }
 
 impl Shared {

@@ -43,6 +43,7 @@ struct Stores {
     host: Option<Arc<HostIdentity>>,
     mcp_sessions: Option<Arc<Sessions>>,
     pins: PinStore,
+    eat: Option<Arc<crate::eat::serve::Publisher>>,
 }
 
 /// Every listener and socket, bound.
@@ -115,7 +116,9 @@ async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartErr
     } else {
         None
     };
+    let eat = crate::eat::serve::Publisher::open(cfg)?.map(Arc::new);
     Ok(Stores {
+        eat,
         kill_switch,
         redis,
         nonces,
@@ -194,6 +197,7 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
         outbound: std::sync::OnceLock::new(),
         mcp_sessions: stores.mcp_sessions,
         in_flight: Arc::default(),
+        eat: stores.eat,
     });
     shared.stack.store(Arc::new(build_stack(cfg, &shared)));
     shared
