@@ -38,6 +38,13 @@ enum Target {
         address: std::net::SocketAddr,
         config: Arc<rustls::ClientConfig>,
     },
+    /// A host by name over TLS, its certificate checked for that name (EAT catalogs and
+    /// the MCP servers they name).
+    Named {
+        host: String,
+        port: u16,
+        config: Arc<rustls::ClientConfig>,
+    },
 }
 
 impl std::fmt::Debug for Target {
@@ -45,6 +52,7 @@ impl std::fmt::Debug for Target {
         match self {
             Target::App(a) => write!(f, "{a:?}"),
             Target::Tls { address, .. } => write!(f, "mtls://{address}"),
+            Target::Named { host, port, .. } => write!(f, "https://{host}:{port}"),
         }
     }
 }
@@ -151,6 +159,17 @@ async fn connect(target: &Target) -> io::Result<AppStream> {
                 .await?;
             AppStream::Tls(Box::new(tls))
         }
+        Target::Named { host, port, config } => {
+            let s = TcpStream::connect((host.as_str(), *port)).await?;
+            s.set_nodelay(true)?;
+            let name = rustls_pki_types::ServerName::try_from(host.trim_matches(['[', ']']))
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+                .to_owned();
+            let tls = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, s)
+                .await?;
+            AppStream::Tls(Box::new(tls))
+        }
     })
 }
 
@@ -208,9 +227,27 @@ impl AppClient {
         )
     }
 
+    /// A client to `https://host:port`, the server's certificate checked for `host` by
+    /// `config`.
+    pub fn named(
+        host: &str,
+        port: u16,
+        config: Arc<rustls::ClientConfig>,
+        pool: &PoolConfig,
+        max_response_bytes: u64,
+    ) -> Self {
+        let authority = format!("{host}:{port}").into();
+        let target = Target::Named {
+            host: host.to_owned(),
+            port,
+            config,
+        };
+        Self::build(target, authority, pool, max_response_bytes)
+    }
+
     fn build(target: Target, authority: Arc<str>, pool: &PoolConfig, max: u64) -> Self {
         let scheme = match target {
-            Target::Tls { .. } => "https",
+            Target::Tls { .. } | Target::Named { .. } => "https",
             Target::App(_) => "http",
         };
         let client = Client::builder(TokioExecutor::new())
@@ -242,7 +279,7 @@ impl AppClient {
 
     /// A human-readable base URL for logs.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.authority)
+        format!("{}://{}", self.scheme, self.authority)
     }
 
     /// Send one request and read the whole answer (bounded). Dropping the future drops the

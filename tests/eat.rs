@@ -256,3 +256,141 @@ async fn an_independent_verifier_accepts_the_catalog_its_signature_and_its_specs
     );
     drop(r);
 }
+
+/// A gateway whose outbound role takes the tools tagged `memory` from the catalog at
+/// `https://localhost:<port>`, presenting the paired gateway's certificate; its agent socket.
+async fn gateway(env: &Env, port: u16) -> (Running, std::path::PathBuf) {
+    gateway_at(env, &format!("localhost:{port}")).await
+}
+
+/// The same, with the catalog at `https://<authority>`.
+async fn gateway_at(env: &Env, authority: &str) -> (Running, std::path::PathBuf) {
+    let d = env.path();
+    let g = d.join("gw");
+    std::fs::create_dir_all(&g).unwrap();
+    std::fs::write(d.join("gw.crt"), &env.pki.gateway.cert_pem).unwrap();
+    std::fs::write(d.join("gw.key"), &env.pki.gateway.key_pem).unwrap();
+    let yaml = format!(
+        r#"
+state_dir: {g}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {g}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {g}/outbound.sock
+  peers: {{}}
+  eat:
+    memory-east:
+      url: "https://{authority}/.well-known/api-catalog"
+      capabilities: [memory]
+      ca_file: {d}/ca.pem
+      cert_file: {d}/gw.crt
+      key_file: {d}/gw.key
+"#,
+        g = g.display(),
+        d = d.display(),
+        app = env.app_addr,
+    );
+    std::fs::write(g.join("carapace.yaml"), yaml).unwrap();
+    let gw = carapace::server::start(carapace::config::load(&g.join("carapace.yaml")).unwrap())
+        .await
+        .unwrap();
+    (gw, g.join("outbound.sock"))
+}
+
+async fn agent_tools(socket: &std::path::Path) -> Vec<String> {
+    let agent = carapace::client::Client::new(carapace::client::Transport::Unix(socket.into()));
+    let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+    list.json()["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_gateway_verifies_the_catalog_and_calls_the_tool_through_the_hosts_mcp_front() {
+    let (env, _host, port) = host().await;
+    let (_gw, socket) = gateway(&env, port).await;
+    for _ in 0..200 {
+        if !agent_tools(&socket).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Only the tool tagged `memory`, under its own name.
+    assert_eq!(agent_tools(&socket).await, ["memory.query"]);
+
+    let app = carapace::client::Client::new(carapace::client::Transport::Tcp(env.app_addr));
+    let stored = app
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("memory.append", json!({"text": "remember the catalog"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.json()["status"], "ok");
+    let agent = carapace::client::Client::new(carapace::client::Transport::Unix(socket.clone()));
+    let answer = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("memory.query", json!({"query": "catalog"})),
+        )
+        .await
+        .unwrap();
+    let doc = answer.json();
+    assert_eq!(doc["status"], "ok", "{doc}");
+    assert_eq!(doc["result"]["matches"][0]["text"], "remember the catalog");
+    // It reached the app through the tool host's MCP front, as the paired gateway.
+    let seen = env.app.received();
+    let last = seen.last().unwrap();
+    assert_eq!(last.tool, "memory.query");
+    assert_eq!(last.headers["x-carapace-peer-id"], "gw_test");
+
+    // Input the verified input schema refuses never leaves the gateway.
+    let before = env.app.received().len();
+    let bad = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("memory.query", json!({"query": 5})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(common::code(&bad), "INVALID_ARGS");
+    assert_eq!(env.app.received().len(), before);
+}
+
+#[tokio::test]
+async fn a_catalog_signed_for_another_host_registers_nothing() {
+    let (env, _host, port) = host().await;
+    // The same documents reached as 127.0.0.1: the issuer, did:web:localhost%3A<port>, is
+    // not the catalog's host.
+    let (gw, socket) = gateway_at(&env, &format!("127.0.0.1:{port}")).await;
+    let outbound = gw.shared.outbound.get().unwrap().clone();
+    common::wait_until(|| outbound.catalog.discovered()).await;
+    assert!(agent_tools(&socket).await.is_empty());
+    assert_eq!(
+        outbound.eat_refusal("memory-east").map(|e| e.reason()),
+        Some("issuer_mismatch")
+    );
+    let before = env.app.received().len();
+    let agent = carapace::client::Client::new(carapace::client::Transport::Unix(socket));
+    let answer = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &common::call("memory.query", json!({"query": "x"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(common::code(&answer), "TOOL_NOT_FOUND");
+    assert_eq!(env.app.received().len(), before);
+}

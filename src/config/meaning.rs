@@ -155,6 +155,14 @@ pub(super) fn resolve_paths(c: &mut Config, base: &Path) {
         }
         fix_path(&mut o.socket, base);
         super::pinning::resolve_pinning(&mut o.pinning, base);
+        for e in o.eat.values_mut() {
+            for f in [&mut e.ca_file, &mut e.cert_file, &mut e.key_file]
+                .into_iter()
+                .flatten()
+            {
+                fix_path(f, base);
+            }
+        }
         for skill in o.skills.values_mut() {
             if let Some(ca) = &mut skill.ca_file {
                 fix_path(ca, base);

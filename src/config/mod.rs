@@ -47,7 +47,8 @@ mod pairing;
 pub use pairing::{GatewayConfig, PairingConfig, PairingTlsConfig};
 mod outbound;
 pub use outbound::{
-    OutboundConfig, OutboundListenConfig, OutboundPeerConfig, OutboundSkill, OutboundSkillConfig,
+    OutboundConfig, OutboundEatConfig, OutboundListenConfig, OutboundPeerConfig, OutboundSkill,
+    OutboundSkillConfig,
 };
 mod shared_state;
 pub use shared_state::{RedisConfig, SharedStateBackend, SharedStateConfig};

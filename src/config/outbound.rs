@@ -41,6 +41,92 @@ pub struct OutboundConfig {
     /// request with an OAuth bearer token.
     #[serde(default)]
     pub listen: Option<OutboundListenConfig>,
+    /// Signed EAT catalogs by name: their tools are taken only once the catalog proves
+    /// itself, and called with MCP at the `server_url` the verified catalog names.
+    #[serde(default)]
+    pub eat: BTreeMap<String, OutboundEatConfig>,
+}
+
+/// One EAT catalog the outbound role discovers tools from.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundEatConfig {
+    /// The catalog: `https://host[:port]/.well-known/api-catalog`.
+    pub url: String,
+    /// Only tools tagged with one of these `x-mcp-tool.capabilities` are taken (`*`: any).
+    pub capabilities: Vec<String>,
+    /// PEM CA certificates the host's certificate must chain to (default: the web roots).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and key presented to the host (one that asks for mTLS).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Take a catalog without `X-JWS-Signature` (its tools then rest on TLS alone).
+    #[serde(default)]
+    pub allow_unsigned: bool,
+    /// Only call `server_url`s on the catalog's own origin.
+    #[serde(default = "default_true")]
+    pub same_origin: bool,
+    /// Accepted clock difference for the signature's `iat` and `exp`, in seconds.
+    #[serde(default = "default_eat_skew_s")]
+    pub clock_skew_s: u64,
+    #[serde(default = "default_skill_timeout_ms")]
+    pub timeout_ms_default: u64,
+    #[serde(default = "default_skill_timeout_ms_max")]
+    pub timeout_ms_max: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_eat_skew_s() -> u64 {
+    60
+}
+
+/// `outbound.eat.<id>`.
+fn check_eat(id: &str, e: &OutboundEatConfig, errors: &mut Vec<ConfigError>) {
+    let at = |k: &str| format!("/outbound/eat/{id}/{k}");
+    match e.url.parse::<http::Uri>() {
+        Ok(u) if u.scheme_str() == Some("https") && u.host().is_some() => {}
+        _ => errors.push(err(
+            at("url"),
+            format!(
+                "`{}` is not an https URL (the issuer is a did:web, resolved over https)",
+                e.url
+            ),
+        )),
+    }
+    if e.capabilities.is_empty() {
+        errors.push(err(
+            at("capabilities"),
+            "name at least one capability (or `*`): only the tools wanted are taken",
+        ));
+    }
+    if e.cert_file.is_some() != e.key_file.is_some() {
+        errors.push(err(at("cert_file"), "cert_file and key_file go together"));
+    }
+    for (k, f) in [
+        ("ca_file", &e.ca_file),
+        ("cert_file", &e.cert_file),
+        ("key_file", &e.key_file),
+    ] {
+        if let Some(f) = f {
+            if let Err(m) = std::fs::metadata(f) {
+                errors.push(err(at(k), format!("{}: {m}", f.display())));
+            }
+        }
+    }
+    if e.clock_skew_s > 600 {
+        errors.push(err(at("clock_skew_s"), "must be at most 600"));
+    }
+    if e.timeout_ms_default == 0 || e.timeout_ms_default > e.timeout_ms_max {
+        errors.push(err(
+            at("timeout_ms_default"),
+            "must be at least 1 and at most timeout_ms_max",
+        ));
+    }
 }
 
 /// The outbound role's endpoint on TCP, for remote agents.
@@ -134,6 +220,15 @@ pub(super) fn check_outbound(
             "/outbound",
             "the outbound role calls paired peers with the gateway's certificate: set gateway",
         ));
+    }
+    for (id, e) in &o.eat {
+        check_eat(id, e, errors);
+        if o.peers.contains_key(id) || o.skills.contains_key(id) {
+            errors.push(err(
+                format!("/outbound/eat/{id}"),
+                "a peer or skill has this id: each source needs its own",
+            ));
+        }
     }
     for (id, peer) in &o.peers {
         let addr = peer

@@ -435,3 +435,34 @@ fn the_eat_catalog_is_checked_before_anything_starts() {
         assert!(all.contains(needle), "{front}: missing {needle} in:\n{all}");
     }
 }
+
+#[test]
+fn the_outbound_eat_catalogs_are_checked() {
+    let all = errors(
+        "
+state_dir: /tmp/x
+front: { protocol: tools-v1 }
+listeners: { unix: { path: /tmp/x/s.sock } }
+app: { protocol: tools-v1, address: 'http://127.0.0.1:8080' }
+gateway: { id: gw }
+outbound:
+  socket: /tmp/x/out.sock
+  peers: { twin: { url: 'https://127.0.0.1:9443' } }
+  eat:
+    plain: { url: 'http://tools.test/.well-known/api-catalog', capabilities: [] }
+    half: { url: 'https://tools.test/.well-known/api-catalog', capabilities: ['*'], cert_file: /nonexistent/c }
+    twin: { url: 'https://tools.test/.well-known/api-catalog', capabilities: [a], clock_skew_s: 9999 }
+",
+    )
+    .join("\n");
+    for expected in [
+        "/outbound/eat/plain/url",
+        "/outbound/eat/plain/capabilities",
+        "/outbound/eat/half/cert_file: cert_file and key_file go together",
+        "/outbound/eat/half/cert_file: /nonexistent/c",
+        "/outbound/eat/twin/clock_skew_s",
+        "/outbound/eat/twin: a peer or skill has this id",
+    ] {
+        assert!(all.contains(expected), "{expected} in {all}");
+    }
+}

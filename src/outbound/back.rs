@@ -134,6 +134,13 @@ impl Service<ToolCall> for OutboundBack {
                     )
                     .await;
                 }
+                Route::Eat(id) => {
+                    let source = outbound
+                        .eat
+                        .get(&id)
+                        .ok_or_else(|| Rejection::Internal(format!("no EAT catalog {id}")))?;
+                    return source.call(call, (outbound.clock)() / 1000).await;
+                }
             };
             let client = outbound.client_for(&peer)?;
             let first = call_peer(&client, &call).await;

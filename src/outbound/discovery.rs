@@ -51,7 +51,7 @@ pub(super) fn merge(
         .collect();
     for (route, tools) in sources {
         let source = match &route {
-            Route::Peer(id) | Route::Skill(id) => id.clone(),
+            Route::Peer(id) | Route::Skill(id) | Route::Eat(id) => id.clone(),
         };
         for (name, spec) in tools {
             let (served, spec) = if shared.contains(&name) {

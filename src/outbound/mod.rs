@@ -29,6 +29,7 @@ mod pinned;
 pub use pinned::PinnedPeer;
 mod back;
 mod discovery;
+mod eat;
 mod known;
 pub mod mcp_stdio;
 mod routes;
@@ -68,6 +69,10 @@ pub struct Outbound {
     signer: Arc<GatewaySigner>,
     /// Peers whose requests are signed (RFC 9421, `outbound.peers.<id>.http_signature`).
     signed_peers: std::collections::BTreeSet<String>,
+    /// EAT catalogs, by id (`outbound.eat`).
+    eat: BTreeMap<String, eat::EatSource>,
+    /// Wall clock (Unix milliseconds) for the catalogs' signatures.
+    clock: carapace_filters::signature::UnixClock,
 }
 
 /// The gateway's Ed25519 identity key as an RFC 9421 signer, `keyid` the gateway id (the
@@ -106,6 +111,7 @@ impl Outbound {
         cfg: &Loaded,
         gateway: &GatewayIdentity,
         peers: Arc<PeerStore>,
+        clock: carapace_filters::signature::UnixClock,
     ) -> Result<Self, OutboundError> {
         use rustls_pki_types::pem::PemObject;
         let (cert_pem, key_pem) = gateway
@@ -115,6 +121,8 @@ impl Outbound {
             .map_err(|e| OutboundError(e.to_string()))?;
         let skills = skill_routes(cfg)?;
         let outbound = Outbound {
+            eat: eat::eat_sources(cfg)?,
+            clock,
             skills,
             peers,
             addresses: cfg.outbound_peers.clone(),
@@ -293,6 +301,10 @@ impl Outbound {
                 }
             }
         }
+        let now = (self.clock)() / 1000;
+        for (id, source) in &self.eat {
+            sources.push((Route::Eat(id.clone()), source.tools(now).await));
+        }
         merge(sources, &mut merged, &mut routes);
         self.pin(&mut merged, cfg);
         let n = merged.tools.len();
@@ -314,6 +326,11 @@ impl Outbound {
             .unwrap_or(crate::config::PinMode::Warn);
         let tools = std::mem::take(&mut merged.tools);
         (merged.tools, merged.withheld) = self.pins.check(tools, mode, &cfg.outbound_pins);
+    }
+
+    /// Why the last discovery of the EAT catalog `id` failed, if it did.
+    pub fn eat_refusal(&self, id: &str) -> Option<crate::eat::discover::DiscoveryError> {
+        self.eat.get(id).and_then(eat::EatSource::refusal)
     }
 
     /// Approve the withheld tool `name`: it is served from the next discovery on.

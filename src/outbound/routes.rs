@@ -1,4 +1,5 @@
-//! Where each tool is served: a paired peer or a configured Skill Gateway v1 skill.
+//! Where each tool is served: a paired peer, a configured Skill Gateway v1 skill, or a
+//! verified EAT catalog.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,6 +15,8 @@ pub(super) enum Route {
     Peer(String),
     /// A configured skill, by skill id.
     Skill(String),
+    /// A verified EAT catalog, by its id in `outbound.eat`.
+    Eat(String),
 }
 
 /// A skill the outbound role calls.

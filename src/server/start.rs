@@ -213,7 +213,12 @@ async fn bind_listeners(
     let c = &cfg.config;
     let outbound = match (&c.outbound, &shared.gateway) {
         (Some(o), Some(gateway)) => {
-            let ob = Arc::new(Outbound::new(cfg, gateway, shared.peers.clone())?);
+            let ob = Arc::new(Outbound::new(
+                cfg,
+                gateway,
+                shared.peers.clone(),
+                shared.clock.clone(),
+            )?);
             let _ = shared.outbound.set(ob.clone());
             shared
                 .outbound_stack
