@@ -1051,6 +1051,8 @@ fn demo_runs_and_names_the_error_codes() {
         "tool_not_approved",
         "error=\"insufficient_scope\"",
         "replayed -> HTTP 401 nonce_replay",
+        "took memory.query (tag memory) -> call \"ok\"",
+        "one catalog byte changed -> refused catalog_hash",
     ] {
         assert!(
             out.stdout.contains(c),

@@ -15,6 +15,7 @@ use crate::memory_app::MemoryApp;
 use crate::pki::Authority;
 use crate::server::{self, Running};
 
+mod eat;
 mod mcp;
 mod pinning;
 mod shell_auth;
@@ -352,6 +353,7 @@ ops: {{ address: "" }}
     pinning::pinning_step(dir, &app_addr.to_string()).await?;
     shell_auth::oauth_step(dir, &app_addr.to_string(), &ca).await?;
     shell_auth::signature_step(dir, &app_addr.to_string(), &ca).await?;
+    eat::eat_step(dir, &app_addr.to_string(), &ca, &gateway).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)
