@@ -31,6 +31,8 @@ if [ ${#targets[@]} -eq 0 ]; then
     http_signature
     secret_guard
     eat_catalog
+    eat_jws
+    eat_openapi
   )
 fi
 

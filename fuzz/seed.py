@@ -216,6 +216,37 @@ def eat_catalog():
         yield (VECTORS / "eat" / "upstream" / rel).read_bytes()
 
 
+def eat_jws():
+    """Catalog signatures (accepted and refused headers), JWKs, and tool names."""
+    claims = {"iss": "did:web:tools.test%3A8443", "iat": 1800000000, "exp": 1800003600,
+              "catalog_hash": "sha256:" + "ab" * 32}
+    for header in ({"alg": "RS256", "typ": "JWS", "kid": "k1"}, {"alg": "RS256", "kid": "k1"},
+                   {"alg": "none", "kid": "k1"}, {"alg": "HS256", "kid": "k1"},
+                   {"alg": "RS256", "kid": "k1", "crit": ["exp"]}):
+        yield f"{b64url(header)}.{b64url(claims)}.c2lnbmF0dXJl"
+    import base64
+    n = base64.urlsafe_b64encode(b"\xc5" * 256).rstrip(b"=").decode()
+    yield json.dumps({"kty": "RSA", "kid": "k1", "alg": "RS256", "use": "sig", "n": n, "e": "AQAB"})
+    yield json.dumps({"kty": "RSA", "n": n[:100], "e": "AQAB"})
+    for name in ("memory.query", "memory-2equery", "a--b", "-c3-a9t", "\u00e9t\u00e9"):
+        yield name
+
+
+def eat_openapi():
+    """A tool's OpenAPI document as carapace serves it, and the EAT repository's specs."""
+    yield json.dumps({"openapi": "3.1.0", "info": {"title": "memory.query", "version": "0.0.0"},
+                      "paths": {"/tools/memory-2equery": {"post": {
+                          "operationId": "memory.query",
+                          "requestBody": {"required": True, "content": {"application/json": {
+                              "schema": {"type": "object", "required": ["query"],
+                                         "properties": {"query": {"type": "string"}}}}}},
+                          "responses": {"200": {"description": "r", "content": {"application/json": {
+                              "schema": {"type": "object"}}}}},
+                          "x-mcp-tool": {"server_url": "https://tools.test/mcp"}}}}})
+    yield json.dumps({"openapi": "3.0.0", "paths": {"/a": {"get": {"operationId": "a"},
+                                                           "post": {"operationId": "b"}}}})
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -230,6 +261,8 @@ TARGETS = {
     "http_signature": http_signature,
     "secret_guard": secret_guard,
     "eat_catalog": eat_catalog,
+    "eat_jws": eat_jws,
+    "eat_openapi": eat_openapi,
 }
 
 

@@ -87,6 +87,13 @@ pub fn parse(jws: &str) -> Result<Parsed<'_>, DiscoveryError> {
     })
 }
 
+impl Parsed<'_> {
+    /// The text the signature is over: header and payload as sent.
+    pub fn signing_input(&self) -> &str {
+        self.signing_input
+    }
+}
+
 /// An RSA public key from a JWK, checked for use with RS256.
 #[derive(Debug, Clone)]
 pub struct RsaKey {
@@ -124,6 +131,11 @@ impl RsaKey {
             return Err(DiscoveryError::WeakKey(bits));
         }
         Ok(RsaKey { n, e })
+    }
+
+    /// Bits of the modulus.
+    pub fn bits(&self) -> usize {
+        modulus_bits(&self.n)
     }
 
     /// Whether `parsed`'s signature is this key's, over its signing input.
