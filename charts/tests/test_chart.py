@@ -183,6 +183,12 @@ CASES: dict[str, dict[str, Any]] = {
                     "scopes": {"tools": ["tool.call:*"], "tools:read": ["tool.call:memory.query"]},
                     "challenge_scope": "tools:read",
                 },
+                "eat": {
+                    "base_url": "https://tools.example.com",
+                    "title": "Memory",
+                    "tools": {"memory.query": {"capabilities": ["memory", "read-only"]}},
+                },
+                "eatKeys": {"existingSecret": "eat-keys", "key": "eat-keys.json"},
             },
         },
         "replicas": 2,
@@ -194,6 +200,7 @@ CASES: dict[str, dict[str, Any]] = {
         "secrets": {
             "carapace-identity": (f"{RELEASE}-carapace-identity", None),
             "carapace-mcp-session-key": ("mcp-session", ["session.key"]),
+            "carapace-eat-keys": ("eat-keys", ["eat-keys.json"]),
         },
         "redis": None,
         "mcp": {
@@ -209,6 +216,12 @@ CASES: dict[str, dict[str, Any]] = {
             "jwks_url": "https://auth.example.com/.well-known/jwks.json",
             "scopes": {"tools": ["tool.call:*"], "tools:read": ["tool.call:memory.query"]},
             "challenge_scope": "tools:read",
+        },
+        "eat": {
+            "base_url": "https://tools.example.com",
+            "title": "Memory",
+            "tools": {"memory.query": {"capabilities": ["memory", "read-only"]}},
+            "keys_file": "/etc/carapace/eat-keys/eat-keys.json",
         },
     },
     # An MCP server (Streamable HTTP on loopback) behind carapace, with some tools filtered.
@@ -526,7 +539,7 @@ def carapace_check(config_text: str, tmp_path: Path) -> None:
     def files(node):
         if isinstance(node, dict):
             for k, v in node.items():
-                if k in ("file", "cert_file", "key_file", "client_ca_file") and isinstance(v, str):
+                if k in ("file", "cert_file", "key_file", "client_ca_file", "keys_file") and isinstance(v, str):
                     yield v
                 else:
                     yield from files(v)
@@ -581,6 +594,7 @@ def test_config_values(case):
     assert cfg["app"].get("pinning") == expect.get("app_pinning")
     assert cfg.get("secret_guard") == expect.get("secret_guard")
     assert cfg["front"].get("oauth") == expect.get("oauth")
+    assert cfg["front"].get("eat") == expect.get("eat")
     if "mcp" in expect:
         assert cfg["front"]["mcp"] == expect["mcp"]
         assert cfg["peers"] == {"file": f"{identity}/peers.json"}
@@ -826,6 +840,15 @@ def test_template_refuses_per_replica_session_keys():
     values["front"]["mcp"]["sessionKey"]["existingSecret"] = ""
     with helm.Chart.load(CHART) as chart:
         with pytest.raises(helm.HelmRenderError, match="front.mcp.sessionKey"):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_template_refuses_per_replica_eat_keys():
+    """An EAT catalog on several replicas must share its signing keys, or signatures break."""
+    values = copy.deepcopy(CASES["mcp-front"]["values"])
+    values["front"]["eatKeys"]["existingSecret"] = ""
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmRenderError, match="front.eatKeys"):
             chart.render(values, name=RELEASE, namespace=NAMESPACE)
 
 

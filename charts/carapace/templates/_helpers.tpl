@@ -18,6 +18,7 @@ Paths inside the carapace container (fixed: the rendered configuration points at
 {{- define "carapace.path.redis" -}}/etc/carapace/redis{{- end }}
 {{- define "carapace.path.pairingTls" -}}/etc/carapace/pairing-tls{{- end }}
 {{- define "carapace.path.mcpSession" -}}/etc/carapace/mcp-session{{- end }}
+{{- define "carapace.path.eatKeys" -}}/etc/carapace/eat-keys{{- end }}
 {{- define "carapace.path.state" -}}/var/lib/carapace{{- end }}
 {{- define "carapace.path.run" -}}/run/carapace{{- end }}
 
@@ -118,6 +119,9 @@ the render with a message naming the value.
 {{- if and $v.deployment.enabled (gt (int $v.replicaCount) 1) (eq $v.front.protocol "mcp") (not $v.front.mcp.sessionKey.existingSecret) }}
 {{- fail "front.mcp.sessionKey.existingSecret: with several replicas an mcp front needs one session key for all, or a session opened on one replica is unknown to the others" }}
 {{- end }}
+{{- if and $v.deployment.enabled (gt (int $v.replicaCount) 1) $v.front.eat (not $v.front.eatKeys.existingSecret) }}
+{{- fail "front.eatKeys.existingSecret: with several replicas an EAT catalog needs one set of signing keys for all, or a signature made on one replica names a key another replica's did.json does not publish" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -158,6 +162,13 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- end }}
 {{- $_ := set $front "mcp" $mcp }}
 {{- with $v.front.oauth }}{{ $_ := set $front "oauth" . }}{{ end }}
+{{- end }}
+{{- with $v.front.eat }}
+{{- $eat := deepCopy . }}
+{{- if $v.front.eatKeys.existingSecret }}
+{{- $_ := set $eat "keys_file" (printf "%s/%s" (include "carapace.path.eatKeys" $) $v.front.eatKeys.key) }}
+{{- end }}
+{{- $_ := set $front "eat" $eat }}
 {{- end }}
 {{- $_ := set $cfg "front" $front }}
 {{- /* listeners */}}
@@ -350,6 +361,11 @@ volumeMounts:
     mountPath: {{ include "carapace.path.mcpSession" . }}
     readOnly: true
   {{- end }}
+  {{- if and $v.front.eat $v.front.eatKeys.existingSecret }}
+  - name: carapace-eat-keys
+    mountPath: {{ include "carapace.path.eatKeys" . }}
+    readOnly: true
+  {{- end }}
   {{- if and (eq $v.upstream.protocol "skill-v1") $v.upstream.skill.auth.mode }}
   - name: carapace-upstream-secret
     mountPath: {{ include "carapace.path.upstream" . }}
@@ -416,6 +432,15 @@ Secrets are mounted with mode 0440: the pod needs fsGroup 65532 (carapace.podSec
     items:
       - key: {{ $v.front.mcp.sessionKey.key | quote }}
         path: {{ $v.front.mcp.sessionKey.key | quote }}
+{{- end }}
+{{- if and $v.front.eat $v.front.eatKeys.existingSecret }}
+- name: carapace-eat-keys
+  secret:
+    secretName: {{ $v.front.eatKeys.existingSecret }}
+    defaultMode: 288  # 0440: owner and group (fsGroup) read
+    items:
+      - key: {{ $v.front.eatKeys.key | quote }}
+        path: {{ $v.front.eatKeys.key | quote }}
 {{- end }}
 {{- if and (eq $v.upstream.protocol "skill-v1") $v.upstream.skill.auth.mode }}
 - name: carapace-upstream-secret
