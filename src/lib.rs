@@ -27,6 +27,7 @@ pub mod outbound;
 pub mod pairing;
 pub mod peers;
 pub mod pki;
+pub mod relay;
 pub mod secret_guard;
 pub mod server;
 pub mod shared_state;

@@ -36,7 +36,7 @@ use crate::upstream::AppClient;
 pub const PROTOCOL_TIMEOUT_MAX_MS: u64 = 120_000;
 
 /// What discovery found.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Catalog {
     pub tools: BTreeMap<String, Arc<ToolSpec>>,
     /// `service` (tools-v1) or manifest `id` (skill-v1) of the app.
@@ -87,10 +87,16 @@ impl DiscoveryError {
     }
 }
 
-/// The live catalog, swapped atomically on each successful discovery.
+/// The live catalog, swapped atomically on each successful discovery: the app's tools (the
+/// base) and the tools connected callers offer ([`crate::relay`], the overlay), merged once
+/// whenever either changes, so that a call reads one `Arc`.
 #[derive(Debug)]
 pub struct CatalogHandle {
     current: ArcSwap<Catalog>,
+    base: ArcSwap<Catalog>,
+    overlay: ArcSwap<BTreeMap<String, Arc<ToolSpec>>>,
+    /// One merge at a time, so the last change is the one served.
+    merging: std::sync::Mutex<()>,
     discovered: std::sync::atomic::AtomicBool,
     /// Whether `remote_tools_registered` was logged for the current catalog.
     registered: std::sync::atomic::AtomicBool,
@@ -102,6 +108,9 @@ impl Default for CatalogHandle {
     fn default() -> Self {
         CatalogHandle {
             current: ArcSwap::from_pointee(Catalog::default()),
+            base: ArcSwap::from_pointee(Catalog::default()),
+            overlay: ArcSwap::from_pointee(BTreeMap::new()),
+            merging: std::sync::Mutex::new(()),
             discovered: false.into(),
             registered: false.into(),
             stale: false.into(),
@@ -116,9 +125,45 @@ impl CatalogHandle {
 
     /// Serve `catalog` (the outbound registry builds its own from several peers).
     pub fn replace(&self, catalog: Catalog) {
-        self.current.store(Arc::new(catalog));
+        self.set_base(catalog);
         self.discovered
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The app's tools alone, without the overlay.
+    pub fn base(&self) -> Arc<Catalog> {
+        self.base.load_full()
+    }
+
+    /// Serve `tools` beside the app's (a name the app serves stays the app's).
+    pub fn set_overlay(&self, tools: BTreeMap<String, Arc<ToolSpec>>) {
+        let _one = self.merging.lock().unwrap_or_else(|e| e.into_inner());
+        self.overlay.store(Arc::new(tools));
+        self.merge();
+    }
+
+    fn set_base(&self, catalog: Catalog) {
+        let _one = self.merging.lock().unwrap_or_else(|e| e.into_inner());
+        self.base.store(Arc::new(catalog));
+        self.merge();
+    }
+
+    /// `current` = base + overlay; with no overlay, the base itself.
+    fn merge(&self) {
+        let base = self.base.load_full();
+        let overlay = self.overlay.load();
+        if overlay.is_empty() {
+            self.current.store(base);
+            return;
+        }
+        let mut merged = (*base).clone();
+        for (name, spec) in overlay.iter() {
+            merged
+                .tools
+                .entry(name.clone())
+                .or_insert_with(|| spec.clone());
+        }
+        self.current.store(Arc::new(merged));
     }
 
     /// The configuration changed: the next discovery recompiles even an unchanged answer.
@@ -141,7 +186,7 @@ impl CatalogHandle {
         disabled: bool,
         pins: &pins::PinStore,
     ) -> Result<usize, DiscoveryError> {
-        let previous = self.load();
+        let previous = self.base();
         let reuse = !self.stale.swap(false, std::sync::atomic::Ordering::AcqRel);
         let result = match app {
             AppConn::Http(app) => discover(app, cfg, &previous, reuse).await,
@@ -155,7 +200,7 @@ impl CatalogHandle {
                 (catalog.tools, catalog.withheld) = pins.check(tools, mode, &cfg.pins);
                 let n = catalog.tools.len();
                 self.log_registration(&catalog, disabled);
-                self.current.store(Arc::new(catalog));
+                self.set_base(catalog);
                 self.discovered
                     .store(true, std::sync::atomic::Ordering::Release);
                 Ok(n)

@@ -33,7 +33,9 @@ pub mod eat;
 pub mod oauth;
 pub use eat::EatConfig;
 pub use oauth::OAuthConfig;
+mod caller_tools;
 mod secret_guard;
+pub use caller_tools::CallerToolsConfig;
 pub use secret_guard::{GuardActionConfig, GuardModeConfig, SecretGuardConfig};
 mod app_command;
 pub use app_command::{ChildLimits, ChildSpec, EnvValue};
@@ -121,6 +123,9 @@ pub struct Config {
     /// leaving the gateway side.
     #[serde(default)]
     pub secret_guard: SecretGuardConfig,
+    /// The caller-tool relay: tools connected callers offer over their streams.
+    #[serde(default)]
+    pub caller_tools: Option<CallerToolsConfig>,
 }
 
 /// How a Skill Gateway v1 call authenticates.
@@ -357,6 +362,9 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     let d = check_meaning(&Parts::of(&config), &mut errors);
     check_telemetry(config.telemetry.as_ref(), &mut errors);
     let guard_values = secret_guard::check_secret_guard(&config.secret_guard, &mut errors);
+    if let Some(c) = &config.caller_tools {
+        caller_tools::check_caller_tools(c, &mut errors);
+    }
     match d.app_target {
         Some(app_target) if errors.is_empty() => Ok(Loaded {
             config,

@@ -109,6 +109,13 @@ pub(crate) fn call_stack(
             ))
         }
     };
+    // Tools connected callers offer go to them.
+    let back = match &shared.relay {
+        Some(relay) => {
+            BoxCloneSyncService::new(crate::relay::RelayRouter::new(relay.clone(), back))
+        }
+        None => back,
+    };
     let signed = c
         .front
         .auth

@@ -49,6 +49,12 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         .layer(identity_layer(cfg, shared))
         .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
         .option_layer(eat_catalog)
+        .option_layer(
+            shared
+                .relay
+                .clone()
+                .map(|r| crate::relay::RelayLayer::new(r, c.limits.max_body_bytes)),
+        )
         .layer(crate::ops::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         // Not on a signed front: there the caller is known only once its signature is checked

@@ -55,6 +55,8 @@ pub struct Shared {
     pub in_flight: Arc<crate::in_flight::InFlightCalls>,
     /// `front.eat`: the catalog's signing keys and signatures.
     pub eat: Option<Arc<crate::eat::serve::Publisher>>,
+    /// `caller_tools`: the tools connected callers offer.
+    pub relay: Option<Arc<crate::relay::CallerTools>>,
 }
 
 impl Shared {

@@ -174,6 +174,12 @@ fn log_start(cfg: &Loaded, kill_switch: &KillSwitch) {
 fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
     let metrics = Arc::new(Metrics::default());
     metrics.peers.set(stores.peers.len() as i64);
+    let catalog = Arc::new(CatalogHandle::default());
+    let relay = cfg
+        .config
+        .caller_tools
+        .clone()
+        .map(|c| crate::relay::CallerTools::new(c, catalog.clone()));
     let shared = Arc::new(Shared {
         app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg)),
         config: ArcSwap::from_pointee(cfg.clone()),
@@ -181,7 +187,7 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
         nonces: stores.nonces,
         redis: stores.redis,
         peers: stores.peers,
-        catalog: Arc::new(CatalogHandle::default()),
+        catalog,
         pins: Arc::new(stores.pins.with_metrics(metrics.clone())),
         metrics,
         stack: Arc::new(ArcSwap::from_pointee(placeholder_stack())),
@@ -198,6 +204,7 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
         mcp_sessions: stores.mcp_sessions,
         in_flight: Arc::default(),
         eat: stores.eat,
+        relay,
     });
     shared.stack.store(Arc::new(build_stack(cfg, &shared)));
     shared

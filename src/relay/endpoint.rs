@@ -1,0 +1,249 @@
+//! The relay's routes, on every front's listener and the Unix socket, after identity:
+//!
+//! - `POST /v1/caller-tools` `{"caller_id"?, "tools": [{name, description, inputSchema}]}`
+//!   declares the caller's tools and answers with the caller's stream (`text/event-stream`):
+//!   first `caller_tools_registered` (with the `stream_id` answers must name), then a
+//!   `caller_tool_request` per call, and keep-alive comments. On mTLS the caller id is the
+//!   peer's `component_id` (a different `caller_id` in the body is refused); on the Unix
+//!   socket the body names it.
+//! - `POST /v1/caller-tools/response` `{"stream_id", "request_id", "result" | "error"}`
+//!   answers one request; only the principal holding that stream may.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tower::Service;
+
+use carapace_filters::call::Principal;
+use carapace_filters::{BoxFuture, Rejection};
+
+use super::registry::{Answer, CallerTools, Declared, Event, StreamGuard};
+use crate::caller_body::CallerBody;
+use crate::front::{json_response, Resp};
+
+/// Where a caller opens its stream.
+pub const STREAM_PATH: &str = "/v1/caller-tools";
+/// Where a caller answers a request.
+pub const RESPONSE_PATH: &str = "/v1/caller-tools/response";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Declaration {
+    #[serde(default)]
+    caller_id: Option<String>,
+    tools: Vec<Declared>,
+}
+
+/// An answer to one request.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Response {
+    pub stream_id: String,
+    pub request_id: String,
+    #[serde(default)]
+    pub result: Option<Value>,
+    #[serde(default)]
+    pub error: Option<Value>,
+}
+
+impl Response {
+    /// The answer it carries: exactly one of `result` and `error` (a string, or an object
+    /// with a `message`).
+    pub fn answer(&self) -> Result<Answer, Rejection> {
+        let invalid = |m: &str| Rejection::InvalidRequest {
+            message: m.into(),
+            path: None,
+        };
+        match (&self.result, &self.error) {
+            (Some(r), None | Some(Value::Null)) if !r.is_null() => Ok(Answer::Result(r.clone())),
+            (None | Some(Value::Null), Some(Value::String(m))) => Ok(Answer::Error(m.clone())),
+            (None | Some(Value::Null), Some(e @ Value::Object(_))) => Ok(Answer::Error(
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| e.to_string(), str::to_owned),
+            )),
+            _ => Err(invalid("give exactly one of result and error")),
+        }
+    }
+}
+
+/// Adds [`RelayRoutes`] to a stack.
+#[derive(Clone)]
+pub struct RelayLayer {
+    relay: Arc<CallerTools>,
+    max_body_bytes: usize,
+}
+
+impl RelayLayer {
+    pub fn new(relay: Arc<CallerTools>, max_body_bytes: u64) -> Self {
+        RelayLayer {
+            relay,
+            max_body_bytes: max_body_bytes as usize,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for RelayLayer {
+    type Service = RelayRoutes<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RelayRoutes {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Serves the relay's routes; everything else goes on to `inner`.
+#[derive(Clone)]
+pub struct RelayRoutes<S> {
+    inner: S,
+    layer: RelayLayer,
+}
+
+impl<S> Service<Request<CallerBody>> for RelayRoutes<S>
+where
+    S: Service<Request<CallerBody>, Response = Resp, Error = Rejection> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Resp;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<Resp, Rejection>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<CallerBody>) -> Self::Future {
+        let path = req.uri().path();
+        if path != STREAM_PATH && path != RESPONSE_PATH {
+            let clone = self.inner.clone();
+            let mut inner = std::mem::replace(&mut self.inner, clone);
+            return Box::pin(async move { inner.call(req).await });
+        }
+        let layer = self.layer.clone();
+        Box::pin(async move { layer.serve(req).await })
+    }
+}
+
+impl RelayLayer {
+    async fn serve(self, req: Request<CallerBody>) -> Result<Resp, Rejection> {
+        if req.method() != Method::POST {
+            return Err(Rejection::MethodNotAllowed(format!(
+                "{} {}: only POST",
+                req.method(),
+                req.uri().path()
+            )));
+        }
+        let principal = crate::front::principal(&req)?;
+        let stream = req.uri().path() == STREAM_PATH;
+        let body = read_json(req.into_body(), self.max_body_bytes).await?;
+        if stream {
+            self.open(&principal, body)
+        } else {
+            let r: Response =
+                serde_json::from_value(body).map_err(|e| Rejection::InvalidRequest {
+                    message: e.to_string(),
+                    path: None,
+                })?;
+            let answer = r.answer()?;
+            self.relay
+                .respond(&principal.id, &r.stream_id, &r.request_id, answer)
+                .map_err(|e| e.rejection())?;
+            Ok(json_response(
+                http::StatusCode::OK,
+                &json!({"status": "ok"}),
+            ))
+        }
+    }
+
+    fn open(&self, principal: &Principal, body: Value) -> Result<Resp, Rejection> {
+        let d: Declaration =
+            serde_json::from_value(body).map_err(|e| Rejection::InvalidRequest {
+                message: e.to_string(),
+                path: None,
+            })?;
+        let local = principal.kind == "local";
+        let caller_id = match (local, d.caller_id) {
+            (true, Some(id)) => id,
+            (true, None) => {
+                return Err(Rejection::InvalidRequest {
+                    message: "caller_id is required on the local socket".into(),
+                    path: Some("/caller_id".into()),
+                })
+            }
+            (false, Some(id)) if id != principal.id => {
+                return Err(Rejection::Forbidden(format!(
+                    "{} may register tools only as {}",
+                    principal.id, principal.id
+                )))
+            }
+            (false, _) => principal.id.clone(),
+        };
+        let (events, guard) = self
+            .relay
+            .register(&principal.id, &caller_id, d.tools)
+            .map_err(|e| e.rejection())?;
+        let keepalive = Duration::from_secs(self.relay.config().keepalive_s);
+        let body = EventStream {
+            events,
+            keepalive: tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive),
+            _guard: guard,
+        };
+        Ok(crate::mcp::stream::sse_response(body.boxed_unsync()))
+    }
+}
+
+/// Read a JSON body of at most `max` bytes.
+async fn read_json(body: CallerBody, max: usize) -> Result<Value, Rejection> {
+    let bytes = http_body_util::Limited::new(body, max)
+        .collect()
+        .await
+        .map_err(|_| Rejection::PayloadTooLarge { limit: max as u64 })?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|e| Rejection::InvalidRequest {
+        message: format!("body is not JSON: {e}"),
+        path: None,
+    })
+}
+
+/// A caller's stream: its events as SSE `data` lines, and a comment line every keep-alive
+/// period. Dropping it (the caller went away) ends the registration.
+struct EventStream {
+    events: mpsc::Receiver<Event>,
+    keepalive: tokio::time::Interval,
+    _guard: StreamGuard,
+}
+
+impl http_body::Body for EventStream {
+    type Data = Bytes;
+    type Error = tower_http::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Poll::Ready(event) = self.events.poll_recv(cx) {
+            return Poll::Ready(event.map(|e| {
+                let mut line = b"data: ".to_vec();
+                line.extend_from_slice(e.to_json().to_string().as_bytes());
+                line.extend_from_slice(b"\n\n");
+                Ok(Frame::data(Bytes::from(line)))
+            }));
+        }
+        match self.keepalive.poll_tick(cx) {
+            Poll::Ready(_) => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+                b": keep-alive\n\n",
+            ))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
