@@ -409,3 +409,144 @@ async fn limits_are_refused_each_with_its_code_and_nothing_is_lost() {
     );
     assert_eq!(code(&first.await.unwrap()), "DEPENDENCY_UNAVAILABLE");
 }
+
+#[tokio::test]
+async fn an_mcp_agent_calls_a_caller_tool_and_the_caller_answers_with_the_mcp_method() {
+    let env = Env::new().await;
+    let yaml = env
+        .tools_yaml("caller_tools: { keepalive_s: 1 }")
+        .replace("front: { protocol: tools-v1 }", "front: { protocol: mcp }");
+    let r = env.start(&yaml).await;
+    let mut caller = open(
+        Via::Socket(&r),
+        json!({"caller_id": "myapp", "tools": notification_tools()}),
+    )
+    .await
+    .unwrap();
+    // The official Python SDK as the agent: a good call, then arguments the schema refuses.
+    let agent = {
+        let sock = r.unix_path.clone().unwrap();
+        tokio::spawn(async move {
+            let script = common::mcp::interop("mcp_python_client.py");
+            let out = tokio::process::Command::new("timeout")
+                .args(["60", "python3", "-W", "ignore"])
+                .arg(script)
+                .arg("--uds")
+                .arg(sock)
+                .args([
+                    "--tool",
+                    "myapp_send_notification",
+                    "--good",
+                    r#"{"message": "hello"}"#,
+                    "--bad",
+                    r#"{"message": 5}"#,
+                ])
+                .output()
+                .await
+                .unwrap();
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or_else(|_| {
+                panic!(
+                    "agent: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+        })
+    };
+    let request = caller.next().await.unwrap();
+    assert_eq!(request["arguments"], json!({"message": "hello"}));
+    let local = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
+    let answered = common::mcp::modern(
+        &local,
+        &common::mcp::modern_body(
+            7,
+            "caller_tool_response",
+            json!({"stream_id": caller.stream_id, "request_id": request["request_id"],
+                   "result": {"status": "sent"}}),
+        ),
+    )
+    .await
+    .json();
+    assert_eq!(answered["result"]["resultType"], "complete", "{answered}");
+    assert!(answered.get("error").is_none());
+    let seen = agent.await.unwrap();
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "myapp_send_notification"),
+        "{seen}"
+    );
+    assert_eq!(seen["good"]["is_error"], false, "{seen}");
+    assert_eq!(seen["good"]["structured"], json!({"status": "sent"}));
+    assert_eq!(
+        seen["bad"]["is_error"], true,
+        "refused before the caller: {seen}"
+    );
+    assert!(caller.quiet_for(Duration::from_millis(300)).await);
+
+    // An answer to an unknown request is an MCP error.
+    let unknown = common::mcp::modern(
+        &local,
+        &common::mcp::modern_body(
+            8,
+            "caller_tool_response",
+            json!({"stream_id": caller.stream_id, "request_id": "ab".repeat(16), "result": {}}),
+        ),
+    )
+    .await
+    .json();
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+}
+
+#[tokio::test]
+async fn req_ctr_005_the_socket_form_calls_a_caller_tool_and_waits_for_the_answer() {
+    let (_env, r) = relay_host("").await;
+    let mut caller = open(
+        Via::Socket(&r),
+        json!({"caller_id": "myapp", "tools": notification_tools()}),
+    )
+    .await
+    .unwrap();
+    let socket = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
+    let pending = {
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            socket
+                .post_json(
+                    "/v1/caller-tool",
+                    &[],
+                    &json!({"method": "caller_tool",
+                            "params": {"tool": "myapp_send_notification",
+                                       "arguments": {"message": "x"}}}),
+                )
+                .await
+                .unwrap()
+        })
+    };
+    let request = caller.next().await.unwrap();
+    assert_eq!(request["tool"], "send_notification");
+    respond(
+        &socket,
+        json!({"stream_id": caller.stream_id, "request_id": request["request_id"],
+               "result": {"status": "sent"}}),
+    )
+    .await;
+    assert_eq!(
+        pending.await.unwrap().json(),
+        json!({"result": {"status": "sent"}})
+    );
+    // Through the call stage: bad arguments are refused in the same form.
+    let bad = socket
+        .post_json(
+            "/v1/caller-tool",
+            &[],
+            &json!({"method": "caller_tool",
+                    "params": {"tool": "myapp_send_notification", "arguments": {}}}),
+        )
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(bad["error"]["code"], "INVALID_ARGS", "{bad}");
+}

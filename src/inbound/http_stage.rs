@@ -49,12 +49,14 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         .layer(identity_layer(cfg, shared))
         .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
         .option_layer(eat_catalog)
-        .option_layer(
-            shared
-                .relay
-                .clone()
-                .map(|r| crate::relay::RelayLayer::new(r, c.limits.max_body_bytes)),
-        )
+        .option_layer(shared.relay.clone().map(|r| {
+            crate::relay::RelayLayer::new(
+                r,
+                c.limits.max_body_bytes,
+                calls.clone(),
+                shared.catalog.clone(),
+            )
+        }))
         .layer(crate::ops::control::ControlPlaneLayer::new(control))
         .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
         // Not on a signed front: there the caller is known only once its signature is checked
@@ -116,7 +118,8 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
             .with_secret_guard(crate::secret_guard::of(
                 cfg,
                 crate::secret_guard::Role::Inbound,
-            ));
+            ))
+            .with_relay(shared.relay.clone());
             let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
             edge(envelope, panic)
         }

@@ -77,6 +77,8 @@ pub struct McpFront {
     server: Option<Arc<McpUpstream>>,
     /// The tool-host side's secret guard, for what is passed through.
     guard: Option<Arc<SecretGuard>>,
+    /// The caller-tool relay, answered with `caller_tool_response`.
+    relay: Option<Arc<crate::relay::CallerTools>>,
 }
 
 impl McpFront {
@@ -90,6 +92,12 @@ impl McpFront {
     /// tool results are.
     pub fn with_secret_guard(mut self, guard: Option<Arc<SecretGuard>>) -> Self {
         self.guard = guard;
+        self
+    }
+
+    /// Take callers' answers to relayed calls (`caller_tool_response`).
+    pub fn with_relay(mut self, relay: Option<Arc<crate::relay::CallerTools>>) -> Self {
+        self.relay = relay;
         self
     }
 
@@ -112,6 +120,7 @@ impl McpFront {
             in_flight,
             server: None,
             guard: None,
+            relay: None,
         }
     }
 
@@ -227,6 +236,9 @@ impl McpFront {
             "tools/list" => self.list(&params, &principal, version),
             "tools/call" => return self.tools_call(req, id, params, principal, era).await,
             "logging/setLevel" if self.server.is_some() => self.set_log_level(&params, &era),
+            crate::relay::endpoint::MCP_METHOD if self.relay.is_some() => {
+                self.caller_tool_response(params, &principal)
+            }
             "resources/subscribe" | "resources/unsubscribe" if self.server.is_some() => {
                 self.subscribe(&method, &params, &principal, &era)
             }
@@ -431,6 +443,23 @@ impl McpFront {
     /// `logging/setLevel` (older era): the least severe log message of the server this session
     /// is sent. The server behind is shared by every caller, so its own level is left alone
     /// and each session's messages are filtered here.
+    /// `caller_tool_response`: a caller's answer to a relayed call, as on
+    /// `/v1/caller-tools/response` (`{stream_id, request_id, result | error}`).
+    fn caller_tool_response(
+        &self,
+        params: Map<String, Value>,
+        principal: &Principal,
+    ) -> Result<Value, McpError> {
+        let relay = self.relay.as_ref().expect("checked");
+        crate::relay::endpoint::answer(relay, &principal.id, Value::Object(params)).map_err(
+            |r| match r {
+                Rejection::InvalidRequest { message, .. } => McpError::InvalidParams(message),
+                other => McpError::Refused(other),
+            },
+        )?;
+        Ok(json!({}))
+    }
+
     fn set_log_level(&self, params: &Map<String, Value>, era: &Era) -> Result<Value, McpError> {
         let Era::Legacy(session) = era else {
             return Err(McpError::MethodNotFound("logging/setLevel".into()));

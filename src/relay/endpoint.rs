@@ -7,7 +7,12 @@
 //!   peer's `component_id` (a different `caller_id` in the body is refused); on the Unix
 //!   socket the body names it.
 //! - `POST /v1/caller-tools/response` `{"stream_id", "request_id", "result" | "error"}`
-//!   answers one request; only the principal holding that stream may.
+//!   answers one request; only the principal holding that stream may (on the MCP front, the
+//!   method `caller_tool_response` with the same params).
+//! - `POST /v1/caller-tool` `{"method": "caller_tool", "params": {"tool", "arguments"}}`, on
+//!   the local Unix socket only: the relay text's socket form for an agent in the container.
+//!   The call passes the whole call stage and is answered `{"result": …}` or
+//!   `{"error": {"code", "message"}}` when the caller has answered.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,17 +28,39 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tower::Service;
 
-use carapace_filters::call::Principal;
+use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::{BoxFuture, Rejection};
+use tower::ServiceExt;
 
 use super::registry::{Answer, CallerTools, Declared, Event, StreamGuard};
 use crate::caller_body::CallerBody;
-use crate::front::{json_response, Resp};
+use crate::catalog::CatalogHandle;
+use crate::front::{json_response, CallStack, Resp};
 
 /// Where a caller opens its stream.
 pub const STREAM_PATH: &str = "/v1/caller-tools";
 /// Where a caller answers a request.
 pub const RESPONSE_PATH: &str = "/v1/caller-tools/response";
+/// The MCP method a caller answers a request with, on the MCP front.
+pub const MCP_METHOD: &str = "caller_tool_response";
+/// Where an agent on the local socket calls a tool in the relay text's socket form.
+pub const SOCKET_CALL_PATH: &str = "/v1/caller-tool";
+
+/// Take `body` (`{stream_id, request_id, result | error}`) as `principal`'s answer.
+pub fn answer(relay: &CallerTools, principal: &str, mut body: Value) -> Result<(), Rejection> {
+    // An MCP request's own metadata is not part of the answer.
+    if let Some(m) = body.as_object_mut() {
+        m.remove("_meta");
+    }
+    let r: Response = serde_json::from_value(body).map_err(|e| Rejection::InvalidRequest {
+        message: e.to_string(),
+        path: None,
+    })?;
+    let answer = r.answer()?;
+    relay
+        .respond(principal, &r.stream_id, &r.request_id, answer)
+        .map_err(|e| e.rejection())
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -81,13 +108,23 @@ impl Response {
 pub struct RelayLayer {
     relay: Arc<CallerTools>,
     max_body_bytes: usize,
+    /// The call stage and the catalog, for the socket form.
+    calls: CallStack,
+    catalog: Arc<CatalogHandle>,
 }
 
 impl RelayLayer {
-    pub fn new(relay: Arc<CallerTools>, max_body_bytes: u64) -> Self {
+    pub fn new(
+        relay: Arc<CallerTools>,
+        max_body_bytes: u64,
+        calls: CallStack,
+        catalog: Arc<CatalogHandle>,
+    ) -> Self {
         RelayLayer {
             relay,
             max_body_bytes: max_body_bytes as usize,
+            calls,
+            catalog,
         }
     }
 }
@@ -124,7 +161,7 @@ where
 
     fn call(&mut self, req: Request<CallerBody>) -> Self::Future {
         let path = req.uri().path();
-        if path != STREAM_PATH && path != RESPONSE_PATH {
+        if path != STREAM_PATH && path != RESPONSE_PATH && path != SOCKET_CALL_PATH {
             let clone = self.inner.clone();
             let mut inner = std::mem::replace(&mut self.inner, clone);
             return Box::pin(async move { inner.call(req).await });
@@ -144,10 +181,12 @@ impl RelayLayer {
             )));
         }
         let principal = crate::front::principal(&req)?;
-        let stream = req.uri().path() == STREAM_PATH;
+        let path = req.uri().path().to_owned();
         let body = read_json(req.into_body(), self.max_body_bytes).await?;
-        if stream {
+        if path == STREAM_PATH {
             self.open(&principal, body)
+        } else if path == SOCKET_CALL_PATH {
+            self.socket_call(principal, body).await
         } else {
             let r: Response =
                 serde_json::from_value(body).map_err(|e| Rejection::InvalidRequest {
@@ -199,6 +238,70 @@ impl RelayLayer {
             _guard: guard,
         };
         Ok(crate::mcp::stream::sse_response(body.boxed_unsync()))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SocketCall {
+    method: String,
+    params: SocketParams,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SocketParams {
+    tool: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+impl RelayLayer {
+    /// The socket form: `{"method": "caller_tool", "params": {"tool", "arguments"}}`, from
+    /// the local socket only, through the call stage.
+    async fn socket_call(&self, principal: Arc<Principal>, body: Value) -> Result<Resp, Rejection> {
+        if principal.kind != "local" {
+            return Err(Rejection::Forbidden(
+                "the caller_tool socket form is for the local socket".into(),
+            ));
+        }
+        let c: SocketCall =
+            serde_json::from_value(body).map_err(|e| Rejection::InvalidRequest {
+                message: e.to_string(),
+                path: None,
+            })?;
+        if c.method != "caller_tool" {
+            return Err(Rejection::InvalidRequest {
+                message: format!("method `{}`: only caller_tool", c.method),
+                path: Some("/method".into()),
+            });
+        }
+        let tool = self.catalog.load().lookup(&c.params.tool)?.clone();
+        let call = ToolCall {
+            call_id: format!("ctr-{}", hex::encode(rand::random::<[u8; 8]>())),
+            tool,
+            tenant_id: None,
+            args: c.params.arguments.unwrap_or_else(|| json!({})),
+            context: None,
+            timeout_ms: None,
+            idempotency_key: None,
+            principal,
+            request_id: None,
+            trace_context: Vec::new(),
+            extensions: Default::default(),
+            credential: Credential::None,
+        };
+        let answer = match self.calls.clone().oneshot(call).await {
+            Ok(CallOutcome::Ok { output, .. }) => json!({"result": output}),
+            Ok(CallOutcome::AppError { code, message, .. }) => {
+                json!({"error": {"code": code, "message": message}})
+            }
+            Err(r) => {
+                let (code, _) = crate::errors::tools_v1(&r);
+                json!({"error": {"code": code, "message": crate::errors::message(&r)}})
+            }
+        };
+        Ok(json_response(http::StatusCode::OK, &answer))
     }
 }
 
