@@ -33,6 +33,7 @@ if [ ${#targets[@]} -eq 0 ]; then
     eat_catalog
     eat_jws
     eat_openapi
+    caller_tools
   )
 fi
 

@@ -247,6 +247,17 @@ def eat_openapi():
                                                            "post": {"operationId": "b"}}}})
 
 
+def caller_tools():
+    """Declarations from the relay text's scenarios, and answers."""
+    yield json.dumps({"caller_id": "myapp", "tools": [
+        {"name": "send_notification", "description": "Send notification",
+         "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}}}]})
+    yield json.dumps({"tools": [{"name": "a"}, {"name": "a"}]})
+    yield json.dumps({"caller_id": "my app", "tools": [{"name": "x", "inputSchema": {"type": "nonsense"}}]})
+    yield json.dumps({"stream_id": "ab" * 16, "request_id": "cd" * 16, "result": {"status": "sent"}})
+    yield json.dumps({"stream_id": "ab" * 16, "request_id": "cd" * 16, "error": "recipient not found"})
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -263,6 +274,7 @@ TARGETS = {
     "eat_catalog": eat_catalog,
     "eat_jws": eat_jws,
     "eat_openapi": eat_openapi,
+    "caller_tools": caller_tools,
 }
 
 

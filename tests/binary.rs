@@ -1053,6 +1053,7 @@ fn demo_runs_and_names_the_error_codes() {
         "replayed -> HTTP 401 nonce_replay",
         "took memory.query (tag memory) -> call \"ok\"",
         "one catalog byte changed -> refused catalog_hash",
+        "answered -> result {\"shown\":true}; caller gone mid-call -> DEPENDENCY_UNAVAILABLE at once",
     ] {
         assert!(
             out.stdout.contains(c),

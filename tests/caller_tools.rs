@@ -550,3 +550,85 @@ async fn req_ctr_005_the_socket_form_calls_a_caller_tool_and_waits_for_the_answe
         .json();
     assert_eq!(bad["error"]["code"], "INVALID_ARGS", "{bad}");
 }
+
+// Faults: a caller that answers garbage, answers twice, or never reads its stream.
+
+#[tokio::test]
+async fn fault_a_caller_answering_garbage_is_refused_and_the_call_still_waits_for_a_real_answer() {
+    let (_env, r) = relay_host("").await;
+    let mut caller = open(
+        Via::Socket(&r),
+        json!({"caller_id": "myapp", "tools": notification_tools()}),
+    )
+    .await
+    .unwrap();
+    let pending = agent_call(&r, "myapp_send_notification", json!({"message": "m"}));
+    let request = caller.next().await.unwrap();
+    let id = request["request_id"].clone();
+    let local = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
+    for garbage in [
+        json!("not an object"),
+        json!({"stream_id": caller.stream_id, "request_id": id}),
+        json!({"stream_id": caller.stream_id, "request_id": id, "result": {}, "error": "both"}),
+        json!({"stream_id": caller.stream_id, "request_id": id, "result": {}, "extra": 1}),
+        json!({"stream_id": 5, "request_id": id, "result": {}}),
+    ] {
+        let refused = respond(&local, garbage.clone()).await;
+        assert_eq!(
+            code(&refused),
+            "INVALID_ARGS",
+            "{garbage}: {}",
+            refused.json()
+        );
+    }
+    let raw = local
+        .send(Method::POST, "/v1/caller-tools/response", &[], "{not json")
+        .await
+        .unwrap();
+    assert_eq!(code(&raw), "INVALID_ARGS");
+    assert!(!pending.is_finished(), "garbage does not end the call");
+    let ok = respond(
+        &local,
+        json!({"stream_id": caller.stream_id, "request_id": id, "result": {"status": "sent"}}),
+    )
+    .await;
+    assert_eq!(ok.json()["status"], "ok");
+    // Twice: the second answer is refused and changes nothing.
+    let twice = respond(
+        &local,
+        json!({"stream_id": caller.stream_id, "request_id": id, "error": "late"}),
+    )
+    .await;
+    assert_eq!(code(&twice), "INVALID_ARGS");
+    assert_eq!(pending.await.unwrap().json()["result"]["status"], "sent");
+}
+
+#[tokio::test]
+async fn fault_a_caller_that_never_reads_its_stream_holds_nothing_forever() {
+    let (_env, r) = relay_host(", max_pending_per_caller: 2").await;
+    // The stream is opened and never read again.
+    let _caller = open(
+        Via::Socket(&r),
+        json!({"caller_id": "myapp", "tools": notification_tools()}),
+    )
+    .await
+    .unwrap();
+    let slow = |ms: u64| {
+        let agent = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
+        let mut body = call("myapp_send_notification", json!({"message": "m"}));
+        body["timeout_ms"] = json!(ms);
+        tokio::spawn(async move { agent.post_json("/v1/tools/call", &[], &body).await.unwrap() })
+    };
+    let first = slow(400);
+    let second = slow(400);
+    let relay = r.shared.relay.clone().unwrap();
+    common::wait_until(|| relay.pending("myapp") == 2).await;
+    // Full: refused at once, not queued.
+    let third = slow(400).await.unwrap();
+    assert_eq!(code(&third), "RATE_LIMITED");
+    assert_eq!(code(&first.await.unwrap()), "TIMEOUT");
+    assert_eq!(code(&second.await.unwrap()), "TIMEOUT");
+    // And the slots come back once they time out.
+    let fourth = slow(200).await.unwrap();
+    assert_eq!(code(&fourth), "TIMEOUT");
+}

@@ -466,3 +466,27 @@ outbound:
         assert!(all.contains(expected), "{expected} in {all}");
     }
 }
+
+#[test]
+fn the_caller_tool_relay_is_checked() {
+    let ok = parse(&format!("{MINIMAL}caller_tools: {{}}\n"), Path::new("/")).unwrap();
+    let c = ok.config.caller_tools.unwrap();
+    assert_eq!(c.timeout_ms_default, 60_000);
+    assert_eq!(c.keepalive_s, 15);
+    let all = errors(&format!(
+        "{MINIMAL}caller_tools: {{ max_tools_per_caller: 0, timeout_ms_default: 5000, timeout_ms_max: 1000, keepalive_s: 0, colour: 1 }}\n"
+    ))
+    .join("\n");
+    assert!(all.contains("colour"), "{all}");
+    let all = errors(&format!(
+        "{MINIMAL}caller_tools: {{ max_tools_per_caller: 0, timeout_ms_default: 5000, timeout_ms_max: 1000, keepalive_s: 0 }}\n"
+    ))
+    .join("\n");
+    for needle in [
+        "/caller_tools/max_tools_per_caller",
+        "/caller_tools/timeout_ms_default",
+        "/caller_tools/keepalive_s",
+    ] {
+        assert!(all.contains(needle), "{needle} in {all}");
+    }
+}

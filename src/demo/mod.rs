@@ -18,6 +18,7 @@ use crate::server::{self, Running};
 mod eat;
 mod mcp;
 mod pinning;
+mod relay;
 mod shell_auth;
 
 const DEMO_KEY: &str = "demo-hmac-key-do-not-use-in-production";
@@ -354,6 +355,7 @@ ops: {{ address: "" }}
     shell_auth::oauth_step(dir, &app_addr.to_string(), &ca).await?;
     shell_auth::signature_step(dir, &app_addr.to_string(), &ca).await?;
     eat::eat_step(dir, &app_addr.to_string(), &ca, &gateway).await?;
+    relay::relay_step(dir, &app_addr.to_string()).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)

@@ -291,6 +291,11 @@ impl CallerTools {
         self.catalog.set_overlay(tools);
     }
 
+    /// Calls waiting for `caller_id`'s answers.
+    pub fn pending(&self, caller_id: &str) -> usize {
+        self.callers().get(caller_id).map_or(0, |r| r.pending.len())
+    }
+
     /// Whether `name` is a relayed tool.
     pub fn serves(&self, name: &str) -> bool {
         self.callers().values().any(|r| r.tools.contains_key(name))
