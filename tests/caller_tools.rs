@@ -128,6 +128,16 @@ async fn open(via: Via<'_>, body: Value) -> Result<Stream, (StatusCode, Value)> 
     Ok(s)
 }
 
+/// `myapp` on the local socket, declaring [`notification_tools`].
+async fn myapp(r: &Running) -> Stream {
+    open(
+        Via::Socket(r),
+        json!({"caller_id": "myapp", "tools": notification_tools()}),
+    )
+    .await
+    .unwrap()
+}
+
 fn notification_tools() -> Value {
     json!([
         {"name": "send_notification", "description": "Send notification",
@@ -180,12 +190,7 @@ async fn listed(r: &Running) -> Vec<Value> {
 #[tokio::test]
 async fn req_ctr_001_an_agent_calls_a_caller_tool_and_gets_its_result() {
     let (_env, r) = relay_host("").await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     assert_eq!(caller.tools, ["myapp_send_notification", "myapp_slow_tool"]);
 
     let pending = agent_call(&r, "myapp_send_notification", json!({"message": "hello"}));
@@ -220,12 +225,7 @@ async fn req_ctr_001_an_agent_calls_a_caller_tool_and_gets_its_result() {
 #[tokio::test]
 async fn req_ctr_002_declared_tools_are_listed_with_their_input_schema_and_enforced() {
     let (_env, r) = relay_host("").await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     let tools = listed(&r).await;
     let t = tools
         .iter()
@@ -248,12 +248,7 @@ async fn req_ctr_002_declared_tools_are_listed_with_their_input_schema_and_enfor
 #[tokio::test]
 async fn req_ctr_003_and_004_an_error_answer_reaches_the_agent_as_the_tools_error() {
     let (_env, r) = relay_host("").await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     let pending = agent_call(&r, "myapp_send_notification", json!({"message": "hi"}));
     let request = caller.next().await.unwrap();
     let local = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
@@ -273,12 +268,7 @@ async fn req_ctr_003_and_004_an_error_answer_reaches_the_agent_as_the_tools_erro
 #[tokio::test]
 async fn req_ctr_001_a_caller_that_disconnects_fails_its_pending_calls_at_once() {
     let (_env, r) = relay_host("").await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     let pending = agent_call(&r, "myapp_slow_tool", json!({}));
     caller.next().await.unwrap();
     let started = std::time::Instant::now();
@@ -304,12 +294,7 @@ async fn req_ctr_001_a_caller_that_disconnects_fails_its_pending_calls_at_once()
         .await
         .iter()
         .any(|t| t["name"] == "myapp_slow_tool"));
-    let _again = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let _again = myapp(&r).await;
     assert!(listed(&r)
         .await
         .iter()
@@ -372,12 +357,7 @@ async fn limits_are_refused_each_with_its_code_and_nothing_is_lost() {
         .err()
         .expect("too many tools");
     assert_eq!(refused["error"]["code"], "INVALID_ARGS", "{refused}");
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     // Arguments over the limit are not emitted.
     let big = agent_call(
         &r,
@@ -417,12 +397,7 @@ async fn an_mcp_agent_calls_a_caller_tool_and_the_caller_answers_with_the_mcp_me
         .tools_yaml("caller_tools: { keepalive_s: 1 }")
         .replace("front: { protocol: tools-v1 }", "front: { protocol: mcp }");
     let r = env.start(&yaml).await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     // The official Python SDK as the agent: a good call, then arguments the schema refuses.
     let agent = {
         let sock = r.unix_path.clone().unwrap();
@@ -503,12 +478,7 @@ async fn an_mcp_agent_calls_a_caller_tool_and_the_caller_answers_with_the_mcp_me
 #[tokio::test]
 async fn req_ctr_005_the_socket_form_calls_a_caller_tool_and_waits_for_the_answer() {
     let (_env, r) = relay_host("").await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     let socket = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
     let pending = {
         let socket = socket.clone();
@@ -556,12 +526,7 @@ async fn req_ctr_005_the_socket_form_calls_a_caller_tool_and_waits_for_the_answe
 #[tokio::test]
 async fn fault_a_caller_answering_garbage_is_refused_and_the_call_still_waits_for_a_real_answer() {
     let (_env, r) = relay_host("").await;
-    let mut caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let mut caller = myapp(&r).await;
     let pending = agent_call(&r, "myapp_send_notification", json!({"message": "m"}));
     let request = caller.next().await.unwrap();
     let id = request["request_id"].clone();
@@ -607,12 +572,7 @@ async fn fault_a_caller_answering_garbage_is_refused_and_the_call_still_waits_fo
 async fn fault_a_caller_that_never_reads_its_stream_holds_nothing_forever() {
     let (_env, r) = relay_host(", max_pending_per_caller: 2").await;
     // The stream is opened and never read again.
-    let _caller = open(
-        Via::Socket(&r),
-        json!({"caller_id": "myapp", "tools": notification_tools()}),
-    )
-    .await
-    .unwrap();
+    let _caller = myapp(&r).await;
     let slow = |ms: u64| {
         let agent = Client::new(Transport::Unix(r.unix_path.clone().unwrap()));
         let mut body = call("myapp_send_notification", json!({"message": "m"}));

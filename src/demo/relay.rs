@@ -108,18 +108,14 @@ caller_tools: {{ keepalive_s: 5 }}
     if !listed {
         return Err("relay: demo_notify is not listed".into());
     }
-    let pending = {
+    let notify = |message: &'static str| {
         let agent = agent.clone();
         tokio::spawn(async move {
-            agent
-                .post_json(
-                    "/v1/tools/call",
-                    &[],
-                    &call("demo_notify", json!({"message": "tea is ready"}), None),
-                )
-                .await
+            let body = call("demo_notify", json!({ "message": message }), None);
+            agent.post_json("/v1/tools/call", &[], &body).await
         })
     };
+    let pending = notify("tea is ready");
     let request = caller.next().await?;
     let answered = agent
         .post_json(
@@ -139,18 +135,7 @@ caller_tools: {{ keepalive_s: 5 }}
     }
 
     // A caller that goes away while a call waits for it.
-    let pending = {
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            agent
-                .post_json(
-                    "/v1/tools/call",
-                    &[],
-                    &call("demo_notify", json!({"message": "anyone?"}), None),
-                )
-                .await
-        })
-    };
+    let pending = notify("anyone?");
     caller.next().await?;
     drop(caller);
     let gone = pending.await.map_err(|e| e.to_string())??;
