@@ -350,3 +350,36 @@ impl http_body::Body for EventStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CallerToolsConfig;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_carries_keep_alive_comments_and_ending_it_withdraws_the_tools() {
+        let catalog = Arc::new(CatalogHandle::default());
+        let relay = CallerTools::new(CallerToolsConfig::default(), catalog.clone());
+        let declared = Declared {
+            name: "t".into(),
+            description: String::new(),
+            input_schema: None,
+        };
+        let (events, guard) = relay.register("local", "c", vec![declared]).unwrap();
+        let period = Duration::from_secs(15);
+        let mut stream = EventStream {
+            events,
+            keepalive: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
+            _guard: guard,
+        };
+        let first = stream.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(first.starts_with(b"data: {"), "{first:?}");
+        let started = tokio::time::Instant::now();
+        let second = stream.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&second[..], b": keep-alive\n\n");
+        assert_eq!(started.elapsed(), period);
+        assert!(catalog.load().get("c_t").is_some());
+        drop(stream);
+        assert!(catalog.load().get("c_t").is_none());
+    }
+}

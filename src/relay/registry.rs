@@ -109,6 +109,8 @@ struct Registration {
 /// The registrations of every connected caller.
 pub struct CallerTools {
     config: CallerToolsConfig,
+    /// `tools.<name>.timeout_ms_max` of the configuration, by offered name.
+    timeout_caps: BTreeMap<String, u64>,
     catalog: Arc<CatalogHandle>,
     /// By caller id.
     callers: Mutex<HashMap<String, Registration>>,
@@ -147,8 +149,18 @@ fn valid_name(s: &str, max: usize) -> bool {
 
 impl CallerTools {
     pub fn new(config: CallerToolsConfig, catalog: Arc<CatalogHandle>) -> Arc<Self> {
+        Self::with_timeout_caps(config, catalog, BTreeMap::new())
+    }
+
+    /// With `tools.<name>.timeout_ms_max` lowering the wait for those offered names.
+    pub fn with_timeout_caps(
+        config: CallerToolsConfig,
+        catalog: Arc<CatalogHandle>,
+        timeout_caps: BTreeMap<String, u64>,
+    ) -> Arc<Self> {
         Arc::new(CallerTools {
             config,
+            timeout_caps,
             catalog,
             callers: Mutex::new(HashMap::new()),
         })
@@ -196,6 +208,12 @@ impl CallerTools {
                 RelayError::Invalid(format!("tool {}: inputSchema: {}", t.name, e.0))
             })?;
             let name = format!("{caller_id}_{}", t.name);
+            let max = self
+                .timeout_caps
+                .get(&name)
+                .map_or(self.config.timeout_ms_max, |cap| {
+                    (*cap).min(self.config.timeout_ms_max)
+                });
             let spec = ToolSpec {
                 name: name.clone(),
                 app_name: None,
@@ -203,8 +221,8 @@ impl CallerTools {
                 description: t.description.chars().take(4096).collect(),
                 input,
                 output: None,
-                timeout_ms_default: self.config.timeout_ms_default,
-                timeout_ms_max: self.config.timeout_ms_max,
+                timeout_ms_default: self.config.timeout_ms_default.min(max),
+                timeout_ms_max: max,
                 idempotent: false,
                 side_effects: true,
             };

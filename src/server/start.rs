@@ -175,11 +175,15 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
     let metrics = Arc::new(Metrics::default());
     metrics.peers.set(stores.peers.len() as i64);
     let catalog = Arc::new(CatalogHandle::default());
-    let relay = cfg
-        .config
-        .caller_tools
-        .clone()
-        .map(|c| crate::relay::CallerTools::new(c, catalog.clone()));
+    let relay = cfg.config.caller_tools.clone().map(|c| {
+        let caps = cfg
+            .config
+            .tools
+            .iter()
+            .filter_map(|(name, t)| Some((name.clone(), t.timeout_ms_max?)))
+            .collect();
+        crate::relay::CallerTools::with_timeout_caps(c, catalog.clone(), caps)
+    });
     let shared = Arc::new(Shared {
         app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg)),
         config: ArcSwap::from_pointee(cfg.clone()),

@@ -140,3 +140,23 @@ fn declarations_are_checked_and_names_stay_with_their_source() {
     assert!(catalog.load().get("myapp_t").is_none(), "withdrawn");
     assert!(catalog.base().tools.is_empty());
 }
+
+#[test]
+fn a_configured_timeout_cap_lowers_the_wait_for_that_tool() {
+    let catalog = Arc::new(CatalogHandle::default());
+    let caps = [("myapp_quick".to_string(), 5_000)].into_iter().collect();
+    let relay = CallerTools::with_timeout_caps(CallerToolsConfig::default(), catalog.clone(), caps);
+    let (_e, _g) = relay
+        .register("local", "myapp", vec![declared("quick"), declared("slow")])
+        .unwrap();
+    let quick = catalog.load().get("myapp_quick").cloned().unwrap();
+    assert_eq!(
+        (quick.timeout_ms_default, quick.timeout_ms_max),
+        (5_000, 5_000)
+    );
+    let slow = catalog.load().get("myapp_slow").cloned().unwrap();
+    assert_eq!(
+        (slow.timeout_ms_default, slow.timeout_ms_max),
+        (60_000, 300_000)
+    );
+}
