@@ -240,6 +240,7 @@ CASES: dict[str, dict[str, Any]] = {
                 "pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
             },
             "secretGuard": {"inbound": "enforce", "tools": {"files.read": "refuse"}},
+            "callerTools": {"enabled": True, "timeout_ms_default": 30000},
         },
         "replicas": 1,
         "app": "app",
@@ -257,6 +258,7 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "app_pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
         "secret_guard": {"inbound": "enforce", "tools": {"files.read": "refuse"}},
+        "caller_tools": {"timeout_ms_default": 30000},
     },
     # The outbound role: the app (an agent) calls paired tool hosts through a Unix socket.
     "gateway": {
@@ -593,6 +595,7 @@ def test_config_values(case):
     assert cfg["app"].get("filter") == expect.get("app_filter")
     assert cfg["app"].get("pinning") == expect.get("app_pinning")
     assert cfg.get("secret_guard") == expect.get("secret_guard")
+    assert cfg.get("caller_tools") == expect.get("caller_tools")
     assert cfg["front"].get("oauth") == expect.get("oauth")
     assert cfg["front"].get("eat") == expect.get("eat")
     if "mcp" in expect:

@@ -174,15 +174,13 @@ impl CallerTools {
         &self.config
     }
 
-    /// Register `tools` of `caller_id` for `principal`: the stream's events, and the guard
-    /// whose drop ends it. A caller id already registered is taken over (its stream ends, its
-    /// pending calls fail) only by the same principal.
-    pub fn register(
-        self: &Arc<Self>,
-        principal: &str,
+    /// `tools` as `caller_id` offers them: checked, their input schemas compiled, by offered
+    /// name (with the declared name beside).
+    fn offered(
+        &self,
         caller_id: &str,
         tools: Vec<Declared>,
-    ) -> Result<(mpsc::Receiver<Event>, StreamGuard), RelayError> {
+    ) -> Result<BTreeMap<String, (String, Arc<ToolSpec>)>, RelayError> {
         if !valid_name(caller_id, 64) {
             return Err(RelayError::Invalid(format!(
                 "caller_id `{}` must be 1 to 64 of [A-Za-z0-9_.-]",
@@ -233,6 +231,19 @@ impl CallerTools {
                 return Err(RelayError::Invalid(format!("tool `{name}` declared twice")));
             }
         }
+        Ok(offered)
+    }
+
+    /// Register `tools` of `caller_id` for `principal`: the stream's events, and the guard
+    /// whose drop ends it. A caller id already registered is taken over (its stream ends, its
+    /// pending calls fail) only by the same principal.
+    pub fn register(
+        self: &Arc<Self>,
+        principal: &str,
+        caller_id: &str,
+        tools: Vec<Declared>,
+    ) -> Result<(mpsc::Receiver<Event>, StreamGuard), RelayError> {
+        let offered = self.offered(caller_id, tools)?;
         let stream_id = hex::encode(rand::random::<[u8; 16]>());
         let (tx, rx) = mpsc::channel(self.config.max_pending_per_caller + 2);
         let names: Vec<String> = offered.keys().cloned().collect();

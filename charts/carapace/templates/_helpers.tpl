@@ -212,6 +212,7 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- with $v.tools }}{{ $_ := set $cfg "tools" . }}{{ end }}
 {{- with $v.killSwitch }}{{ $_ := set $cfg "kill_switch" . }}{{ end }}
 {{- with $v.secretGuard }}{{ $_ := set $cfg "secret_guard" . }}{{ end }}
+{{- if $v.callerTools.enabled }}{{ $_ := set $cfg "caller_tools" (omit $v.callerTools "enabled") }}{{ end }}
 {{- /* operations */}}
 {{- $_ := set $cfg "ops" (dict "address" (printf "0.0.0.0:%d" (int $v.ops.port))) }}
 {{- $_ := set $cfg "log" (dict "format" $v.log.format "level" $v.log.level) }}
