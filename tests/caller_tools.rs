@@ -592,3 +592,38 @@ async fn fault_a_caller_that_never_reads_its_stream_holds_nothing_forever() {
     let fourth = slow(200).await.unwrap();
     assert_eq!(code(&fourth), "TIMEOUT");
 }
+
+#[tokio::test]
+async fn fault_an_answer_whose_body_never_arrives_is_cut_off_at_the_body_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new().await;
+    let yaml = env.tools_yaml("caller_tools: {}\nlimits: { body_timeout_ms: 300 }");
+    let r = env.start(&yaml).await;
+    let mut io = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
+        .await
+        .unwrap();
+    io.write_all(
+        b"POST /v1/caller-tools/response HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"stream_id\":",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = io.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "answered within the deadline, not held");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains(r#""reason":"body_timeout""#), "{text}");
+}

@@ -44,36 +44,32 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
     };
     let (eat_keys, eat_catalog) = eat_layers(cfg, shared).unzip();
-    let http = ServiceBuilder::new()
-        .option_layer(eat_keys)
-        .layer(identity_layer(cfg, shared))
-        .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
-        .option_layer(eat_catalog)
-        .option_layer(shared.relay.clone().map(|r| {
-            crate::relay::RelayLayer::new(
-                r,
-                c.limits.max_body_bytes,
-                calls.clone(),
-                shared.catalog.clone(),
+    let http =
+        ServiceBuilder::new()
+            .option_layer(eat_keys)
+            .layer(identity_layer(cfg, shared))
+            .option_layer(crate::oauth::layer(cfg, shared.clock.clone()))
+            .option_layer(eat_catalog)
+            .option_layer(shared.relay.clone().map(|r| {
+                crate::relay::RelayLayer::new(r, body, calls.clone(), shared.catalog.clone())
+            }))
+            .layer(crate::ops::control::ControlPlaneLayer::new(control))
+            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+            // Not on a signed front: there the caller is known only once its signature is checked
+            // (after the body), and an unsigned request must not spend a tool's rate limit.
+            .option_layer(
+                (c.front.protocol == Protocol::Mcp && !c.front.http_signature()).then(|| {
+                    crate::mcp::early::MirroredHeaderLayer::new(
+                        shared.kill_switch.clone(),
+                        tool_limits.clone(),
+                        shared.clock.clone(),
+                    )
+                }),
             )
-        }))
-        .layer(crate::ops::control::ControlPlaneLayer::new(control))
-        .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-        // Not on a signed front: there the caller is known only once its signature is checked
-        // (after the body), and an unsigned request must not spend a tool's rate limit.
-        .option_layer(
-            (c.front.protocol == Protocol::Mcp && !c.front.http_signature()).then(|| {
-                crate::mcp::early::MirroredHeaderLayer::new(
-                    shared.kill_switch.clone(),
-                    tool_limits.clone(),
-                    shared.clock.clone(),
-                )
-            }),
-        )
-        .layer(PeerRateLimitLayer::new(peer_limits))
-        .layer(shared.load_shed_layer(c.limits.max_in_flight))
-        .layer(BodyLimitLayer::new(body))
-        .option_layer(crate::inbound::signature_keys::layer(cfg, shared));
+            .layer(PeerRateLimitLayer::new(peer_limits))
+            .layer(shared.load_shed_layer(c.limits.max_in_flight))
+            .layer(BodyLimitLayer::new(body))
+            .option_layer(crate::inbound::signature_keys::layer(cfg, shared));
     let answers = c.front.answers.unwrap_or_default();
     let panic = PanicAnswer {
         front: c.front.protocol,

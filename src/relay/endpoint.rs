@@ -108,6 +108,9 @@ impl Response {
 pub struct RelayLayer {
     relay: Arc<CallerTools>,
     max_body_bytes: usize,
+    /// Longest wait for a body (`limits.body_timeout_ms`): the relay's routes sit before the
+    /// body-limit layer.
+    body_timeout: Duration,
     /// The call stage and the catalog, for the socket form.
     calls: CallStack,
     catalog: Arc<CatalogHandle>,
@@ -116,13 +119,14 @@ pub struct RelayLayer {
 impl RelayLayer {
     pub fn new(
         relay: Arc<CallerTools>,
-        max_body_bytes: u64,
+        body: carapace_filters::body::BodyLimits,
         calls: CallStack,
         catalog: Arc<CatalogHandle>,
     ) -> Self {
         RelayLayer {
             relay,
-            max_body_bytes: max_body_bytes as usize,
+            max_body_bytes: body.max_bytes as usize,
+            body_timeout: body.deadline,
             calls,
             catalog,
         }
@@ -182,7 +186,12 @@ impl RelayLayer {
         }
         let principal = crate::front::principal(&req)?;
         let path = req.uri().path().to_owned();
-        let body = read_json(req.into_body(), self.max_body_bytes).await?;
+        let body = tokio::time::timeout(
+            self.body_timeout,
+            read_json(req.into_body(), self.max_body_bytes),
+        )
+        .await
+        .map_err(|_| Rejection::BodyTimeout(self.body_timeout))??;
         if path == STREAM_PATH {
             self.open(&principal, body)
         } else if path == SOCKET_CALL_PATH {
