@@ -34,6 +34,7 @@ if [ ${#targets[@]} -eq 0 ]; then
     eat_jws
     eat_openapi
     caller_tools
+    receipt
   )
 fi
 

@@ -258,6 +258,26 @@ def caller_tools():
     yield json.dumps({"stream_id": "ab" * 16, "request_id": "cd" * 16, "error": "recipient not found"})
 
 
+def receipt():
+    """Receipts signed as carapace signs them, and near misses."""
+    import base64
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    key = Ed25519PrivateKey.from_private_bytes(bytes([7]) * 32)
+    body = {"consumer": "gw_home", "duration_ms": 4, "executed_at": "2026-11-26T12:00:00.123Z",
+            "input_hash": "sha256:" + "ab" * 32, "output_hash": "sha256:" + "cd" * 32,
+            "provider": "memory-east", "receipt_id": "rcpt_" + "01" * 12, "status": "ok",
+            "tool": "memory.query"}
+
+    def enc(raw):
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    for status in ["ok", "error", "timeout"]:
+        raw = json.dumps({**body, "status": status}, separators=(",", ":"), sort_keys=True).encode()
+        yield "v1." + enc(raw) + "." + enc(key.sign(raw))
+    pretty = json.dumps(body, indent=1).encode()
+    yield "v1." + enc(pretty) + "." + enc(key.sign(pretty))
+    yield "v1.e30." + enc(bytes(64))
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -275,6 +295,7 @@ TARGETS = {
     "eat_jws": eat_jws,
     "eat_openapi": eat_openapi,
     "caller_tools": caller_tools,
+    "receipt": receipt,
 }
 
 

@@ -18,6 +18,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use crate::config::Protocol;
 use crate::errors::{self, ToolsV1Answers};
 use crate::ops::metrics::Metrics;
+use crate::receipts::ReceiptSlot;
 
 /// Every response carapace sends to callers.
 pub type Resp = Response<Full<Bytes>>;
@@ -89,15 +90,18 @@ pub fn refused(r: &Rejection, encode: impl FnOnce(&Rejection) -> Resp) -> Resp {
 }
 
 /// Run a decoded call through the call stage and encode its result with the front's codecs;
-/// both fronts go through here.
+/// every front goes through here. The call's receipt, when the stage made or checked one,
+/// goes into the response's headers.
 pub async fn run_call(
     calls: &CallStack,
-    call: ToolCall,
+    mut call: ToolCall,
     started: Instant,
     encode_outcome: impl FnOnce(&CallOutcome, &str, &str, u64) -> Resp,
     encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
 ) -> Resp {
     let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+    let receipt = ReceiptSlot::default();
+    call.extensions.insert(receipt.clone());
     let result = calls.clone().oneshot(call).await;
     let ms = started.elapsed().as_millis() as u64;
     let (resp, outcome) = match &result {
@@ -110,7 +114,9 @@ pub async fn run_call(
             (encode_rejection(r, &call_id, &tool, ms), r.reason())
         }
     };
-    recorded(resp, Some(tool), outcome)
+    let mut resp = recorded(resp, Some(tool), outcome);
+    receipt.write_headers(resp.headers_mut());
+    resp
 }
 
 /// A JSON response.

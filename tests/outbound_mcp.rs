@@ -10,7 +10,7 @@ use std::time::Duration;
 use carapace::client::{Client, Transport};
 use carapace::server::Running;
 use common::mcp::{modern, modern_body};
-use common::{write_peers, Env};
+use common::{pair_through_admin, write_peers, Env};
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -116,18 +116,7 @@ outbound:
     let gw = carapace::server::start(carapace::config::load(&d.join("carapace.yaml")).unwrap())
         .await
         .unwrap();
-    let (status, result) = carapace::admin::request(
-        &gw.admin_socket,
-        Method::POST,
-        "/v1/pairings",
-        Some(
-            json!({"component_type": "tool", "component_id": "memory-east",
-            "endpoint": format!("ws://{}/v1/pair", host.pairing_address.unwrap())}),
-        ),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, StatusCode::OK, "{result}");
+    pair_through_admin(&gw, &host, "memory-east").await;
     let socket = d.join("outbound.sock");
     let agent = Client::new(Transport::Unix(socket.clone()));
     for _ in 0..200 {

@@ -6,7 +6,7 @@ mod common;
 
 use carapace::client::{tls_config, Client, Transport};
 use carapace::pki::Issued;
-use common::{call, code, write_peers, Env};
+use common::{call, code, pair_through_admin, write_peers, Env};
 use http::{Method, StatusCode};
 use serde_json::json;
 use x509_parser::prelude::FromDer;
@@ -477,18 +477,7 @@ async fn a_call_to_the_gateways_socket_reaches_the_paired_tool_host_and_fails_cl
     );
     assert!(env.app.received().is_empty());
 
-    let (status, result) = carapace::admin::request(
-        &gw.admin_socket,
-        Method::POST,
-        "/v1/pairings",
-        Some(
-            json!({"component_type": "tool", "component_id": "memory-east",
-                    "endpoint": format!("ws://{}/v1/pair", host.pairing_address.unwrap())}),
-        ),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, StatusCode::OK, "{result}");
+    pair_through_admin(&gw, &host, "memory-east").await;
 
     // Once the gateway has discovered the tool host's tools, the agent's call goes through.
     let mut listed = false;

@@ -34,6 +34,10 @@ pub mod oauth;
 pub use eat::EatConfig;
 pub use oauth::OAuthConfig;
 mod caller_tools;
+mod ledger;
+mod receipts;
+pub use ledger::{LedgerConfig, LedgerFull, LedgerRetention};
+pub use receipts::ReceiptsConfig;
 mod secret_guard;
 pub use caller_tools::CallerToolsConfig;
 pub use secret_guard::{GuardActionConfig, GuardModeConfig, SecretGuardConfig};
@@ -126,6 +130,12 @@ pub struct Config {
     /// The caller-tool relay: tools connected callers offer over their streams.
     #[serde(default)]
     pub caller_tools: Option<CallerToolsConfig>,
+    /// Signed receipts of the calls this tool host executes.
+    #[serde(default)]
+    pub receipts: Option<ReceiptsConfig>,
+    /// The invocation ledger (off unless configured).
+    #[serde(default)]
+    pub ledger: Option<LedgerConfig>,
 }
 
 /// How a Skill Gateway v1 call authenticates.
@@ -355,6 +365,9 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     let mut config: Config =
         serde_json::from_value(json).map_err(|e| ConfigErrors(vec![err("", e.to_string())]))?;
     resolve_paths(&mut config, base);
+    if let Some(l) = &mut config.ledger {
+        ledger::resolve_ledger(l, base);
+    }
     secret_guard::resolve_secret_guard(&mut config.secret_guard, base);
 
     // Pass 3: meaning.
@@ -364,6 +377,10 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     let guard_values = secret_guard::check_secret_guard(&config.secret_guard, &mut errors);
     if let Some(c) = &config.caller_tools {
         caller_tools::check_caller_tools(c, &mut errors);
+    }
+    receipts::check_receipts(&config, &mut errors);
+    if let Some(l) = &config.ledger {
+        ledger::check_ledger(l, &mut errors);
     }
     match d.app_target {
         Some(app_target) if errors.is_empty() => Ok(Loaded {

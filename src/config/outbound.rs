@@ -183,6 +183,10 @@ pub struct OutboundPeerConfig {
     /// `keyid` the gateway id), for a peer whose front has `auth.mode: http_signature`.
     #[serde(default)]
     pub http_signature: bool,
+    /// What to do with an answer whose signed receipt is missing or does not verify against
+    /// the peer's paired `public_key_ed25519`.
+    #[serde(default)]
+    pub receipts: crate::receipts::ReceiptMode,
 }
 
 /// `outbound.listen`: its address, its certificate and its OAuth settings.

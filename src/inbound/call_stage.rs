@@ -145,6 +145,13 @@ pub(crate) fn call_stack(
             .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
             .layer(InputSchemaLayer)
+            .option_layer(ledger_layer(shared))
+            .option_layer(
+                shared
+                    .receipts
+                    .clone()
+                    .map(|r| crate::receipts::ReceiptLayer::new(r, shared.clock.clone())),
+            )
             .layer(CallTimeoutLayer)
             .option_layer(
                 crate::secret_guard::of(cfg, crate::secret_guard::Role::Inbound)
@@ -153,6 +160,26 @@ pub(crate) fn call_stack(
             .layer(OutputSchemaLayer)
             .service(back),
     )
+}
+
+/// The ledger's layer of the tool-host side: `provider` is this host (its receipts' name,
+/// else `self`).
+fn ledger_layer(shared: &Shared) -> Option<crate::ledger::LedgerLayer> {
+    let ledger = shared.ledger.clone()?;
+    let provider: Arc<str> = match &shared.receipts {
+        Some(r) => r.provider.as_str().into(),
+        None => "self".into(),
+    };
+    let layer = crate::ledger::LedgerLayer::new(
+        ledger,
+        "inbound",
+        Arc::new(move |_| provider.to_string()),
+        shared.clock.clone(),
+    );
+    Some(match shared.receipts {
+        Some(_) => layer.over_receipts(),
+        None => layer,
+    })
 }
 
 /// Where a signed front records nonces: the shared store when there is one, else this

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -32,6 +32,12 @@ struct LatencyLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabels {
     component_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReceiptLabels {
+    peer: String,
+    status: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,6 +71,9 @@ pub struct Metrics {
     certificate_expiry: Family<PeerLabels, Gauge<i64, AtomicI64>>,
     /// The peers `certificate_expiry` has a value for.
     certificate_expiry_peers: Mutex<Vec<String>>,
+    receipts: Family<ReceiptLabels, Counter>,
+    /// The ledger's rows written, entries dropped and calls refused (queue full).
+    pub ledger: Arc<crate::ledger::LedgerCounters>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -133,7 +142,31 @@ impl Default for Metrics {
             "Days until the certificate of a paired peer expires (negative once expired), for peers whose record gives its expiry",
             certificate_expiry.clone(),
         );
+        let receipts = Family::<ReceiptLabels, Counter>::default();
+        registry.register(
+            "peer_receipts",
+            "Answers of paired peers by the check of their signed receipt (verified, missing, invalid)",
+            receipts.clone(),
+        );
+        let ledger = Arc::new(crate::ledger::LedgerCounters::default());
+        registry.register(
+            "ledger_rows_written",
+            "Ledger rows written",
+            ledger.written.clone(),
+        );
+        registry.register(
+            "ledger_dropped",
+            "Ledger entries dropped (queue full under on_full: drop, or a failed write)",
+            ledger.dropped.clone(),
+        );
+        registry.register(
+            "ledger_refused_calls",
+            "Calls refused because the ledger's queue was full (on_full: refuse)",
+            ledger.refused.clone(),
+        );
         Metrics {
+            ledger,
+            receipts,
             registry,
             requests,
             latency,
@@ -181,6 +214,16 @@ impl Metrics {
         self.latency
             .get_or_create(&LatencyLabels { front, tool })
             .observe(took.as_secs_f64());
+    }
+
+    /// The outbound side checked a peer's receipt.
+    pub fn receipt_checked(&self, peer: &str, status: &'static str) {
+        self.receipts
+            .get_or_create(&ReceiptLabels {
+                peer: peer.into(),
+                status,
+            })
+            .inc();
     }
 
     /// A tool's definition changed from its pin.

@@ -13,8 +13,21 @@ use super::routes::Route;
 use super::Outbound;
 use crate::upstream::AppClient;
 
+/// A peer's answer and the receipt it came with.
+type PeerAnswer = (Result<CallOutcome, Rejection>, Option<http::HeaderValue>);
+
 /// Call a paired tool host with `call` and decode its answer.
-async fn call_peer(client: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+async fn call_peer(client: &AppClient, call: &ToolCall) -> PeerAnswer {
+    match send_to_peer(client, call).await {
+        Ok((outcome, receipt)) => (outcome, receipt),
+        Err(r) => (Err(r), None),
+    }
+}
+
+async fn send_to_peer(
+    client: &AppClient,
+    call: &ToolCall,
+) -> Result<(Result<CallOutcome, Rejection>, Option<http::HeaderValue>), Rejection> {
     let body = serde_json::to_vec(&crate::tools_v1::encode_request(call)).expect("serializes");
     let mut headers = http::HeaderMap::new();
     carapace_filters::call::set_call_headers(&mut headers, call);
@@ -25,7 +38,8 @@ async fn call_peer(client: &AppClient, call: &ToolCall) -> Result<CallOutcome, R
     let resp = client
         .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
         .await?;
-    decode_peer_answer(resp.status, &resp.body, call)
+    let receipt = resp.headers.get(crate::receipts::RECEIPT_HEADER).cloned();
+    Ok((decode_peer_answer(resp.status, &resp.body, call), receipt))
 }
 
 /// A tool host's answer, in either style of a tools-v1 host: every outcome as HTTP 200 with
@@ -143,10 +157,10 @@ impl Service<ToolCall> for OutboundBack {
                 }
             };
             let client = outbound.client_for(&peer)?;
-            let first = call_peer(&client, &call).await;
+            let mut answer = call_peer(&client, &call).await;
             let retry = call.idempotency_key.is_some()
                 && matches!(
-                    &first,
+                    &answer.0,
                     Err(Rejection::AppUnavailable(_))
                         | Ok(CallOutcome::AppError {
                             retryable: true,
@@ -155,9 +169,74 @@ impl Service<ToolCall> for OutboundBack {
                 );
             if retry {
                 tracing::info!(call_id = %call.call_id, peer = %peer, "retrying once");
-                return call_peer(&client, &call).await;
+                answer = call_peer(&client, &call).await;
             }
-            first
+            outbound.check_receipt(&peer, &call, answer)
         })
+    }
+}
+
+impl Outbound {
+    /// Check a peer's receipt as `outbound.peers.<id>.receipts` says, and leave it with the
+    /// verdict in the call's [`ReceiptSlot`]. `require` refuses a success without a valid
+    /// receipt and any answer with an invalid one; a failure without a receipt passes (it
+    /// claims nothing was done).
+    fn check_receipt(
+        &self,
+        peer: &str,
+        call: &ToolCall,
+        answer: PeerAnswer,
+    ) -> Result<CallOutcome, Rejection> {
+        use crate::receipts::{check, Expected, ReceiptMode, ReceiptNote, ReceiptSlot, Verdict};
+        let (result, header) = answer;
+        let mode = self.receipt_modes.get(peer).copied().unwrap_or_default();
+        if mode == ReceiptMode::Off || matches!(result, Err(Rejection::AppUnavailable(_))) {
+            return result;
+        }
+        let key = self
+            .peers
+            .active(peer)
+            .and_then(|r| r.public_key_ed25519)
+            .unwrap_or_default();
+        let (status, output, code) = crate::receipts::layer::ending(&result);
+        let want = Expected {
+            tool: call.tool.app_name(),
+            consumer: &self.signer.id,
+            provider: peer,
+            input: &call.args,
+            status,
+            output,
+            code,
+        };
+        let verdict = check(header.as_ref().map(|h| h.as_bytes()), &key, &want);
+        self.metrics.receipt_checked(peer, verdict.status());
+        if let Some(slot) = call.extensions.get::<ReceiptSlot>() {
+            slot.fill(ReceiptNote {
+                encoded: header.clone(),
+                receipt: match &verdict {
+                    Verdict::Verified(r) => Some(r.clone()),
+                    _ => None,
+                },
+                status: Some(verdict.status()),
+            });
+        }
+        let refuse = match &verdict {
+            Verdict::Verified(_) => return result,
+            Verdict::Invalid(e) => {
+                tracing::warn!(peer, call_id = %call.call_id, reason = e.reason(), "receipt invalid: {e}");
+                mode == ReceiptMode::Require
+            }
+            Verdict::Missing => {
+                tracing::warn!(peer, call_id = %call.call_id, "receipt missing");
+                mode == ReceiptMode::Require && status == crate::receipts::ReceiptStatus::Ok
+            }
+        };
+        match refuse {
+            true => Err(Rejection::AppInvalid(format!(
+                "the answer of {peer} has no valid receipt ({})",
+                verdict.status()
+            ))),
+            false => result,
+        }
     }
 }

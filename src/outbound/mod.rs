@@ -73,6 +73,9 @@ pub struct Outbound {
     eat: BTreeMap<String, eat::EatSource>,
     /// Wall clock (Unix milliseconds) for the catalogs' signatures.
     clock: carapace_filters::signature::UnixClock,
+    /// What to do with each peer's receipts (`outbound.peers.<id>.receipts`).
+    receipt_modes: BTreeMap<String, crate::receipts::ReceiptMode>,
+    metrics: Arc<crate::ops::metrics::Metrics>,
 }
 
 /// The gateway's Ed25519 identity key as an RFC 9421 signer, `keyid` the gateway id (the
@@ -121,6 +124,14 @@ impl Outbound {
             .map_err(|e| OutboundError(e.to_string()))?;
         let skills = skill_routes(cfg)?;
         let outbound = Outbound {
+            receipt_modes: cfg
+                .config
+                .outbound
+                .iter()
+                .flat_map(|o| &o.peers)
+                .map(|(id, p)| (id.clone(), p.receipts))
+                .collect(),
+            metrics: Arc::default(),
             eat: eat::eat_sources(cfg)?,
             clock,
             skills,
@@ -151,6 +162,12 @@ impl Outbound {
         };
         outbound.restore_known(cfg);
         Ok(outbound)
+    }
+
+    /// Count into `metrics` (the process's registry) instead of a registry of its own.
+    pub fn with_metrics(mut self, metrics: Arc<crate::ops::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Whether `peer` is one this gateway calls (it has an address in `outbound.peers`).
@@ -326,6 +343,14 @@ impl Outbound {
             .unwrap_or(crate::config::PinMode::Warn);
         let tools = std::mem::take(&mut merged.tools);
         (merged.tools, merged.withheld) = self.pins.check(tools, mode, &cfg.outbound_pins);
+    }
+
+    /// Who serves `tool`, as the ledger names it: the peer's, skill's or EAT catalog's id.
+    pub fn provider_of(&self, tool: &str) -> String {
+        match self.routes.load().get(tool) {
+            Some(Route::Peer(id) | Route::Skill(id) | Route::Eat(id)) => id.clone(),
+            None => String::new(),
+        }
     }
 
     /// Why the last discovery of the EAT catalog `id` failed, if it did.

@@ -45,6 +45,15 @@ pub(crate) fn build_outbound_stack(
                 crate::secret_guard::of(cfg, crate::secret_guard::Role::Outbound)
                     .map(|g| SecretGuardLayer::new(g, Scanned::Arguments)),
             )
+            .option_layer(shared.ledger.clone().map(|ledger| {
+                let routes = outbound.clone();
+                crate::ledger::LedgerLayer::new(
+                    ledger,
+                    "outbound",
+                    Arc::new(move |call| routes.provider_of(&call.tool.name)),
+                    shared.clock.clone(),
+                )
+            }))
             .service(OutboundBack::new(outbound.clone())),
     );
     let body = BodyLimits {

@@ -30,6 +30,8 @@ pub enum StartError {
     EatKeys(#[from] crate::eat::keys::KeyError),
     #[error("tool pins: {0}")]
     Pins(String),
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::OpenError),
     #[error("cannot bind {what} {address}: {source}")]
     Bind {
         what: &'static str,

@@ -84,6 +84,11 @@ impl Running {
             let _ = std::fs::remove_file(p);
         }
         let _ = std::fs::remove_file(&self.admin_socket);
+        if let Some(ledger) = &self.shared.ledger {
+            if !ledger.flush(Duration::from_secs(5)).await {
+                tracing::warn!("ledger: entries still queued at stop were not written");
+            }
+        }
         tracing::info!("stopped");
     }
 

@@ -57,6 +57,10 @@ pub struct Shared {
     pub eat: Option<Arc<crate::eat::serve::Publisher>>,
     /// `caller_tools`: the tools connected callers offer.
     pub relay: Option<Arc<crate::relay::CallerTools>>,
+    /// `receipts`: the host's key and name, signing a receipt for every executed call.
+    pub receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
+    /// `ledger`: every call, recorded.
+    pub ledger: Option<Arc<crate::ledger::Ledger>>,
 }
 
 impl Shared {

@@ -44,6 +44,7 @@ struct Stores {
     mcp_sessions: Option<Arc<Sessions>>,
     pins: PinStore,
     eat: Option<Arc<crate::eat::serve::Publisher>>,
+    ledger: Option<Arc<crate::ledger::Ledger>>,
 }
 
 /// Every listener and socket, bound.
@@ -60,15 +61,20 @@ struct Bound {
 
 /// Start with `clock` as the wall clock (Unix milliseconds).
 pub(super) async fn start(cfg: Loaded, clock: UnixClock) -> Result<Running, StartError> {
-    let stores = open_stores(&cfg, &clock).await?;
+    let metrics = Arc::new(Metrics::default());
+    let stores = open_stores(&cfg, &clock, &metrics).await?;
     log_start(&cfg, &stores.kill_switch);
     let host = stores.host.clone();
-    let shared = shared_state(&cfg, stores, clock);
+    let shared = shared_state(&cfg, stores, clock, metrics);
     let bound = bind_listeners(&cfg, &shared, host).await?;
     Ok(serve(&cfg, shared, bound))
 }
 
-async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartError> {
+async fn open_stores(
+    cfg: &Loaded,
+    clock: &UnixClock,
+    metrics: &Metrics,
+) -> Result<Stores, StartError> {
     let c = &cfg.config;
     create_private_dir(&c.state_dir)?;
     let kill_switch = KillSwitch::open(switches(cfg), c.state_dir.join("killswitch.json"))?;
@@ -100,9 +106,10 @@ async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartErr
         )?)),
         None => None,
     };
-    let host = match &c.pairing {
-        Some(_) => Some(Arc::new(HostIdentity::load_or_create(&c.state_dir)?)),
-        None => None,
+    // The host's identity key signs pairing messages and receipts.
+    let host = match c.pairing.is_some() || c.receipt_provider().is_some() {
+        true => Some(Arc::new(HostIdentity::load_or_create(&c.state_dir)?)),
+        false => None,
     };
     // The MCP front, and the outbound role's MCP endpoint, seal their session ids.
     let mcp_sessions = if c.front.protocol == Protocol::Mcp || c.outbound.is_some() {
@@ -117,7 +124,16 @@ async fn open_stores(cfg: &Loaded, clock: &UnixClock) -> Result<Stores, StartErr
         None
     };
     let eat = crate::eat::serve::Publisher::open(cfg)?.map(Arc::new);
+    let ledger = match (crate::ledger::path_of(c), &c.ledger) {
+        (Some(path), Some(l)) => Some(Arc::new(crate::ledger::Ledger::open(
+            &path,
+            l,
+            metrics.ledger.clone(),
+        )?)),
+        _ => None,
+    };
     Ok(Stores {
+        ledger,
         eat,
         kill_switch,
         redis,
@@ -171,8 +187,12 @@ fn log_start(cfg: &Loaded, kill_switch: &KillSwitch) {
 }
 
 /// The state every listener and operation shares, with the inbound stack built.
-fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
-    let metrics = Arc::new(Metrics::default());
+fn shared_state(
+    cfg: &Loaded,
+    stores: Stores,
+    clock: UnixClock,
+    metrics: Arc<Metrics>,
+) -> Arc<Shared> {
     metrics.peers.set(stores.peers.len() as i64);
     let catalog = Arc::new(CatalogHandle::default());
     let relay = cfg.config.caller_tools.clone().map(|c| {
@@ -184,7 +204,19 @@ fn shared_state(cfg: &Loaded, stores: Stores, clock: UnixClock) -> Arc<Shared> {
             .collect();
         crate::relay::CallerTools::with_timeout_caps(c, catalog.clone(), caps)
     });
+    let receipts =
+        cfg.config
+            .receipt_provider()
+            .zip(stores.host.as_ref())
+            .map(|(provider, host)| {
+                Arc::new(crate::receipts::ReceiptSigner {
+                    key: host.signing_key(),
+                    provider,
+                })
+            });
     let shared = Arc::new(Shared {
+        ledger: stores.ledger,
+        receipts,
         app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg)),
         config: ArcSwap::from_pointee(cfg.clone()),
         kill_switch: stores.kill_switch,
@@ -224,12 +256,10 @@ async fn bind_listeners(
     let c = &cfg.config;
     let outbound = match (&c.outbound, &shared.gateway) {
         (Some(o), Some(gateway)) => {
-            let ob = Arc::new(Outbound::new(
-                cfg,
-                gateway,
-                shared.peers.clone(),
-                shared.clock.clone(),
-            )?);
+            let ob = Arc::new(
+                Outbound::new(cfg, gateway, shared.peers.clone(), shared.clock.clone())?
+                    .with_metrics(shared.metrics.clone()),
+            );
             let _ = shared.outbound.set(ob.clone());
             shared
                 .outbound_stack

@@ -346,3 +346,21 @@ where
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_carapace"))
 }
+
+/// Pair the tool host `host` (pairing endpoint on loopback) as `component_id` with the
+/// gateway `gw`, through the gateway's admin socket; panics unless it succeeds.
+#[allow(dead_code)]
+pub async fn pair_through_admin(gw: &Running, host: &Running, component_id: &str) {
+    let (status, result) = carapace::admin::request(
+        &gw.admin_socket,
+        http::Method::POST,
+        "/v1/pairings",
+        Some(
+            json!({"component_type": "tool", "component_id": component_id,
+                    "endpoint": format!("ws://{}/v1/pair", host.pairing_address.unwrap())}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{result}");
+}

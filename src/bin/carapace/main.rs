@@ -2,6 +2,7 @@
 
 mod admin;
 mod pair;
+mod records;
 mod serve;
 
 use std::path::PathBuf;
@@ -119,6 +120,22 @@ enum Command {
         #[arg(long, default_value = "/mcp")]
         path: String,
     },
+    /// Check signed receipts offline.
+    Receipts {
+        #[command(subcommand)]
+        action: records::ReceiptsAction,
+    },
+    /// Check, read or export the invocation ledger (works while carapace runs).
+    Ledger {
+        #[command(subcommand)]
+        action: records::LedgerAction,
+        /// The configuration file (the ledger's path is read from it).
+        #[arg(short, long, global = true)]
+        config: Option<PathBuf>,
+        /// Or: the ledger's database file.
+        #[arg(long, global = true)]
+        path: Option<PathBuf>,
+    },
     /// Ask a running carapace to reload its configuration (same as SIGHUP).
     Reload {
         #[arg(long)]
@@ -173,6 +190,12 @@ fn main() -> ExitCode {
             config,
         } => admin::reload(admin_socket, config),
         Command::McpStdio { socket, path } => mcp_stdio(socket, &path),
+        Command::Receipts { action } => records::receipts(action),
+        Command::Ledger {
+            action,
+            config,
+            path,
+        } => records::ledger(action, config, path),
     }
 }
 

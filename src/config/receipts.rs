@@ -1,0 +1,49 @@
+//! `receipts`: the tool-host side's signed receipts ([`crate::receipts`]).
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{err, Config, ConfigError};
+
+/// Signed receipts of the calls this tool host executes.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptsConfig {
+    /// Sign a receipt for every executed call with the host's Ed25519 identity key (the one
+    /// pairing uses; made in `state_dir` on first start). Default: on when `pairing` is set.
+    #[serde(default)]
+    pub sign: Option<bool>,
+    /// The receipts' `provider`. Default: `pairing.component_id`; required without pairing.
+    #[serde(default)]
+    pub provider_id: Option<String>,
+}
+
+impl Config {
+    /// The `provider` receipts name, when this host signs them.
+    pub fn receipt_provider(&self) -> Option<String> {
+        let r = self.receipts.clone().unwrap_or_default();
+        let pairing = self.pairing.as_ref().map(|p| p.component_id.clone());
+        if !r.sign.unwrap_or(pairing.is_some()) {
+            return None;
+        }
+        r.provider_id.or(pairing)
+    }
+}
+
+pub(super) fn check_receipts(c: &Config, errors: &mut Vec<ConfigError>) {
+    let Some(r) = &c.receipts else { return };
+    if r.sign == Some(true) && r.provider_id.is_none() && c.pairing.is_none() {
+        errors.push(err(
+            "/receipts/provider_id",
+            "is required to sign receipts without `pairing` (it names the tool host)",
+        ));
+    }
+    if let Some(id) = &r.provider_id {
+        if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
+            errors.push(err(
+                "/receipts/provider_id",
+                "must be 1 to 128 characters without control characters",
+            ));
+        }
+    }
+}

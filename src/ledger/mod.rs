@@ -1,0 +1,215 @@
+//! The invocation ledger: every call either side of carapace handled, in an embedded SQLite
+//! database (WAL) in the state directory, each row chained to the one before by its hash
+//! ([`store`]).
+//!
+//! Writes never sit on the call path: the [`LedgerLayer`] hands each finished call's
+//! [`Entry`] to a bounded queue, and one thread writes what has queued up in one transaction.
+//! When the queue is full, `ledger.on_full` decides: `drop` the entry (counted in
+//! `carapace_ledger_dropped_total`) or `refuse` new calls until there is room (a place in the
+//! queue is taken when a call starts, so an accepted call is always recorded).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::metrics::counter::Counter;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+pub mod layer;
+pub mod store;
+
+pub use layer::LedgerLayer;
+pub use store::{Entry, Row};
+
+use crate::config::{LedgerConfig, LedgerFull};
+
+/// The ledger's file in `state_dir` unless `ledger.path` says otherwise.
+pub const LEDGER_FILE: &str = "ledger.sqlite3";
+
+/// Where the ledger of a configuration is.
+pub fn path_of(cfg: &crate::config::Config) -> Option<PathBuf> {
+    let l = cfg.ledger.as_ref()?;
+    Some(
+        l.path
+            .clone()
+            .unwrap_or_else(|| cfg.state_dir.join(LEDGER_FILE)),
+    )
+}
+
+/// The ledger's counters, as the metrics endpoint shows them.
+#[derive(Debug, Default)]
+pub struct LedgerCounters {
+    pub written: Counter,
+    pub dropped: Counter,
+    pub refused: Counter,
+}
+
+/// The handle calls record through.
+pub struct Ledger {
+    queue: mpsc::Sender<Entry>,
+    on_full: LedgerFull,
+    pub counters: Arc<LedgerCounters>,
+    /// Entries queued, and entries the writer has finished with (written or failed).
+    queued: AtomicU64,
+    settled: Arc<AtomicU64>,
+}
+
+/// The ledger's queue has no room (`on_full: refuse`).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the ledger's queue is full")]
+pub struct QueueFull;
+
+/// Opening the ledger failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("ledger {path}: {source}")]
+    Store {
+        path: PathBuf,
+        source: store::StoreError,
+    },
+    #[error("ledger writer thread: {0}")]
+    Thread(std::io::Error),
+}
+
+impl Ledger {
+    /// Open (or create) the database and start its writer thread.
+    pub fn open(
+        path: &Path,
+        cfg: &LedgerConfig,
+        counters: Arc<LedgerCounters>,
+    ) -> Result<Self, OpenError> {
+        let err = |source| OpenError::Store {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut conn = store::open(path).map_err(err)?;
+        // Retention once at start, then after every batch at most once a minute.
+        let now = carapace_filters::unix_now_ms();
+        store::retain(
+            &mut conn,
+            retention_cutoff(cfg, now),
+            cfg.retention.max_rows,
+        )
+        .map_err(err)?;
+        let (queue, rx) = mpsc::channel(cfg.queue);
+        let settled = Arc::new(AtomicU64::new(0));
+        let writer = Writer {
+            settled: settled.clone(),
+            conn,
+            rx,
+            batch_max: cfg.batch_max,
+            counters: counters.clone(),
+            cfg: cfg.clone(),
+        };
+        std::thread::Builder::new()
+            .name("carapace-ledger".into())
+            .spawn(move || writer.run())
+            .map_err(OpenError::Thread)?;
+        Ok(Ledger {
+            queue,
+            on_full: cfg.on_full,
+            counters,
+            queued: AtomicU64::new(0),
+            settled,
+        })
+    }
+
+    /// A place in the queue for a call about to run, under `on_full: refuse`; `Err` when the
+    /// queue is full (the call is refused). `Ok(None)` under `drop`.
+    pub fn reserve(&self) -> Result<Option<mpsc::OwnedPermit<Entry>>, QueueFull> {
+        match self.on_full {
+            LedgerFull::Drop => Ok(None),
+            LedgerFull::Refuse => match self.queue.clone().try_reserve_owned() {
+                Ok(p) => Ok(Some(p)),
+                Err(_) => {
+                    self.counters.refused.inc();
+                    Err(QueueFull)
+                }
+            },
+        }
+    }
+
+    /// Queue `entry`, into its reserved place when there is one.
+    pub fn record(&self, entry: Entry, reserved: Option<mpsc::OwnedPermit<Entry>>) {
+        let sent = match reserved {
+            Some(p) => {
+                p.send(entry);
+                true
+            }
+            None => self.queue.try_send(entry).is_ok(),
+        };
+        match sent {
+            true => self.queued.fetch_add(1, Ordering::Release),
+            false => self.counters.dropped.inc(),
+        };
+    }
+
+    /// Wait (up to `limit`) until every entry queued so far is written; `false` if some are
+    /// not by then.
+    pub async fn flush(&self, limit: Duration) -> bool {
+        let target = self.queued.load(Ordering::Acquire);
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.settled.load(Ordering::Acquire) < target {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+}
+
+fn retention_cutoff(cfg: &LedgerConfig, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(cfg.retention.max_age_s.saturating_mul(1000))
+}
+
+/// The writer thread: one transaction per batch of what has queued up.
+struct Writer {
+    conn: rusqlite::Connection,
+    rx: mpsc::Receiver<Entry>,
+    batch_max: usize,
+    counters: Arc<LedgerCounters>,
+    settled: Arc<AtomicU64>,
+    cfg: LedgerConfig,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut batch = Vec::with_capacity(self.batch_max);
+        let mut last_retention = std::time::Instant::now();
+        // Ends when every sender is gone (carapace stopping): what is queued is written first.
+        while let Some(first) = self.rx.blocking_recv() {
+            batch.push(first);
+            while batch.len() < self.batch_max {
+                match self.rx.try_recv() {
+                    Ok(e) => batch.push(e),
+                    Err(_) => break,
+                }
+            }
+            match store::append(&mut self.conn, &batch) {
+                Ok(_) => {
+                    self.counters.written.inc_by(batch.len() as u64);
+                }
+                Err(e) => {
+                    self.counters.dropped.inc_by(batch.len() as u64);
+                    tracing::error!(rows = batch.len(), "ledger write failed: {e}");
+                }
+            }
+            self.settled
+                .fetch_add(batch.len() as u64, Ordering::Release);
+            batch.clear();
+            if last_retention.elapsed() >= Duration::from_secs(60) {
+                last_retention = std::time::Instant::now();
+                let cutoff = retention_cutoff(&self.cfg, carapace_filters::unix_now_ms());
+                if let Err(e) = store::retain(&mut self.conn, cutoff, self.cfg.retention.max_rows) {
+                    tracing::error!("ledger retention failed: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

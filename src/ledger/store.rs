@@ -1,0 +1,347 @@
+//! The ledger's SQLite database: the schema, the hash chain, appends, retention and the
+//! checks `carapace ledger verify` runs.
+//!
+//! Each row's `row_hash` is `sha256:` of `prev_hash`, a newline and the RFC 8785 form of the
+//! row's fields (its `seq` included); `prev_hash` is the previous row's `row_hash`. The one-row
+//! `chain` table keeps where the chain starts (after retention removed older rows) and its
+//! head, updated in the same transaction as the rows: a deleted, edited or reordered row, and a
+//! row removed at either end, is found by [`verify`].
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+/// The `prev_hash` of the first row ever written.
+pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS invocations (
+    seq INTEGER PRIMARY KEY,
+    side TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    receipt_id TEXT,
+    tool TEXT NOT NULL,
+    consumer TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    input_hash TEXT NOT NULL,
+    output_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    error_code TEXT,
+    started_at INTEGER NOT NULL,
+    ended_at INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    receipt TEXT,
+    charge INTEGER,
+    prev_hash TEXT NOT NULL,
+    row_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS invocations_ended_at ON invocations (ended_at);
+CREATE TABLE IF NOT EXISTS chain (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    first_seq INTEGER NOT NULL,
+    first_prev TEXT NOT NULL,
+    head_seq INTEGER NOT NULL,
+    head_hash TEXT NOT NULL
+);
+INSERT OR IGNORE INTO chain (id, first_seq, first_prev, head_seq, head_hash)
+    VALUES (1, 1, 'sha256:0000000000000000000000000000000000000000000000000000000000000000', 0,
+            'sha256:0000000000000000000000000000000000000000000000000000000000000000');
+";
+
+/// One invocation, as a side of carapace saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// `inbound` (this host executed it) or `outbound` (this gateway sent it).
+    pub side: String,
+    pub call_id: String,
+    pub receipt_id: Option<String>,
+    pub tool: String,
+    pub consumer: String,
+    pub provider: String,
+    pub input_hash: String,
+    pub output_hash: String,
+    /// `ok`, `error` or `timeout`.
+    pub status: String,
+    pub error_code: Option<String>,
+    /// Unix milliseconds.
+    pub started_at: u64,
+    pub ended_at: u64,
+    pub duration_ms: u64,
+    /// The signed receipt (`Carapace-Receipt` value), when there is one.
+    pub receipt: Option<String>,
+    /// What the call was charged (metering), when priced.
+    pub charge: Option<u64>,
+}
+
+/// A stored row: the entry, its place in the chain and its hashes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Row {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub entry: Entry,
+    pub prev_hash: String,
+    pub row_hash: String,
+}
+
+/// The hash of row `seq` holding `entry` after `prev_hash`.
+pub fn row_hash(seq: u64, entry: &Entry, prev_hash: &str) -> String {
+    let mut fields = serde_json::to_value(entry).expect("an entry serializes");
+    fields["seq"] = seq.into();
+    let canonical =
+        carapace_filters::canonical::jcs_string(&fields).unwrap_or_else(|_| fields.to_string());
+    let mut h = sha2::Sha256::new();
+    h.update(prev_hash.as_bytes());
+    h.update(b"\n");
+    h.update(canonical.as_bytes());
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+/// What went wrong with the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("ledger {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// Open (creating it and its schema) the ledger at `path` for writing, in WAL mode.
+pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // WAL with NORMAL: a committed batch survives the process being killed; an OS crash may
+    // lose the last batches, never the chain's consistency.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.execute_batch(SCHEMA)?;
+    Ok(conn)
+}
+
+/// Open the ledger at `path` read-only (the commands that read it while carapace runs).
+pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+/// The chain's head: the last row's seq and hash.
+pub fn head(conn: &Connection) -> Result<(u64, String), StoreError> {
+    Ok(conn.query_row(
+        "SELECT head_seq, head_hash FROM chain WHERE id = 1",
+        [],
+        |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+    )?)
+}
+
+/// Append `entries` in one transaction, chained after the head. Returns the new head seq.
+pub fn append(conn: &mut Connection, entries: &[Entry]) -> Result<u64, StoreError> {
+    let tx = conn.transaction()?;
+    let (mut seq, mut prev) = head(&tx)?;
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO invocations (seq, side, call_id, receipt_id, tool, consumer, provider,
+                input_hash, output_hash, status, error_code, started_at, ended_at, duration_ms,
+                receipt, charge, prev_hash, row_hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+        )?;
+        for e in entries {
+            seq += 1;
+            let hash = row_hash(seq, e, &prev);
+            insert.execute(params![
+                seq as i64,
+                e.side,
+                e.call_id,
+                e.receipt_id,
+                e.tool,
+                e.consumer,
+                e.provider,
+                e.input_hash,
+                e.output_hash,
+                e.status,
+                e.error_code,
+                e.started_at as i64,
+                e.ended_at as i64,
+                e.duration_ms as i64,
+                e.receipt,
+                e.charge.map(|c| c as i64),
+                prev,
+                hash,
+            ])?;
+            prev = hash;
+        }
+    }
+    tx.execute(
+        "UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1",
+        params![seq as i64, prev],
+    )?;
+    tx.commit()?;
+    Ok(seq)
+}
+
+/// Remove rows that ended before `before_ms`, and the oldest beyond `max_rows`; the chain then
+/// starts at the first row kept. Returns how many went.
+pub fn retain(conn: &mut Connection, before_ms: u64, max_rows: u64) -> Result<usize, StoreError> {
+    let tx = conn.transaction()?;
+    let (head_seq, _) = head(&tx)?;
+    let by_count = head_seq.saturating_sub(max_rows);
+    let by_age: Option<i64> = tx
+        .query_row(
+            "SELECT MAX(seq) FROM invocations WHERE ended_at < ?1",
+            [before_ms as i64],
+            |r| r.get(0),
+        )
+        .optional()?
+        .flatten();
+    let through = by_count.max(by_age.unwrap_or(0) as u64);
+    let gone = tx.execute("DELETE FROM invocations WHERE seq <= ?1", [through as i64])?;
+    if gone > 0 {
+        let first: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT seq, prev_hash FROM invocations ORDER BY seq LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (first_seq, first_prev) = match first {
+            Some(f) => f,
+            // Everything went: the chain starts after the head.
+            None => {
+                let (seq, hash) = head(&tx)?;
+                (seq as i64 + 1, hash)
+            }
+        };
+        tx.execute(
+            "UPDATE chain SET first_seq = ?1, first_prev = ?2 WHERE id = 1",
+            params![first_seq, first_prev],
+        )?;
+    }
+    tx.commit()?;
+    Ok(gone)
+}
+
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    let u = |i: usize| r.get::<_, i64>(i).map(|v| v as u64);
+    Ok(Row {
+        seq: u(0)?,
+        entry: Entry {
+            side: r.get(1)?,
+            call_id: r.get(2)?,
+            receipt_id: r.get(3)?,
+            tool: r.get(4)?,
+            consumer: r.get(5)?,
+            provider: r.get(6)?,
+            input_hash: r.get(7)?,
+            output_hash: r.get(8)?,
+            status: r.get(9)?,
+            error_code: r.get(10)?,
+            started_at: u(11)?,
+            ended_at: u(12)?,
+            duration_ms: u(13)?,
+            receipt: r.get(14)?,
+            charge: r.get::<_, Option<i64>>(15)?.map(|c| c as u64),
+        },
+        prev_hash: r.get(16)?,
+        row_hash: r.get(17)?,
+    })
+}
+
+const SELECT: &str = "SELECT seq, side, call_id, receipt_id, tool, consumer, provider, input_hash,
+    output_hash, status, error_code, started_at, ended_at, duration_ms, receipt, charge,
+    prev_hash, row_hash FROM invocations";
+
+/// Every row from `from_seq` on, in order, to `each`.
+pub fn scan(
+    conn: &Connection,
+    from_seq: u64,
+    mut each: impl FnMut(Row) -> bool,
+) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare(&format!("{SELECT} WHERE seq >= ?1 ORDER BY seq"))?;
+    let mut rows = stmt.query([from_seq as i64])?;
+    while let Some(r) = rows.next()? {
+        if !each(read_row(r)?) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The last `n` rows, oldest first.
+pub fn tail(conn: &Connection, n: u64) -> Result<Vec<Row>, StoreError> {
+    let mut stmt = conn.prepare(&format!("{SELECT} ORDER BY seq DESC LIMIT ?1"))?;
+    let mut rows: Vec<Row> = stmt
+        .query_map([n as i64], read_row)?
+        .collect::<Result<_, _>>()?;
+    rows.reverse();
+    Ok(rows)
+}
+
+/// What `verify` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Break {
+    /// Row `seq` was not found where the chain says a row is.
+    Missing { seq: u64 },
+    /// Row `seq`'s fields do not hash to its `row_hash`.
+    Edited { seq: u64 },
+    /// Row `seq` does not follow the row before it (`prev_hash`).
+    Unlinked { seq: u64 },
+    /// The chain's head names a row that is not the last one.
+    Head { seq: u64 },
+}
+
+impl std::fmt::Display for Break {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Break::Missing { seq } => write!(f, "row {seq} is missing"),
+            Break::Edited { seq } => write!(f, "row {seq} was changed (its hash does not match)"),
+            Break::Unlinked { seq } => write!(f, "row {seq} does not follow the row before it"),
+            Break::Head { seq } => write!(f, "the chain ends at row {seq}, the table does not"),
+        }
+    }
+}
+
+/// Walk the chain: every row is where it should be, hashes to its `row_hash` and follows the
+/// one before. Returns the number of rows checked, or the first break.
+pub fn verify(conn: &Connection) -> Result<Result<u64, Break>, StoreError> {
+    let (first_seq, first_prev, head_seq, head_hash): (i64, String, i64, String) = conn.query_row(
+        "SELECT first_seq, first_prev, head_seq, head_hash FROM chain WHERE id = 1",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    let (mut expect_seq, mut prev) = (first_seq as u64, first_prev);
+    let mut found: Option<Break> = None;
+    let mut checked = 0u64;
+    scan(conn, 0, |row| {
+        let broken = if row.seq != expect_seq {
+            Some(Break::Missing { seq: expect_seq })
+        } else if row.prev_hash != prev {
+            Some(Break::Unlinked { seq: row.seq })
+        } else if row_hash(row.seq, &row.entry, &row.prev_hash) != row.row_hash {
+            Some(Break::Edited { seq: row.seq })
+        } else {
+            None
+        };
+        if broken.is_some() {
+            found = broken;
+            return false;
+        }
+        checked += 1;
+        expect_seq += 1;
+        prev = row.row_hash;
+        true
+    })?;
+    if let Some(b) = found {
+        return Ok(Err(b));
+    }
+    if expect_seq != head_seq as u64 + 1 {
+        return Ok(Err(Break::Missing { seq: expect_seq }));
+    }
+    if prev != head_hash {
+        return Ok(Err(Break::Head {
+            seq: head_seq as u64,
+        }));
+    }
+    Ok(Ok(checked))
+}

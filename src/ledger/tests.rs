@@ -1,0 +1,149 @@
+use super::store::*;
+use super::*;
+
+fn entry(n: u64) -> Entry {
+    Entry {
+        side: "inbound".into(),
+        call_id: format!("c{n}"),
+        receipt_id: None,
+        tool: "memory.query".into(),
+        consumer: "gw_home".into(),
+        provider: "memory-east".into(),
+        input_hash: crate::receipts::value_hash(&serde_json::json!({"n": n})),
+        output_hash: crate::receipts::value_hash(&serde_json::Value::Null),
+        status: "ok".into(),
+        error_code: None,
+        started_at: 1_000 * n,
+        ended_at: 1_000 * n + 5,
+        duration_ms: 5,
+        receipt: None,
+        charge: None,
+    }
+}
+
+fn ledger_with(n: u64) -> (tempfile::TempDir, rusqlite::Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut conn = open(&dir.path().join("l.sqlite3")).unwrap();
+    let entries: Vec<Entry> = (1..=n).map(entry).collect();
+    for chunk in entries.chunks(3) {
+        append(&mut conn, chunk).unwrap();
+    }
+    (dir, conn)
+}
+
+#[test]
+fn an_intact_chain_verifies_and_continues_across_batches() {
+    let (_d, conn) = ledger_with(10);
+    assert_eq!(verify(&conn).unwrap(), Ok(10));
+    let rows = tail(&conn, 3).unwrap();
+    assert_eq!(rows.iter().map(|r| r.seq).collect::<Vec<_>>(), [8, 9, 10]);
+    assert_eq!(rows[1].prev_hash, rows[0].row_hash);
+    let (_d, empty) = ledger_with(0);
+    assert_eq!(verify(&empty).unwrap(), Ok(0));
+}
+
+#[test]
+fn an_edited_deleted_or_truncated_row_is_found() {
+    let (_d, conn) = ledger_with(10);
+    conn.execute("UPDATE invocations SET status = 'error' WHERE seq = 4", [])
+        .unwrap();
+    assert_eq!(verify(&conn).unwrap(), Err(Break::Edited { seq: 4 }));
+
+    let (_d, conn) = ledger_with(10);
+    conn.execute("DELETE FROM invocations WHERE seq = 6", [])
+        .unwrap();
+    assert_eq!(verify(&conn).unwrap(), Err(Break::Missing { seq: 6 }));
+
+    // Deleting a row and renumbering the rest so that no seq is missing: the links break.
+    let (_d, conn) = ledger_with(10);
+    conn.execute_batch(
+        "DELETE FROM invocations WHERE seq = 6; UPDATE invocations SET seq = seq - 1 WHERE seq > 6;
+         UPDATE chain SET head_seq = 9",
+    )
+    .unwrap();
+    assert!(verify(&conn).unwrap().is_err());
+
+    // The newest row, and the oldest, removed.
+    let (_d, conn) = ledger_with(10);
+    conn.execute("DELETE FROM invocations WHERE seq = 10", [])
+        .unwrap();
+    assert_eq!(verify(&conn).unwrap(), Err(Break::Missing { seq: 10 }));
+    let (_d, conn) = ledger_with(10);
+    conn.execute("DELETE FROM invocations WHERE seq = 1", [])
+        .unwrap();
+    assert_eq!(verify(&conn).unwrap(), Err(Break::Missing { seq: 1 }));
+
+    // A row's hash recomputed after an edit no longer links to the next one.
+    let (_d, conn) = ledger_with(10);
+    let mut row = tail(&conn, 10).unwrap()[2].clone();
+    row.entry.tool = "memory.delete".into();
+    let forged = row_hash(row.seq, &row.entry, &row.prev_hash);
+    conn.execute(
+        "UPDATE invocations SET tool = 'memory.delete', row_hash = ?1 WHERE seq = 3",
+        [forged],
+    )
+    .unwrap();
+    assert_eq!(verify(&conn).unwrap(), Err(Break::Unlinked { seq: 4 }));
+}
+
+#[test]
+fn retention_keeps_the_chain_verifiable() {
+    let (_d, mut conn) = ledger_with(10);
+    // By count: the 4 newest stay.
+    assert_eq!(retain(&mut conn, 0, 4).unwrap(), 6);
+    assert_eq!(verify(&conn).unwrap(), Ok(4));
+    append(&mut conn, &[entry(11)]).unwrap();
+    assert_eq!(verify(&conn).unwrap(), Ok(5));
+    // By age: rows that ended before 9.5 s (7, 8 and 9) go.
+    assert_eq!(retain(&mut conn, 9_500, 100).unwrap(), 3);
+    assert_eq!(verify(&conn).unwrap(), Ok(2));
+    // Everything.
+    assert_eq!(retain(&mut conn, u64::MAX / 2, 100).unwrap(), 2);
+    assert_eq!(verify(&conn).unwrap(), Ok(0));
+    append(&mut conn, &[entry(12)]).unwrap();
+    assert_eq!(verify(&conn).unwrap(), Ok(1));
+}
+
+#[tokio::test]
+async fn the_writer_batches_what_queued_up_and_a_full_queue_drops_or_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.sqlite3");
+    let cfg = LedgerConfig {
+        queue: 4,
+        ..Default::default()
+    };
+    let ledger = Ledger::open(&path, &cfg, Arc::default()).unwrap();
+    for n in 1..=3 {
+        ledger.record(entry(n), None);
+    }
+    let written = ledger.counters.clone();
+    crate::ledger::tests::wait(|| written.written.get() == 3).await;
+    let conn = open_read_only(&path).unwrap();
+    assert_eq!(verify(&conn).unwrap(), Ok(3));
+
+    let refusing = Ledger::open(
+        &dir.path().join("r.sqlite3"),
+        &LedgerConfig {
+            queue: 1,
+            on_full: LedgerFull::Refuse,
+            ..Default::default()
+        },
+        Arc::default(),
+    )
+    .unwrap();
+    let held = refusing.reserve().unwrap();
+    assert!(held.is_some());
+    assert!(refusing.reserve().is_err());
+    assert_eq!(refusing.counters.refused.get(), 1);
+    refusing.record(entry(1), held);
+}
+
+pub(crate) async fn wait(cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not within 5 s");
+}

@@ -1,0 +1,131 @@
+//! The inbound side's receipt: every call that got past the caller's checks (authorization,
+//! signature, input schema) and ended, whichever way, is signed.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use carapace_filters::call::{CallOutcome, ToolCall};
+use carapace_filters::signature::UnixClock;
+use carapace_filters::{BoxFuture, Rejection};
+use serde_json::Value;
+use tower::{Layer, Service};
+
+use super::{
+    new_receipt_id, output_value, rfc3339_ms, value_hash, Receipt, ReceiptNote, ReceiptSlot,
+    ReceiptStatus,
+};
+use crate::pairing::wire::SigningIdentity;
+
+/// The tool host's signing key and its component id (the receipts' `provider`).
+pub struct ReceiptSigner {
+    pub key: SigningIdentity,
+    pub provider: String,
+}
+
+/// How a call ended, in a receipt's terms: status, the output of a success, the error code
+/// of a failure.
+pub fn ending(
+    result: &Result<CallOutcome, Rejection>,
+) -> (ReceiptStatus, Option<&Value>, Option<&str>) {
+    match result {
+        Ok(CallOutcome::Ok { output, .. }) => (ReceiptStatus::Ok, Some(output), None),
+        Ok(CallOutcome::AppError { code, .. }) => (ReceiptStatus::Error, None, Some(code.as_str())),
+        Err(Rejection::Timeout(_)) => (ReceiptStatus::Timeout, None, Some("TIMEOUT")),
+        Err(r) => (
+            ReceiptStatus::Error,
+            None,
+            Some(crate::errors::tools_v1(r).0),
+        ),
+    }
+}
+
+/// Signs a receipt for every call and leaves it in the call's [`ReceiptSlot`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use carapace::pairing::wire::SigningIdentity;
+/// use carapace::receipts::{ReceiptLayer, ReceiptSigner};
+///
+/// let (key, _seed) = SigningIdentity::generate();
+/// let signer = Arc::new(ReceiptSigner { key, provider: "memory-host".into() });
+/// let layer = ReceiptLayer::new(signer, Arc::new(carapace_filters::unix_now_ms));
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct ReceiptLayer {
+    signer: Arc<ReceiptSigner>,
+    clock: UnixClock,
+}
+
+impl ReceiptLayer {
+    pub fn new(signer: Arc<ReceiptSigner>, clock: UnixClock) -> Self {
+        ReceiptLayer { signer, clock }
+    }
+}
+
+impl<S> Layer<S> for ReceiptLayer {
+    type Service = Receipts<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Receipts {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Service of [`ReceiptLayer`].
+#[derive(Clone)]
+pub struct Receipts<S> {
+    inner: S,
+    layer: ReceiptLayer,
+}
+
+impl<S> Service<ToolCall> for Receipts<S>
+where
+    S: Service<ToolCall, Response = CallOutcome, Error = Rejection>,
+    S::Future: Send + 'static,
+{
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let Some(slot) = call.extensions.get::<ReceiptSlot>().cloned() else {
+            return Box::pin(self.inner.call(call));
+        };
+        let executed_at = (self.layer.clock)();
+        let started = Instant::now();
+        let input_hash = value_hash(&call.args);
+        let tool = call.tool.name.clone();
+        let consumer = call.principal.id.clone();
+        let signer = self.layer.signer.clone();
+        let fut = self.inner.call(call);
+        Box::pin(async move {
+            let result = fut.await;
+            let (status, output, code) = ending(&result);
+            let receipt = Receipt {
+                receipt_id: new_receipt_id(),
+                tool,
+                consumer,
+                provider: signer.provider.clone(),
+                input_hash,
+                output_hash: value_hash(&output_value(status, output, code)),
+                status,
+                executed_at: rfc3339_ms(executed_at),
+                duration_ms: started.elapsed().as_millis() as u64,
+            };
+            let encoded = receipt.encode(&signer.key);
+            slot.fill(ReceiptNote {
+                encoded: http::HeaderValue::from_str(&encoded).ok(),
+                receipt: Some(receipt),
+                status: None,
+            });
+            result
+        })
+    }
+}

@@ -1,0 +1,223 @@
+//! Signed receipts: proof of what a tool host executed.
+//!
+//! The inbound side signs a [`Receipt`] for every call it executed (ok, error or timeout)
+//! with the tool host's Ed25519 identity key, the one pairing made; the caller gets it in the
+//! `Carapace-Receipt` response header and the body is not changed. The outbound side checks
+//! the receipt of each paired peer against the peer's `public_key_ed25519` and against what it
+//! sent and received ([`check`]).
+//!
+//! The header's value is `v1.<payload>.<signature>`: `payload` is the unpadded base64url of the
+//! receipt's RFC 8785 (JCS) form, `signature` the unpadded base64url of the Ed25519 signature
+//! of exactly those bytes. A decoder refuses a payload that is not already canonical, so one
+//! receipt has one encoding.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Digest as _;
+
+use crate::pairing::wire::SigningIdentity;
+
+pub mod check;
+pub mod layer;
+mod slot;
+
+pub use check::{check, Expected, ReceiptMode, Verdict};
+pub use layer::{ReceiptLayer, ReceiptSigner};
+pub use slot::{ReceiptNote, ReceiptSlot};
+
+/// The response header a receipt travels in.
+pub const RECEIPT_HEADER: http::HeaderName = http::HeaderName::from_static("carapace-receipt");
+
+/// The response header the outbound side reports its check of a peer's receipt in
+/// (`verified`, `missing` or `invalid`).
+pub const RECEIPT_STATUS_HEADER: http::HeaderName =
+    http::HeaderName::from_static("carapace-receipt-status");
+
+/// The longest header value a decoder reads.
+pub const MAX_ENCODED_BYTES: usize = 8 * 1024;
+
+/// How a call ended, as its receipt says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiptStatus {
+    Ok,
+    Error,
+    Timeout,
+}
+
+impl ReceiptStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReceiptStatus::Ok => "ok",
+            ReceiptStatus::Error => "error",
+            ReceiptStatus::Timeout => "timeout",
+        }
+    }
+}
+
+/// What a tool host signs for one executed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    /// `rcpt_` and 24 hex digits, unique per receipt.
+    pub receipt_id: String,
+    /// The tool's name at the tool host.
+    pub tool: String,
+    /// Who called: the caller's component id (`local` on the Unix socket).
+    pub consumer: String,
+    /// Who executed: the tool host's component id.
+    pub provider: String,
+    /// `sha256:<hex>` of the RFC 8785 form of the call's arguments.
+    pub input_hash: String,
+    /// `sha256:<hex>` of the RFC 8785 form of the result (see [`output_value`]).
+    pub output_hash: String,
+    pub status: ReceiptStatus,
+    /// When the call started, RFC 3339 UTC with milliseconds.
+    pub executed_at: String,
+    pub duration_ms: u64,
+}
+
+/// Why a receipt was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReceiptError {
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+    #[error("the payload is not in RFC 8785 form")]
+    NotCanonical,
+    #[error("the signature does not verify with the provider's key")]
+    BadSignature,
+    #[error("the provider's key is not a base64 Ed25519 public key")]
+    BadKey,
+    #[error("`{field}` does not match: receipt says {got}, expected {want}")]
+    Mismatch {
+        field: &'static str,
+        got: String,
+        want: String,
+    },
+}
+
+impl ReceiptError {
+    /// A short stable name for logs, metrics and the status header.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReceiptError::Malformed(_) => "malformed",
+            ReceiptError::NotCanonical => "not_canonical",
+            ReceiptError::BadSignature => "bad_signature",
+            ReceiptError::BadKey => "bad_key",
+            ReceiptError::Mismatch { field, .. } => field,
+        }
+    }
+}
+
+/// `sha256:` and the lowercase hex SHA-256 of the RFC 8785 form of `value`. A value with no
+/// RFC 8785 form (an integer no double holds exactly) is hashed in its plain JSON form.
+pub fn value_hash(value: &Value) -> String {
+    let text = carapace_filters::canonical::jcs_string(value)
+        .unwrap_or_else(|_| serde_json::to_string(value).expect("a Value serializes"));
+    format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(text.as_bytes()))
+    )
+}
+
+/// What a receipt's `output_hash` covers: the output of a call that succeeded, `{"code": ..}`
+/// of one that failed, and `null` for a timeout.
+pub fn output_value(status: ReceiptStatus, output: Option<&Value>, code: Option<&str>) -> Value {
+    match status {
+        ReceiptStatus::Ok => output.cloned().unwrap_or(Value::Null),
+        ReceiptStatus::Error => serde_json::json!({"code": code.unwrap_or_default()}),
+        ReceiptStatus::Timeout => Value::Null,
+    }
+}
+
+/// A new receipt id.
+pub fn new_receipt_id() -> String {
+    format!("rcpt_{}", hex::encode(rand::random::<[u8; 12]>()))
+}
+
+/// Unix milliseconds as RFC 3339 UTC with milliseconds (`2026-11-26T12:00:00.123Z`).
+pub fn rfc3339_ms(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    let ms = (unix_ms % 1000) as u32;
+    let t = crate::pairing::wire::GoTime::from_unix(secs, 0).expect("a time after 1970");
+    let base = t.to_rfc3339_nano().expect("a year below 10000");
+    format!("{}.{ms:03}Z", base.trim_end_matches('Z'))
+}
+
+impl Receipt {
+    /// The RFC 8785 form: the bytes that are signed.
+    pub fn canonical(&self) -> String {
+        let value = serde_json::to_value(self).expect("a receipt serializes");
+        carapace_filters::canonical::jcs_string(&value).expect("strings and a small integer")
+    }
+
+    /// Sign and encode: the `Carapace-Receipt` header value.
+    pub fn encode(&self, key: &SigningIdentity) -> String {
+        let payload = self.canonical();
+        let sig = key.sign_bytes(payload.as_bytes());
+        format!("v1.{}.{}", B64URL.encode(payload), B64URL.encode(sig))
+    }
+}
+
+/// A header value split into the receipt, the signed bytes and the signature, not yet
+/// verified.
+#[derive(Debug)]
+pub struct Encoded {
+    pub receipt: Receipt,
+    pub payload: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+/// Split and decode a `Carapace-Receipt` value. Checks the form only, not the signature.
+pub fn decode(value: &[u8]) -> Result<Encoded, ReceiptError> {
+    if value.len() > MAX_ENCODED_BYTES {
+        return Err(ReceiptError::Malformed("longer than 8 KiB"));
+    }
+    let text = std::str::from_utf8(value).map_err(|_| ReceiptError::Malformed("not UTF-8"))?;
+    let mut parts = text.split('.');
+    let (Some("v1"), Some(payload), Some(sig), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(ReceiptError::Malformed("not v1.<payload>.<signature>"));
+    };
+    let payload = B64URL
+        .decode(payload)
+        .map_err(|_| ReceiptError::Malformed("payload is not unpadded base64url"))?;
+    let signature = B64URL
+        .decode(sig)
+        .map_err(|_| ReceiptError::Malformed("signature is not unpadded base64url"))?;
+    if signature.len() != 64 {
+        return Err(ReceiptError::Malformed("signature is not 64 bytes"));
+    }
+    let receipt: Receipt = serde_json::from_slice(&payload)
+        .map_err(|_| ReceiptError::Malformed("payload is not a receipt"))?;
+    if receipt.canonical().as_bytes() != payload.as_slice() {
+        return Err(ReceiptError::NotCanonical);
+    }
+    Ok(Encoded {
+        receipt,
+        payload,
+        signature,
+    })
+}
+
+/// Decode and verify a receipt's signature with `public_key_b64` (standard base64 of the
+/// 32-byte Ed25519 key, as a peer record keeps it).
+pub fn verify(value: &[u8], public_key_b64: &str) -> Result<Receipt, ReceiptError> {
+    use base64::engine::general_purpose::STANDARD;
+    let encoded = decode(value)?;
+    let key = STANDARD
+        .decode(public_key_b64)
+        .ok()
+        .filter(|k| k.len() == 32)
+        .ok_or(ReceiptError::BadKey)?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
+        .verify(&encoded.payload, &encoded.signature)
+        .map_err(|_| ReceiptError::BadSignature)?;
+    Ok(encoded.receipt)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+use base64::Engine as _;
+use serde_json::json;
+
+use super::*;
+
+fn receipt() -> Receipt {
+    Receipt {
+        receipt_id: "rcpt_000102030405060708090a0b".into(),
+        tool: "memory.query".into(),
+        consumer: "gw_test".into(),
+        provider: "memory-host".into(),
+        input_hash: value_hash(&json!({"q": "é", "n": 1})),
+        output_hash: value_hash(&json!({"hits": []})),
+        status: ReceiptStatus::Ok,
+        executed_at: rfc3339_ms(1_790_000_000_123),
+        duration_ms: 4,
+    }
+}
+
+fn key() -> SigningIdentity {
+    SigningIdentity::from_seed(&[7; 32]).unwrap()
+}
+
+#[test]
+fn a_signed_receipt_verifies_with_the_signers_key_only() {
+    let encoded = receipt().encode(&key());
+    assert!(encoded.starts_with("v1."));
+    let got = verify(encoded.as_bytes(), &key().public_key_b64()).unwrap();
+    assert_eq!(got, receipt());
+    let other = SigningIdentity::from_seed(&[8; 32]).unwrap();
+    assert_eq!(
+        verify(encoded.as_bytes(), &other.public_key_b64()),
+        Err(ReceiptError::BadSignature)
+    );
+    assert_eq!(
+        verify(encoded.as_bytes(), "AAAA"),
+        Err(ReceiptError::BadKey)
+    );
+}
+
+#[test]
+fn the_payload_is_the_jcs_form_with_sorted_keys() {
+    let encoded = receipt().encode(&key());
+    let payload = encoded.split('.').nth(1).unwrap();
+    let bytes = B64URL.decode(payload).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.starts_with(r#"{"consumer":"gw_test","duration_ms":4,"executed_at":"#));
+    assert!(
+        text.contains(r#""executed_at":"2026-09-21T14:13:20.123Z""#),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_changed_byte_of_the_payload_or_signature_is_refused() {
+    let encoded = receipt().encode(&key());
+    let public = key().public_key_b64();
+    let (payload, sig) = {
+        let mut parts = encoded.split('.').skip(1);
+        (parts.next().unwrap(), parts.next().unwrap())
+    };
+    let payload = B64URL.decode(payload).unwrap();
+    for i in 0..payload.len() {
+        let mut p = payload.clone();
+        p[i] ^= 0x01;
+        let tampered = format!("v1.{}.{sig}", B64URL.encode(&p));
+        assert!(verify(tampered.as_bytes(), &public).is_err(), "byte {i}");
+    }
+    let sig = B64URL.decode(sig).unwrap();
+    for i in 0..sig.len() {
+        let mut s = sig.clone();
+        s[i] ^= 0x80;
+        let tampered = format!("v1.{}.{}", B64URL.encode(&payload), B64URL.encode(&s));
+        assert_eq!(
+            verify(tampered.as_bytes(), &public),
+            Err(ReceiptError::BadSignature),
+            "byte {i}"
+        );
+    }
+}
+
+#[test]
+fn a_payload_not_in_canonical_form_is_refused_even_when_signed() {
+    let r = receipt();
+    let pretty = serde_json::to_string_pretty(&r).unwrap();
+    let sig = key().sign_bytes(pretty.as_bytes());
+    let encoded = format!("v1.{}.{}", B64URL.encode(&pretty), B64URL.encode(sig));
+    assert_eq!(
+        verify(encoded.as_bytes(), &key().public_key_b64()),
+        Err(ReceiptError::NotCanonical)
+    );
+}
+
+#[test]
+fn malformed_values_are_refused_by_form() {
+    let public = key().public_key_b64();
+    for bad in [
+        "".as_bytes(),
+        b"v2.a.b",
+        b"v1.a",
+        b"v1.a.b.c",
+        b"v1.!!.AAAA",
+        b"v1.e30.AAAA",
+        &[0xff, 0xfe],
+    ] {
+        assert!(
+            matches!(verify(bad, &public), Err(ReceiptError::Malformed(_))),
+            "{bad:?}"
+        );
+    }
+    let long = vec![b'a'; MAX_ENCODED_BYTES + 1];
+    assert!(matches!(decode(&long), Err(ReceiptError::Malformed(_))));
+    // A signed document with a field a receipt does not have.
+    let extra = json!({"receipt_id": "r", "extra": 1});
+    let text = carapace_filters::canonical::jcs_string(&extra).unwrap();
+    let sig = key().sign_bytes(text.as_bytes());
+    let encoded = format!("v1.{}.{}", B64URL.encode(&text), B64URL.encode(sig));
+    assert!(matches!(
+        verify(encoded.as_bytes(), &public),
+        Err(ReceiptError::Malformed(_))
+    ));
+}
+
+#[test]
+fn the_check_compares_every_field_with_the_call() {
+    let encoded = receipt().encode(&key());
+    let public = key().public_key_b64();
+    let input = json!({"n": 1, "q": "é"});
+    let output = json!({"hits": []});
+    let want = Expected {
+        tool: "memory.query",
+        consumer: "gw_test",
+        provider: "memory-host",
+        input: &input,
+        status: ReceiptStatus::Ok,
+        output: Some(&output),
+        code: None,
+    };
+    assert!(matches!(
+        check(Some(encoded.as_bytes()), &public, &want),
+        Verdict::Verified(_)
+    ));
+    assert_eq!(check(None, &public, &want), Verdict::Missing);
+    let other_input = json!({"n": 2, "q": "é"});
+    let other_output = json!({"hits": [1]});
+    let cases: Vec<(Expected<'_>, &str)> = vec![
+        (
+            Expected {
+                tool: "memory.write",
+                ..want
+            },
+            "tool",
+        ),
+        (
+            Expected {
+                consumer: "gw_other",
+                ..want
+            },
+            "consumer",
+        ),
+        (
+            Expected {
+                provider: "other-host",
+                ..want
+            },
+            "provider",
+        ),
+        (
+            Expected {
+                input: &other_input,
+                ..want
+            },
+            "input_hash",
+        ),
+        (
+            Expected {
+                output: Some(&other_output),
+                ..want
+            },
+            "output_hash",
+        ),
+        (
+            Expected {
+                status: ReceiptStatus::Error,
+                code: Some("X"),
+                ..want
+            },
+            "status",
+        ),
+    ];
+    for (want, field) in cases {
+        match check(Some(encoded.as_bytes()), &public, &want) {
+            Verdict::Invalid(e) => assert_eq!(e.reason(), field),
+            v => panic!("{field}: {v:?}"),
+        }
+    }
+}
+
+#[test]
+fn output_hashes_cover_the_output_the_code_or_nothing() {
+    let out = json!({"a": 1});
+    assert_eq!(
+        value_hash(&output_value(ReceiptStatus::Ok, Some(&out), None)),
+        value_hash(&json!({"a": 1}))
+    );
+    assert_eq!(
+        output_value(ReceiptStatus::Error, None, Some("FORBIDDEN")),
+        json!({"code": "FORBIDDEN"})
+    );
+    assert_eq!(
+        output_value(ReceiptStatus::Timeout, None, None),
+        json!(null)
+    );
+    // sha256 of the three bytes `{}`.
+    assert_eq!(
+        value_hash(&json!({})),
+        "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    );
+}

@@ -1,0 +1,292 @@
+//! Signed receipts: the tool host signs every executed call, an independent implementation
+//! verifies them, and a gateway checks its paired peers' receipts.
+
+mod common;
+
+use carapace::client::{Client, Reply, Transport};
+use carapace::server::Running;
+use common::*;
+use http::Method;
+use serde_json::{json, Value};
+
+/// Check `receipt` with the independent verifier (Python `cryptography` + `rfc8785`).
+fn python_check(receipt: &str, key: &str, args: &Value, status: &str, output: &Value) -> Value {
+    use std::io::Write;
+    let doc = json!({"receipt": receipt, "public_key": key, "args": args, "status": status,
+                     "output": output, "code": output["code"]});
+    let mut child = std::process::Command::new("timeout")
+        .args(["60", "python3", "-W", "ignore"])
+        .arg(common::mcp::interop("receipt_verify.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(doc.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn receipt_of(r: &Reply) -> String {
+    r.headers
+        .get("carapace-receipt")
+        .unwrap_or_else(|| panic!("no receipt: {:?}", r.headers))
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+fn host_key(env: &Env) -> String {
+    carapace::pairing::identity::HostIdentity::load_or_create(&env.path().join("state"))
+        .unwrap()
+        .public_key_ed25519()
+}
+
+#[tokio::test]
+async fn every_executed_call_carries_a_receipt_an_independent_verifier_accepts() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("receipts: { sign: true, provider_id: memory-host }"))
+        .await;
+    let key = host_key(&env);
+    let args = json!({"text": "receipts are proof", "tags": ["é", "\u{1f980}"]});
+    let before = std::fs::read(env.path().join("carapace.yaml")).unwrap();
+    let reply = env
+        .gateway(&r)
+        .post_json("/v1/tools/call", &[], &call("memory.append", args.clone()))
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    let receipt = receipt_of(&reply);
+    let output = reply.json()["result"].clone();
+    let got = python_check(&receipt, &key, &args, "ok", &output);
+    assert_eq!(got["valid"], true, "{got}");
+    assert_eq!(got["receipt"]["consumer"], "gw_test");
+    assert_eq!(got["receipt"]["provider"], "memory-host");
+    assert_eq!(got["receipt"]["tool"], "memory.append");
+    // The body is what the app answered, unchanged.
+    assert!(reply.json().get("receipt").is_none());
+
+    // A changed byte of the input, the output or the receipt is found.
+    let other_args = json!({"text": "receipts are proof!", "tags": ["é", "\u{1f980}"]});
+    let got = python_check(&receipt, &key, &other_args, "ok", &output);
+    assert_eq!(got["reason"], "input_hash");
+    let mut other_output = output.clone();
+    other_output["id"] = json!("x");
+    let got = python_check(&receipt, &key, &args, "ok", &other_output);
+    assert_eq!(got["reason"], "output_hash");
+    let mut bytes = receipt.clone().into_bytes();
+    let i = bytes.len() / 2;
+    bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(bytes).unwrap();
+    let got = python_check(&tampered, &key, &args, "ok", &output);
+    assert_eq!(got["valid"], false, "{got}");
+    assert!(carapace::receipts::verify(tampered.as_bytes(), &key).is_err());
+
+    // `carapace receipts verify` checks a stored receipt offline.
+    let d = env.path();
+    std::fs::write(d.join("receipt"), &receipt).unwrap();
+    std::fs::write(d.join("tampered"), &tampered).unwrap();
+    std::fs::write(d.join("args.json"), args.to_string()).unwrap();
+    std::fs::write(d.join("other.json"), other_args.to_string()).unwrap();
+    std::fs::write(d.join("output.json"), output.to_string()).unwrap();
+    let verify = |file: &str, input: &str| {
+        std::process::Command::new(binary())
+            .args(["receipts", "verify", "--public-key", &key, "--output"])
+            .arg(d.join("output.json"))
+            .arg("--receipt")
+            .arg(d.join(file))
+            .arg("--input")
+            .arg(d.join(input))
+            .output()
+            .unwrap()
+    };
+    let out = verify("receipt", "args.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["tool"], "memory.append");
+    assert!(!verify("tampered", "args.json").status.success());
+    let out = verify("receipt", "other.json");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("input_hash"));
+
+    // An error the app reported, and a refusal after the checks, are receipted too; a
+    // refusal before them (no such tool) executed nothing and has none.
+    let reply = env
+        .local(&r)
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.delete", json!({"id": "missing"})),
+        )
+        .await
+        .unwrap();
+    let error = code(&reply);
+    assert!(!error.is_empty(), "{:?}", reply.json());
+    let got = python_check(
+        &receipt_of(&reply),
+        &key,
+        &json!({"id": "missing"}),
+        "error",
+        &json!({"code": error}),
+    );
+    assert_eq!(got["valid"], true, "{got}");
+    assert_eq!(got["receipt"]["consumer"], "local");
+    let reply = env
+        .local(&r)
+        .post_json("/v1/tools/call", &[], &call("memory.nothing", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "TOOL_NOT_FOUND");
+    assert!(reply.headers.get("carapace-receipt").is_none());
+    assert_eq!(
+        before,
+        std::fs::read(env.path().join("carapace.yaml")).unwrap()
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_timeout_is_receipted_with_a_null_output() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml(
+            "receipts: { sign: true, provider_id: memory-host }\ntools: { memory.query: { timeout_ms_max: 50 } }",
+        ))
+        .await;
+    let args = json!({"query": "x", "delay_ms": 2000});
+    let reply = env
+        .local(&r)
+        .post_json("/v1/tools/call", &[], &call("memory.query", args.clone()))
+        .await
+        .unwrap();
+    assert_eq!(code(&reply), "TIMEOUT");
+    let got = python_check(
+        &receipt_of(&reply),
+        &host_key(&env),
+        &args,
+        "timeout",
+        &Value::Null,
+    );
+    assert_eq!(got["valid"], true, "{got}");
+    r.shutdown().await;
+}
+
+/// A tool host paired with a gateway whose outbound role checks its receipts with `mode`;
+/// `host_extra` is added to the host's configuration.
+async fn paired(env: &Env, mode: &str, host_extra: &str) -> (Running, Running, Client) {
+    write_peers(&env.path().join("peers.json"), &[]);
+    let gw_dir = env.path().join("gw");
+    std::fs::create_dir_all(gw_dir.join("state")).unwrap();
+    let gw_key = carapace::pairing::identity::GatewayIdentity::load_or_create(
+        &gw_dir.join("state"),
+        "gw_home",
+    )
+    .unwrap()
+    .public_key_ed25519();
+    let host = env
+        .start(&env.tools_yaml(&format!(
+            "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}\n{host_extra}"
+        )))
+        .await;
+    let yaml = format!(
+        r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+peers: {{ file: {d}/peers.json }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{ memory-east: {{ url: "https://{tools}", receipts: {mode} }} }}
+"#,
+        d = gw_dir.display(),
+        app = env.app_addr,
+        tools = host.tcp_address.unwrap(),
+    );
+    std::fs::write(gw_dir.join("carapace.yaml"), yaml).unwrap();
+    let gw =
+        carapace::server::start(carapace::config::load(&gw_dir.join("carapace.yaml")).unwrap())
+            .await
+            .unwrap();
+    pair_through_admin(&gw, &host, "memory-east").await;
+    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
+    for _ in 0..100 {
+        let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
+        if list.json()["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+        {
+            return (host, gw, agent);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the gateway did not discover the paired tool host's tools");
+}
+
+async fn agent_call(agent: &Client, tool: &str, args: Value) -> Reply {
+    agent
+        .post_json("/v1/tools/call", &[], &call(tool, args))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_gateway_that_requires_receipts_refuses_a_host_signing_with_another_key() {
+    let env = Env::new().await;
+    // The host signs by default once paired.
+    let (host, gw, agent) = paired(&env, "require", "").await;
+    let reply = agent_call(&agent, "memory.append", json!({"text": "a"})).await;
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    assert_eq!(reply.headers["carapace-receipt-status"], "verified");
+    let receipt =
+        carapace::receipts::verify(receipt_of(&reply).as_bytes(), &host_key(&env)).unwrap();
+    assert_eq!(
+        (receipt.consumer.as_str(), receipt.provider.as_str()),
+        ("gw_home", "memory-east")
+    );
+
+    // The paired record now names another key: the host's receipts no longer verify.
+    let (other, _) = carapace::pairing::wire::SigningIdentity::generate();
+    gw.shared
+        .peers
+        .modify(|f| f.peers[0].public_key_ed25519 = Some(other.public_key_b64()))
+        .unwrap();
+    let seen = env.app.received().len();
+    let reply = agent_call(&agent, "memory.append", json!({"text": "b"})).await;
+    assert_eq!(code(&reply), "DEPENDENCY_UNAVAILABLE", "{:?}", reply.json());
+    assert_eq!(reply.headers["carapace-receipt-status"], "invalid");
+    // The host did run it (its receipt says so); the agent is not given the result.
+    assert_eq!(env.app.received().len(), seen + 1);
+    assert!(reply.json().get("result").is_none());
+    gw.shutdown().await;
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_gateway_that_flags_receipts_passes_an_unsigned_answer_and_says_so() {
+    let env = Env::new().await;
+    let (host, gw, agent) = paired(&env, "flag", "receipts: { sign: false }").await;
+    let reply = agent_call(&agent, "memory.append", json!({"text": "a"})).await;
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    assert_eq!(reply.headers["carapace-receipt-status"], "missing");
+    assert!(reply.headers.get("carapace-receipt").is_none());
+    let metrics = gw.shared.metrics.encode();
+    assert!(
+        metrics.contains(r#"carapace_peer_receipts_total{peer="memory-east",status="missing"} 1"#),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+    host.shutdown().await;
+}
