@@ -68,6 +68,9 @@ pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
         }
         Rejection::Internal(_) => ("INTERNAL", StatusCode::INTERNAL_SERVER_ERROR),
         Rejection::Cancelled => ("CANCELLED", CLIENT_CLOSED_REQUEST),
+        Rejection::IdempotencyConflict => ("INVALID_ARGS", StatusCode::UNPROCESSABLE_ENTITY),
+        Rejection::IdempotencyPending => ("RATE_LIMITED", StatusCode::CONFLICT),
+        Rejection::BudgetExhausted { .. } => ("FORBIDDEN", StatusCode::FORBIDDEN),
     }
 }
 
@@ -146,6 +149,11 @@ pub fn skill_v1(r: &Rejection) -> (&'static str, StatusCode) {
         Rejection::SharedStateUnavailable(_) => (http_error, StatusCode::SERVICE_UNAVAILABLE),
         Rejection::Internal(_) => (http_error, StatusCode::INTERNAL_SERVER_ERROR),
         Rejection::Cancelled => (http_error, CLIENT_CLOSED_REQUEST),
+        Rejection::IdempotencyConflict => {
+            ("SCHEMA_VALIDATION_FAILED", StatusCode::UNPROCESSABLE_ENTITY)
+        }
+        Rejection::IdempotencyPending => (http_error, StatusCode::CONFLICT),
+        Rejection::BudgetExhausted { .. } => ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN),
     }
 }
 
@@ -175,6 +183,15 @@ fn specific_details(r: &Rejection) -> Option<serde_json::Value> {
             Some(json!({ "tool": tool, "changed": changed }))
         }
         Rejection::AppHttp(status) => Some(json!({ "status": status })),
+        Rejection::IdempotencyConflict => Some(json!({ "field": "idempotency_key" })),
+        Rejection::BudgetExhausted {
+            consumer,
+            period,
+            remaining,
+            price,
+        } => Some(json!({
+            "consumer": consumer, "budget": period, "remaining": remaining, "price": price,
+        })),
         _ => None,
     }
 }

@@ -37,6 +37,27 @@ pub struct CallRecord {
 #[derive(Debug, Clone, Copy)]
 pub struct RefusalCode(pub &'static str);
 
+/// The header a Skill Gateway v1 caller names its call's idempotency key in (tools-v1 has
+/// the `idempotency_key` field, MCP the [`MCP_IDEMPOTENCY_KEY`] `_meta` key).
+pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
+/// The `_meta` key of an MCP `tools/call` that names its idempotency key.
+pub const MCP_IDEMPOTENCY_KEY: &str = "io.carapace/idempotency-key";
+
+/// The `Idempotency-Key` header's value, if sent; one that is not visible ASCII is refused.
+pub fn idempotency_header(headers: &http::HeaderMap) -> Result<Option<String>, Rejection> {
+    match headers.get(IDEMPOTENCY_KEY) {
+        None => Ok(None),
+        Some(v) => match v.to_str() {
+            Ok(k) if crate::idempotency::valid_key(k) => Ok(Some(k.to_string())),
+            _ => Err(Rejection::InvalidRequest {
+                message: "Idempotency-Key must be 1 to 255 visible ASCII characters".into(),
+                path: None,
+            }),
+        },
+    }
+}
+
 /// The principal the identity layer put on the request.
 pub fn principal<B>(req: &Request<B>) -> Result<Arc<Principal>, Rejection> {
     req.extensions()

@@ -15,6 +15,7 @@ pub mod eat;
 pub mod edge;
 pub mod errors;
 pub mod front;
+pub mod idempotency;
 pub mod in_flight;
 pub mod inbound;
 pub mod ledger;

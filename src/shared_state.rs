@@ -56,6 +56,23 @@ redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', math.max(1, math.
 return 0
 ";
 
+/// Idempotency: `KEYS[1]` is taken with `ARGV[1]` for `ARGV[2]` ms unless it holds a value,
+/// which is returned (nil when taken).
+const IDEM_CLAIM: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+";
+
+/// Idempotency: if `KEYS[1]` still holds `ARGV[1]` (our running claim), replace it with
+/// `ARGV[2]` for `ARGV[3]` ms, or delete it when `ARGV[2]` is empty.
+const IDEM_FINISH: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+return 1
+";
+
 /// Why the Redis store could not be set up.
 #[derive(Debug, thiserror::Error)]
 #[error("redis: {0}")]
@@ -82,6 +99,8 @@ struct Inner {
     prefix: String,
     timeout: Duration,
     gcra: redis::Script,
+    idem_claim: redis::Script,
+    idem_finish: redis::Script,
 }
 
 impl std::fmt::Debug for RedisState {
@@ -133,6 +152,8 @@ impl RedisState {
                 prefix: cfg.key_prefix.clone(),
                 timeout,
                 gcra: redis::Script::new(GCRA),
+                idem_claim: redis::Script::new(IDEM_CLAIM),
+                idem_finish: redis::Script::new(IDEM_FINISH),
             }),
         })
     }
@@ -282,6 +303,77 @@ impl SharedLimits for RedisState {
                 Ok(us) => Err(Duration::from_micros(us)),
                 Err(_) => return Err(SharedStateError(format!("rate script answered {wait_us}"))),
             })
+        })
+    }
+}
+
+impl crate::idempotency::IdempotencyStore for RedisState {
+    fn claim(
+        &self,
+        key: &str,
+        args_hash: &str,
+        token: &str,
+        window: Duration,
+    ) -> BoxFuture<Result<crate::idempotency::Slot, carapace_filters::Rejection>> {
+        use crate::idempotency::{store::slot_of, Slot};
+        let this = self.clone();
+        let key = format!("{}{key}", self.inner.prefix);
+        let value = format!("r:{args_hash}:{token}");
+        let ttl_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        Box::pin(async move {
+            let script = this.inner.idem_claim.clone();
+            let held: Option<String> = this
+                .run(|mut conn| async move {
+                    script
+                        .key(&key)
+                        .arg(&value)
+                        .arg(ttl_ms)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await
+                .map_err(|e| carapace_filters::Rejection::SharedStateUnavailable(e.to_string()))?;
+            Ok(match held {
+                None => Slot::Claimed,
+                Some(v) => slot_of(&v).ok_or_else(|| {
+                    carapace_filters::Rejection::SharedStateUnavailable(
+                        "an idempotency key holds an unreadable value".into(),
+                    )
+                })?,
+            })
+        })
+    }
+
+    fn finish(
+        &self,
+        key: &str,
+        token: &str,
+        args_hash: &str,
+        answer: Option<String>,
+        window: Duration,
+    ) -> BoxFuture<Result<(), carapace_filters::Rejection>> {
+        let this = self.clone();
+        let key = format!("{}{key}", self.inner.prefix);
+        let ours = format!("r:{args_hash}:{token}");
+        let value = answer
+            .map(|a| format!("d:{args_hash}:{a}"))
+            .unwrap_or_default();
+        let ttl_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        Box::pin(async move {
+            let script = this.inner.idem_finish.clone();
+            let _: i64 = this
+                .run(|mut conn| async move {
+                    script
+                        .key(&key)
+                        .arg(&ours)
+                        .arg(&value)
+                        .arg(ttl_ms)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await
+                .map_err(|e| carapace_filters::Rejection::SharedStateUnavailable(e.to_string()))?;
+            Ok(())
         })
     }
 }

@@ -145,8 +145,9 @@ async fn serve(env: &Env) -> Guard {
     );
     let client = Client::new(Transport::Unix(env.path().join("tools.sock")));
     for _ in 0..500 {
+        // Ready once the app's tools are discovered.
         if let Ok(r) = client.send(Method::GET, "/v1/tools", &[], "").await {
-            if r.status.is_success() {
+            if r.json()["tools"].as_array().is_some_and(|t| !t.is_empty()) {
                 return guard;
             }
         }

@@ -402,3 +402,59 @@ async fn a_refused_password_is_tried_again_once_redis_takes_it() {
         "never reconnected with the password"
     );
 }
+
+#[tokio::test]
+async fn a_keyed_call_runs_once_across_both_replicas() {
+    let env = Env::new().await;
+    let redis = Redis::unix(env.path());
+    let a = replica(&env, "a", &redis, "").await;
+    let b = replica(&env, "b", &redis, "").await;
+    let key = [("Idempotency-Key", "order-7")];
+    // 20 identical calls (each signed with its own nonce), at both replicas at once.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let address = if i % 2 == 0 { &a } else { &b }.tcp_address.unwrap();
+        let body = append("once only");
+        set.spawn(async move {
+            Client::new(Transport::Tcp(address))
+                .send(Method::POST, "/run", &key, body.to_string())
+                .await
+                .unwrap()
+        });
+    }
+    let mut outputs = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let r = r.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.json());
+        outputs.push(r.json()["output"].clone());
+    }
+    assert_eq!(app_calls(&env), 1, "a repeat reached the app");
+    assert!(
+        outputs.iter().all(|o| *o == outputs[0] && !o.is_null()),
+        "{outputs:?}"
+    );
+
+    // The same key with other arguments is refused, at either replica, before the app.
+    let other = Client::new(Transport::Tcp(b.tcp_address.unwrap()))
+        .send(
+            Method::POST,
+            "/run",
+            &key,
+            append("something else").to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        other.json()
+    );
+    assert_eq!(code(&other), "SCHEMA_VALIDATION_FAILED");
+    assert!(
+        other.json().to_string().contains("idempotency_conflict"),
+        "{}",
+        other.json()
+    );
+    assert_eq!(app_calls(&env), 1);
+}

@@ -117,6 +117,22 @@ pub enum Rejection {
     /// The caller cancelled the call while it was in flight.
     #[error("cancelled by the caller")]
     Cancelled,
+    /// The call's `idempotency_key` was used before, by the same caller for the same tool,
+    /// with other arguments.
+    #[error("idempotency_key was already used with other arguments")]
+    IdempotencyConflict,
+    /// A call with the same `idempotency_key` is still running, past the time a repeat waits
+    /// for it.
+    #[error("a call with this idempotency_key is still running")]
+    IdempotencyPending,
+    /// The caller's budget cannot pay for the call.
+    #[error("budget exhausted: {consumer} has {remaining} left of its {period} budget, the call costs {price}")]
+    BudgetExhausted {
+        consumer: String,
+        period: &'static str,
+        remaining: u64,
+        price: u64,
+    },
 }
 
 impl Rejection {
@@ -160,6 +176,9 @@ impl Rejection {
             Rejection::SharedStateUnavailable(_) => "shared_state_unavailable",
             Rejection::Internal(_) => "internal",
             Rejection::Cancelled => "cancelled",
+            Rejection::IdempotencyConflict => "idempotency_conflict",
+            Rejection::IdempotencyPending => "idempotency_pending",
+            Rejection::BudgetExhausted { .. } => "budget_exhausted",
         }
     }
 
@@ -172,6 +191,7 @@ impl Rejection {
                 | Rejection::NonceStoreFull { .. }
                 | Rejection::AppUnavailable(_)
                 | Rejection::SharedStateUnavailable(_)
+                | Rejection::IdempotencyPending
         )
     }
 
@@ -180,9 +200,9 @@ impl Rejection {
         match self {
             Rejection::RateLimited { retry_after, .. }
             | Rejection::NonceStoreFull { retry_after } => Some(*retry_after),
-            Rejection::Overloaded | Rejection::SharedStateUnavailable(_) => {
-                Some(Duration::from_secs(1))
-            }
+            Rejection::Overloaded
+            | Rejection::SharedStateUnavailable(_)
+            | Rejection::IdempotencyPending => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -221,6 +221,10 @@ pub struct ToolOverride {
     /// Lower the tool's `timeout_ms_max` (never raises what the app declares).
     #[serde(default)]
     pub timeout_ms_max: Option<u64>,
+    /// Run calls with an `idempotency_key` once per caller and key (default: when the tool
+    /// declares side effects).
+    #[serde(default)]
+    pub idempotency: Option<bool>,
 }
 pub(super) fn resolve_app(a: &mut AppConfig, base: &Path) {
     if let Some(auth) = a.skill.as_mut().and_then(|s| s.auth.as_mut()) {

@@ -34,7 +34,9 @@ pub mod oauth;
 pub use eat::EatConfig;
 pub use oauth::OAuthConfig;
 mod caller_tools;
+mod idempotency;
 mod ledger;
+pub use idempotency::IdempotencyConfig;
 mod receipts;
 pub use ledger::{LedgerConfig, LedgerFull, LedgerRetention};
 pub use receipts::ReceiptsConfig;
@@ -136,6 +138,9 @@ pub struct Config {
     /// The invocation ledger (off unless configured).
     #[serde(default)]
     pub ledger: Option<LedgerConfig>,
+    /// Calls with an `idempotency_key` run once per caller, tool and key.
+    #[serde(default)]
+    pub idempotency: IdempotencyConfig,
 }
 
 /// How a Skill Gateway v1 call authenticates.
@@ -382,6 +387,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     if let Some(l) = &config.ledger {
         ledger::check_ledger(l, &mut errors);
     }
+    idempotency::check_idempotency(&config.idempotency, &mut errors);
     match d.app_target {
         Some(app_target) if errors.is_empty() => Ok(Loaded {
             config,

@@ -145,6 +145,7 @@ pub(crate) fn call_stack(
             .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
             .layer(InputSchemaLayer)
+            .option_layer(idempotency_layer(cfg, shared))
             .option_layer(ledger_layer(shared))
             .option_layer(
                 shared
@@ -160,6 +161,36 @@ pub(crate) fn call_stack(
             .layer(OutputSchemaLayer)
             .service(back),
     )
+}
+
+/// `idempotency`: keys in the shared store when there is one, else in this process.
+fn idempotency_layer(
+    cfg: &Loaded,
+    shared: &Shared,
+) -> Option<crate::idempotency::IdempotencyLayer> {
+    let c = &cfg.config.idempotency;
+    if !c.enabled {
+        return None;
+    }
+    let keys: Arc<dyn crate::idempotency::IdempotencyStore> = match &shared.redis {
+        Some(redis) => Arc::new(redis.clone()),
+        None => shared.idempotency_keys.clone(),
+    };
+    let tools = cfg
+        .config
+        .tools
+        .iter()
+        .filter_map(|(name, t)| Some((name.clone(), t.idempotency?)))
+        .collect();
+    Some(crate::idempotency::IdempotencyLayer::new(
+        keys,
+        crate::idempotency::Settings {
+            window: Duration::from_secs(c.window_s),
+            wait: Duration::from_millis(c.wait_ms),
+            max_result_bytes: c.max_result_bytes,
+            tools,
+        },
+    ))
 }
 
 /// The ledger's layer of the tool-host side: `provider` is this host (its receipts' name,

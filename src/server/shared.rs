@@ -61,6 +61,8 @@ pub struct Shared {
     pub receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
     /// `ledger`: every call, recorded.
     pub ledger: Option<Arc<crate::ledger::Ledger>>,
+    /// Idempotency keys of this process (with Redis, the keys live there).
+    pub idempotency_keys: Arc<crate::idempotency::LocalKeys>,
 }
 
 impl Shared {

@@ -214,7 +214,12 @@ fn shared_state(
                     provider,
                 })
             });
+    let idem = &cfg.config.idempotency;
     let shared = Arc::new(Shared {
+        idempotency_keys: Arc::new(crate::idempotency::LocalKeys::new(
+            idem.max_entries,
+            idem.max_bytes,
+        )),
         ledger: stores.ledger,
         receipts,
         app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg)),

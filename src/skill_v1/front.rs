@@ -233,6 +233,7 @@ impl SkillV1Front {
             AuthMode::ApiKey => (header(&self.auth_header)?, None),
             AuthMode::Hmac => (None, header(&self.auth_header)?),
         };
+        let idempotency_key = crate::front::idempotency_header(req.headers())?;
         Ok(ToolCall {
             call_id: nonce.clone(),
             tool,
@@ -240,7 +241,7 @@ impl SkillV1Front {
             args: input,
             context: None,
             timeout_ms: None,
-            idempotency_key: None,
+            idempotency_key,
             principal,
             request_id: None,
             trace_context: Vec::new(),

@@ -179,6 +179,19 @@ impl McpFront {
                 }
             }
         }
+        let idempotency_key = match params
+            .get("_meta")
+            .and_then(|m| m.get(crate::front::MCP_IDEMPOTENCY_KEY))
+        {
+            None => None,
+            Some(Value::String(k)) if crate::idempotency::valid_key(k) => Some(k.clone()),
+            Some(_) => {
+                return Err(McpError::InvalidParams(format!(
+                    "`_meta.{}` must be a string of 1 to 255 visible ASCII characters",
+                    crate::front::MCP_IDEMPOTENCY_KEY
+                )))
+            }
+        };
         Ok(ToolCall {
             call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
             tool,
@@ -186,7 +199,7 @@ impl McpFront {
             args,
             context: None,
             timeout_ms: None,
-            idempotency_key: None,
+            idempotency_key,
             principal,
             credential: Credential::None,
             request_id: crate::edge::request_id(req),
