@@ -71,6 +71,9 @@ pub fn tools_v1(r: &Rejection) -> (&'static str, StatusCode) {
         Rejection::IdempotencyConflict => ("INVALID_ARGS", StatusCode::UNPROCESSABLE_ENTITY),
         Rejection::IdempotencyPending => ("RATE_LIMITED", StatusCode::CONFLICT),
         Rejection::BudgetExhausted { .. } => ("FORBIDDEN", StatusCode::FORBIDDEN),
+        Rejection::CircuitOpen { .. } => {
+            ("DEPENDENCY_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE)
+        }
     }
 }
 
@@ -154,6 +157,7 @@ pub fn skill_v1(r: &Rejection) -> (&'static str, StatusCode) {
         }
         Rejection::IdempotencyPending => (http_error, StatusCode::CONFLICT),
         Rejection::BudgetExhausted { .. } => ("SKILL_AUTH_FAILED", StatusCode::FORBIDDEN),
+        Rejection::CircuitOpen { .. } => (http_error, StatusCode::SERVICE_UNAVAILABLE),
     }
 }
 
@@ -184,6 +188,10 @@ fn specific_details(r: &Rejection) -> Option<serde_json::Value> {
         }
         Rejection::AppHttp(status) => Some(json!({ "status": status })),
         Rejection::IdempotencyConflict => Some(json!({ "field": "idempotency_key" })),
+        Rejection::CircuitOpen {
+            provider,
+            retry_after,
+        } => Some(json!({ "provider": provider, "retry_after_s": retry_after.as_secs().max(1) })),
         Rejection::BudgetExhausted {
             consumer,
             period,

@@ -3,10 +3,8 @@
 
 mod common;
 
-use carapace::client::{Client, Reply, Transport};
-use carapace::server::Running;
+use carapace::client::{Client, Reply};
 use common::*;
-use http::Method;
 use serde_json::{json, Value};
 
 /// Check `receipt` with the independent verifier (Python `cryptography` + `rfc8785`).
@@ -181,60 +179,6 @@ async fn a_timeout_is_receipted_with_a_null_output() {
     r.shutdown().await;
 }
 
-/// A tool host paired with a gateway whose outbound role checks its receipts with `mode`;
-/// `host_extra` is added to the host's configuration.
-async fn paired(env: &Env, mode: &str, host_extra: &str) -> (Running, Running, Client) {
-    write_peers(&env.path().join("peers.json"), &[]);
-    let gw_dir = env.path().join("gw");
-    std::fs::create_dir_all(gw_dir.join("state")).unwrap();
-    let gw_key = carapace::pairing::identity::GatewayIdentity::load_or_create(
-        &gw_dir.join("state"),
-        "gw_home",
-    )
-    .unwrap()
-    .public_key_ed25519();
-    let host = env
-        .start(&env.tools_yaml(&format!(
-            "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}\n{host_extra}"
-        )))
-        .await;
-    let yaml = format!(
-        r#"
-state_dir: {d}/state
-front: {{ protocol: tools-v1 }}
-listeners: {{ unix: {{ path: {d}/tools.sock }} }}
-app: {{ protocol: tools-v1, address: "http://{app}" }}
-peers: {{ file: {d}/peers.json }}
-ops: {{ address: "" }}
-gateway: {{ id: gw_home }}
-outbound:
-  socket: {d}/outbound.sock
-  peers: {{ memory-east: {{ url: "https://{tools}", receipts: {mode} }} }}
-"#,
-        d = gw_dir.display(),
-        app = env.app_addr,
-        tools = host.tcp_address.unwrap(),
-    );
-    std::fs::write(gw_dir.join("carapace.yaml"), yaml).unwrap();
-    let gw =
-        carapace::server::start(carapace::config::load(&gw_dir.join("carapace.yaml")).unwrap())
-            .await
-            .unwrap();
-    pair_through_admin(&gw, &host, "memory-east").await;
-    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
-    for _ in 0..100 {
-        let list = agent.send(Method::GET, "/v1/tools", &[], "").await.unwrap();
-        if list.json()["tools"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty())
-        {
-            return (host, gw, agent);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("the gateway did not discover the paired tool host's tools");
-}
-
 async fn agent_call(agent: &Client, tool: &str, args: Value) -> Reply {
     agent
         .post_json("/v1/tools/call", &[], &call(tool, args))
@@ -246,7 +190,7 @@ async fn agent_call(agent: &Client, tool: &str, args: Value) -> Reply {
 async fn a_gateway_that_requires_receipts_refuses_a_host_signing_with_another_key() {
     let env = Env::new().await;
     // The host signs by default once paired.
-    let (host, gw, agent) = paired(&env, "require", "").await;
+    let (host, gw, agent) = paired(&env, "", ", receipts: require", "", None).await;
     let reply = agent_call(&agent, "memory.append", json!({"text": "a"})).await;
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
     assert_eq!(reply.headers["carapace-receipt-status"], "verified");
@@ -277,7 +221,14 @@ async fn a_gateway_that_requires_receipts_refuses_a_host_signing_with_another_ke
 #[tokio::test]
 async fn a_gateway_that_flags_receipts_passes_an_unsigned_answer_and_says_so() {
     let env = Env::new().await;
-    let (host, gw, agent) = paired(&env, "flag", "receipts: { sign: false }").await;
+    let (host, gw, agent) = paired(
+        &env,
+        "receipts: { sign: false }",
+        ", receipts: flag",
+        "",
+        None,
+    )
+    .await;
     let reply = agent_call(&agent, "memory.append", json!({"text": "a"})).await;
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
     assert_eq!(reply.headers["carapace-receipt-status"], "missing");

@@ -125,6 +125,13 @@ pub enum Rejection {
     /// for it.
     #[error("a call with this idempotency_key is still running")]
     IdempotencyPending,
+    /// The provider's circuit is open: it stopped answering, and is not tried again until its
+    /// backoff has passed.
+    #[error("{provider} is not answering; not tried again for now")]
+    CircuitOpen {
+        provider: String,
+        retry_after: Duration,
+    },
     /// The caller's budget cannot pay for the call.
     #[error("budget exhausted: {consumer} has {remaining} left of its {period} budget, the call costs {price}")]
     BudgetExhausted {
@@ -179,6 +186,7 @@ impl Rejection {
             Rejection::IdempotencyConflict => "idempotency_conflict",
             Rejection::IdempotencyPending => "idempotency_pending",
             Rejection::BudgetExhausted { .. } => "budget_exhausted",
+            Rejection::CircuitOpen { .. } => "circuit_open",
         }
     }
 
@@ -192,6 +200,7 @@ impl Rejection {
                 | Rejection::AppUnavailable(_)
                 | Rejection::SharedStateUnavailable(_)
                 | Rejection::IdempotencyPending
+                | Rejection::CircuitOpen { .. }
         )
     }
 
@@ -199,7 +208,8 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::RateLimited { retry_after, .. }
-            | Rejection::NonceStoreFull { retry_after } => Some(*retry_after),
+            | Rejection::NonceStoreFull { retry_after }
+            | Rejection::CircuitOpen { retry_after, .. } => Some(*retry_after),
             Rejection::Overloaded
             | Rejection::SharedStateUnavailable(_)
             | Rejection::IdempotencyPending => Some(Duration::from_secs(1)),

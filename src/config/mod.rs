@@ -55,8 +55,8 @@ mod pairing;
 pub use pairing::{GatewayConfig, PairingConfig, PairingTlsConfig};
 mod outbound;
 pub use outbound::{
-    OutboundConfig, OutboundEatConfig, OutboundListenConfig, OutboundPeerConfig, OutboundSkill,
-    OutboundSkillConfig,
+    HealthConfig, OutboundConfig, OutboundEatConfig, OutboundListenConfig, OutboundPeerConfig,
+    OutboundSkill, OutboundSkillConfig,
 };
 mod shared_state;
 pub use shared_state::{RedisConfig, SharedStateBackend, SharedStateConfig};

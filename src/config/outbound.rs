@@ -45,6 +45,59 @@ pub struct OutboundConfig {
     /// itself, and called with MCP at the `server_url` the verified catalog names.
     #[serde(default)]
     pub eat: BTreeMap<String, OutboundEatConfig>,
+    /// The circuit of each peer and skill.
+    #[serde(default)]
+    pub health: HealthConfig,
+}
+
+/// When a provider's circuit opens and how long it stays open.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Transport failures in a row that open the circuit.
+    #[serde(default = "default_failures_to_open")]
+    pub failures_to_open: u32,
+    /// How long the circuit stays open before one call probes the provider; doubled after
+    /// each failed probe, up to `max_backoff_ms`.
+    #[serde(default = "default_backoff_ms")]
+    pub backoff_ms: u64,
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            failures_to_open: default_failures_to_open(),
+            backoff_ms: default_backoff_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+        }
+    }
+}
+
+fn default_failures_to_open() -> u32 {
+    5
+}
+fn default_backoff_ms() -> u64 {
+    1000
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
+}
+
+fn check_health(h: &HealthConfig, errors: &mut Vec<ConfigError>) {
+    if !(1..=1000).contains(&h.failures_to_open) {
+        errors.push(err(
+            "/outbound/health/failures_to_open",
+            "must be between 1 and 1000",
+        ));
+    }
+    if h.backoff_ms == 0 || h.backoff_ms > h.max_backoff_ms || h.max_backoff_ms > 3_600_000 {
+        errors.push(err(
+            "/outbound/health/backoff_ms",
+            "must be at least 1 and at most max_backoff_ms (at most 3600000)",
+        ));
+    }
 }
 
 /// One EAT catalog the outbound role discovers tools from.
@@ -216,6 +269,7 @@ pub(super) fn check_outbound(
     errors: &mut Vec<ConfigError>,
 ) {
     d.outbound_pins = super::pinning::check_pinning(&o.pinning, "/outbound/pinning", errors);
+    check_health(&o.health, errors);
     if let Some(l) = &o.listen {
         check_listen(l, d, errors);
     }

@@ -281,7 +281,11 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
             }
         }
         (Method::GET, "/v1/peers") => {
-            reply(StatusCode::OK, json!({"peers": shared.peers.records()}))
+            let providers = shared.outbound.get().map(|o| o.provider_health());
+            reply(
+                StatusCode::OK,
+                json!({"peers": shared.peers.records(), "providers": providers}),
+            )
         }
         (Method::POST, "/v1/peers/revoke") => {
             let r: RevokeRequest = match read_object(req).await {

@@ -35,6 +35,11 @@ struct PeerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReceiptLabels {
     peer: String,
     status: &'static str,
@@ -72,6 +77,7 @@ pub struct Metrics {
     /// The peers `certificate_expiry` has a value for.
     certificate_expiry_peers: Mutex<Vec<String>>,
     receipts: Family<ReceiptLabels, Counter>,
+    circuits: Family<ProviderLabels, Gauge<i64, AtomicI64>>,
     /// The ledger's rows written, entries dropped and calls refused (queue full).
     pub ledger: Arc<crate::ledger::LedgerCounters>,
 }
@@ -164,7 +170,14 @@ impl Default for Metrics {
             "Calls refused because the ledger's queue was full (on_full: refuse)",
             ledger.refused.clone(),
         );
+        let circuits = Family::<ProviderLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "provider_circuit_open",
+            "1 while the circuit of a peer or skill the outbound role calls is open (it stopped answering), else 0",
+            circuits.clone(),
+        );
         Metrics {
+            circuits,
             ledger,
             receipts,
             registry,
@@ -214,6 +227,15 @@ impl Metrics {
         self.latency
             .get_or_create(&LatencyLabels { front, tool })
             .observe(took.as_secs_f64());
+    }
+
+    /// The circuit of `provider` is open, or not.
+    pub fn provider_circuit(&self, provider: &str, open: bool) {
+        self.circuits
+            .get_or_create(&ProviderLabels {
+                provider: provider.into(),
+            })
+            .set(i64::from(open));
     }
 
     /// The outbound side checked a peer's receipt.

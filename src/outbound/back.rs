@@ -139,7 +139,8 @@ impl Service<ToolCall> for OutboundBack {
                         .skills
                         .get(&id)
                         .ok_or_else(|| Rejection::Internal(format!("no skill {id}")))?;
-                    return crate::skill_v1::call_skill(
+                    let admitted = outbound.health.admit(&id)?;
+                    let result = crate::skill_v1::call_skill(
                         &skill.client,
                         &skill.config.skill_id,
                         &skill.config.protocol_version,
@@ -147,6 +148,8 @@ impl Service<ToolCall> for OutboundBack {
                         &call,
                     )
                     .await;
+                    outbound.ended(&id, admitted, reached(&result));
+                    return result;
                 }
                 Route::Eat(id) => {
                     let source = outbound
@@ -157,6 +160,7 @@ impl Service<ToolCall> for OutboundBack {
                 }
             };
             let client = outbound.client_for(&peer)?;
+            let admitted = outbound.health.admit(&peer)?;
             let mut answer = call_peer(&client, &call).await;
             let retry = call.idempotency_key.is_some()
                 && matches!(
@@ -171,12 +175,25 @@ impl Service<ToolCall> for OutboundBack {
                 tracing::info!(call_id = %call.call_id, peer = %peer, "retrying once");
                 answer = call_peer(&client, &call).await;
             }
+            outbound.ended(&peer, admitted, reached(&answer.0));
             outbound.check_receipt(&peer, &call, answer)
         })
     }
 }
 
+/// Whether a provider answered at all (only a transport failure says it did not).
+fn reached(result: &Result<CallOutcome, Rejection>) -> bool {
+    !matches!(result, Err(Rejection::AppUnavailable(_)))
+}
+
 impl Outbound {
+    /// A call to `provider` ended: its circuit and the metric learn how.
+    fn ended(&self, provider: &str, admitted: super::health::Admitted, reached: bool) {
+        admitted.ended(reached, (self.clock)());
+        let open = self.health.of(provider).state != super::health::CircuitState::Closed;
+        self.metrics.provider_circuit(provider, open);
+    }
+
     /// Check a peer's receipt as `outbound.peers.<id>.receipts` says, and leave it with the
     /// verdict in the call's [`ReceiptSlot`]. `require` refuses a success without a valid
     /// receipt and any answer with an invalid one; a failure without a receipt passes (it

@@ -30,6 +30,7 @@ pub use pinned::PinnedPeer;
 mod back;
 mod discovery;
 mod eat;
+pub mod health;
 mod known;
 pub mod mcp_stdio;
 mod routes;
@@ -76,6 +77,8 @@ pub struct Outbound {
     /// What to do with each peer's receipts (`outbound.peers.<id>.receipts`).
     receipt_modes: BTreeMap<String, crate::receipts::ReceiptMode>,
     metrics: Arc<crate::ops::metrics::Metrics>,
+    /// The circuit of every peer and skill.
+    pub health: Arc<health::ProviderHealth>,
 }
 
 /// The gateway's Ed25519 identity key as an RFC 9421 signer, `keyid` the gateway id (the
@@ -132,6 +135,13 @@ impl Outbound {
                 .map(|(id, p)| (id.clone(), p.receipts))
                 .collect(),
             metrics: Arc::default(),
+            health: Arc::new(health::ProviderHealth::new(
+                &cfg.config
+                    .outbound
+                    .as_ref()
+                    .map(|o| o.health.clone())
+                    .unwrap_or_default(),
+            )),
             eat: eat::eat_sources(cfg)?,
             clock,
             skills,
@@ -343,6 +353,25 @@ impl Outbound {
             .unwrap_or(crate::config::PinMode::Warn);
         let tools = std::mem::take(&mut merged.tools);
         (merged.tools, merged.withheld) = self.pins.check(tools, mode, &cfg.outbound_pins);
+    }
+
+    /// Every peer and skill this role calls, with its circuit (`carapace peers list`).
+    pub fn provider_health(&self) -> Vec<serde_json::Value> {
+        let peers = self.addresses.keys().map(|id| (id, "peer"));
+        let skills = self.skills.keys().map(|id| (id, "skill"));
+        peers
+            .chain(skills)
+            .map(|(id, kind)| {
+                let h = self.health.of(id);
+                serde_json::json!({
+                    "id": id,
+                    "kind": kind,
+                    "state": h.state,
+                    "consecutive_failures": h.consecutive_failures,
+                    "last_seen_at": h.last_seen_ms.map(crate::receipts::rfc3339_ms),
+                })
+            })
+            .collect()
     }
 
     /// Who serves `tool`, as the ledger names it: the peer's, skill's or EAT catalog's id.

@@ -364,3 +364,70 @@ pub async fn pair_through_admin(gw: &Running, host: &Running, component_id: &str
     .unwrap();
     assert_eq!(status, StatusCode::OK, "{result}");
 }
+
+/// A tool host (the env's tools-v1 front plus `host_extra`) paired with a gateway at
+/// `<env>/gw` whose outbound role calls it as `memory-east` (at `via(host listener)`, default
+/// the host's listener; `peer_extra` is added inside the peer's map, `outbound_extra` under
+/// `outbound`).
+/// Returns once the gateway lists the host's tools: (host, gateway, the agent's client).
+#[allow(dead_code)]
+pub async fn paired(
+    env: &Env,
+    host_extra: &str,
+    peer_extra: &str,
+    outbound_extra: &str,
+    via: Option<&dyn Fn(std::net::SocketAddr) -> std::net::SocketAddr>,
+) -> (Running, Running, Client) {
+    write_peers(&env.path().join("peers.json"), &[]);
+    let gw_dir = env.path().join("gw");
+    std::fs::create_dir_all(gw_dir.join("state")).unwrap();
+    let gw_key = carapace::pairing::identity::GatewayIdentity::load_or_create(
+        &gw_dir.join("state"),
+        "gw_home",
+    )
+    .unwrap()
+    .public_key_ed25519();
+    let host = env
+        .start(&env.tools_yaml(&format!(
+            "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{gw_key}\" }}\n{host_extra}"
+        )))
+        .await;
+    let yaml = format!(
+        r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+peers: {{ file: {d}/peers.json }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{ memory-east: {{ url: "https://{tools}"{peer_extra} }} }}
+{outbound_extra}
+"#,
+        d = gw_dir.display(),
+        app = env.app_addr,
+        tools = via.map_or(host.tcp_address.unwrap(), |f| f(host.tcp_address.unwrap())),
+    );
+    std::fs::write(gw_dir.join("carapace.yaml"), yaml).unwrap();
+    let gw = server::start(carapace::config::load(&gw_dir.join("carapace.yaml")).unwrap())
+        .await
+        .unwrap();
+    pair_through_admin(&gw, &host, "memory-east").await;
+    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
+    for _ in 0..100 {
+        let list = agent
+            .send(http::Method::GET, "/v1/tools", &[], "")
+            .await
+            .unwrap();
+        if list.json()["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+        {
+            return (host, gw, agent);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the gateway did not discover the paired tool host's tools");
+}
