@@ -23,6 +23,7 @@ pub mod lingering;
 pub mod listener;
 pub mod mcp;
 pub mod memory_app;
+pub mod metering;
 pub mod oauth;
 pub mod ops;
 pub mod outbound;

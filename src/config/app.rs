@@ -225,6 +225,9 @@ pub struct ToolOverride {
     /// declares side effects).
     #[serde(default)]
     pub idempotency: Option<bool>,
+    /// What a successful call costs its caller (`metering`), in any unit you count in.
+    #[serde(default)]
+    pub price: Option<u64>,
 }
 pub(super) fn resolve_app(a: &mut AppConfig, base: &Path) {
     if let Some(auth) = a.skill.as_mut().and_then(|s| s.auth.as_mut()) {

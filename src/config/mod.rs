@@ -36,7 +36,9 @@ pub use oauth::OAuthConfig;
 mod caller_tools;
 mod idempotency;
 mod ledger;
+mod metering;
 pub use idempotency::IdempotencyConfig;
+pub use metering::{BudgetConfig, MeteringConfig};
 mod receipts;
 pub use ledger::{LedgerConfig, LedgerFull, LedgerRetention};
 pub use receipts::ReceiptsConfig;
@@ -141,6 +143,9 @@ pub struct Config {
     /// Calls with an `idempotency_key` run once per caller, tool and key.
     #[serde(default)]
     pub idempotency: IdempotencyConfig,
+    /// Budgets of the consumers of priced tools (`tools.<name>.price`).
+    #[serde(default)]
+    pub metering: Option<MeteringConfig>,
 }
 
 /// How a Skill Gateway v1 call authenticates.
@@ -388,6 +393,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
         ledger::check_ledger(l, &mut errors);
     }
     idempotency::check_idempotency(&config.idempotency, &mut errors);
+    metering::check_metering(&config, &mut errors);
     match d.app_target {
         Some(app_target) if errors.is_empty() => Ok(Loaded {
             config,

@@ -146,6 +146,7 @@ pub(crate) fn call_stack(
             .option_layer(signature)
             .layer(InputSchemaLayer)
             .option_layer(idempotency_layer(cfg, shared))
+            .option_layer(metering_layer(cfg, shared))
             .option_layer(ledger_layer(shared))
             .option_layer(
                 shared
@@ -190,6 +191,27 @@ fn idempotency_layer(
             max_result_bytes: c.max_result_bytes,
             tools,
         },
+    ))
+}
+
+/// Prices and budgets, with the meter kept across reloads.
+fn metering_layer(cfg: &Loaded, shared: &Shared) -> Option<crate::metering::MeteringLayer> {
+    let meter = shared.meter.clone()?;
+    let c = &cfg.config;
+    let m = c.metering.clone().unwrap_or_default();
+    let prices = crate::metering::Prices {
+        tools: c
+            .tools
+            .iter()
+            .filter_map(|(name, t)| Some((name.clone(), t.price?)))
+            .collect(),
+        budgets: m.budgets.into_iter().collect(),
+        default: m.default_budget,
+    };
+    Some(crate::metering::MeteringLayer::new(
+        meter,
+        prices,
+        shared.clock.clone(),
     ))
 }
 

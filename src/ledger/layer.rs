@@ -113,6 +113,10 @@ where
         let started_at = (layer.clock)();
         let started = Instant::now();
         let slot = call.extensions.get::<ReceiptSlot>().cloned();
+        let price = call
+            .extensions
+            .get::<crate::metering::Priced>()
+            .map(|p| p.0);
         let input_hash = match slot.is_some() && layer.signed_below {
             true => String::new(),
             false => value_hash(&call.args),
@@ -139,6 +143,10 @@ where
             let result = fut.await;
             let (status, output, code) = ending(&result);
             entry.status = status.as_str().into();
+            entry.charge = price.map(|p| match status {
+                crate::receipts::ReceiptStatus::Ok => p,
+                _ => 0,
+            });
             entry.error_code = code.map(str::to_string);
             entry.ended_at = (layer.clock)();
             entry.duration_ms = started.elapsed().as_millis() as u64;

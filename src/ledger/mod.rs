@@ -54,6 +54,9 @@ pub struct Ledger {
     /// Entries queued, and entries the writer has finished with (written or failed).
     queued: AtomicU64,
     settled: Arc<AtomicU64>,
+    /// What each consumer had been charged when the ledger was opened: (consumer, total,
+    /// today).
+    pub spend: Vec<(String, u64, u64)>,
 }
 
 /// The ledger's queue has no room (`on_full: refuse`).
@@ -93,6 +96,7 @@ impl Ledger {
             cfg.retention.max_rows,
         )
         .map_err(err)?;
+        let spend = store::spend(&conn, store::day_of(now)).map_err(err)?;
         let (queue, rx) = mpsc::channel(cfg.queue);
         let settled = Arc::new(AtomicU64::new(0));
         let writer = Writer {
@@ -113,6 +117,7 @@ impl Ledger {
             counters,
             queued: AtomicU64::new(0),
             settled,
+            spend,
         })
     }
 

@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS chain (
     head_seq INTEGER NOT NULL,
     head_hash TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS spend (
+    consumer TEXT NOT NULL,
+    period TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    PRIMARY KEY (consumer, period)
+);
 INSERT OR IGNORE INTO chain (id, first_seq, first_prev, head_seq, head_hash)
     VALUES (1, 1, 'sha256:0000000000000000000000000000000000000000000000000000000000000000', 0,
             'sha256:0000000000000000000000000000000000000000000000000000000000000000');
@@ -177,8 +183,52 @@ pub fn append(conn: &mut Connection, entries: &[Entry]) -> Result<u64, StoreErro
         "UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1",
         params![seq as i64, prev],
     )?;
+    add_spend(&tx, entries)?;
     tx.commit()?;
     Ok(seq)
+}
+
+/// The UTC day of a Unix ms time, as the spend table names it.
+pub fn day_of(unix_ms: u64) -> u64 {
+    unix_ms / 86_400_000
+}
+
+/// What each consumer was charged, in total and per UTC day, kept with the rows.
+fn add_spend(tx: &rusqlite::Transaction<'_>, entries: &[Entry]) -> Result<(), StoreError> {
+    let mut upsert = tx.prepare_cached(
+        "INSERT INTO spend (consumer, period, amount) VALUES (?1, ?2, ?3)
+         ON CONFLICT (consumer, period) DO UPDATE SET amount = amount + excluded.amount",
+    )?;
+    for e in entries.iter().filter(|e| e.side == "inbound") {
+        let Some(charge) = e.charge.filter(|c| *c > 0) else {
+            continue;
+        };
+        let day = format!("day:{}", day_of(e.started_at));
+        for period in ["total", day.as_str()] {
+            upsert.execute(params![e.consumer, period, charge as i64])?;
+        }
+    }
+    Ok(())
+}
+
+/// Each consumer's spend: (consumer, total, spent on `day`).
+pub fn spend(conn: &Connection, day: u64) -> Result<Vec<(String, u64, u64)>, StoreError> {
+    let mut stmt = conn.prepare(
+        "SELECT consumer,
+                SUM(CASE WHEN period = 'total' THEN amount ELSE 0 END),
+                SUM(CASE WHEN period = ?1 THEN amount ELSE 0 END)
+         FROM spend GROUP BY consumer",
+    )?;
+    let rows = stmt
+        .query_map([format!("day:{day}")], |r| {
+            Ok((
+                r.get(0)?,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+            ))
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
 }
 
 /// Remove rows that ended before `before_ms`, and the oldest beyond `max_rows`; the chain then

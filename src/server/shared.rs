@@ -63,6 +63,8 @@ pub struct Shared {
     pub ledger: Option<Arc<crate::ledger::Ledger>>,
     /// Idempotency keys of this process (with Redis, the keys live there).
     pub idempotency_keys: Arc<crate::idempotency::LocalKeys>,
+    /// What each consumer of priced tools spent (with prices or `metering`).
+    pub meter: Option<Arc<crate::metering::Meter>>,
 }
 
 impl Shared {

@@ -215,7 +215,16 @@ fn shared_state(
                 })
             });
     let idem = &cfg.config.idempotency;
+    let meter = match (&stores.ledger, cfg.config.meters()) {
+        (Some(ledger), true) => Some(Arc::new(crate::metering::Meter::new(
+            &ledger.spend,
+            crate::ledger::store::day_of(clock()),
+            Arc::new(crate::metering::LedgerOnly),
+        ))),
+        _ => None,
+    };
     let shared = Arc::new(Shared {
+        meter,
         idempotency_keys: Arc::new(crate::idempotency::LocalKeys::new(
             idem.max_entries,
             idem.max_bytes,
