@@ -110,6 +110,14 @@ async fn a_peer_that_stops_answering_opens_its_circuit_and_closes_it_when_back()
     assert_eq!(provider["id"], "memory-east");
     assert_eq!(provider["state"], "open");
     assert!(provider["last_seen_at"].is_string(), "{peers}");
+    // Tool search marks the tools of the unhealthy peer.
+    let found = agent
+        .send(http::Method::GET, "/v1/tools/search?q=memory", &[], "")
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(found["results"][0]["healthy"], false, "{found}");
+    assert_eq!(found["results"][0]["circuit"], "open");
 
     // Back: after the backoff one call probes, it succeeds, the circuit closes.
     switch.set(true);

@@ -156,6 +156,15 @@ impl EatSource {
     }
 
     /// The tools of the catalog, discovering it again once what is held is stale.
+    /// The `x-mcp-tool.capabilities` of each tool of the verified catalog (search tags).
+    pub(super) fn capabilities(&self) -> HashMap<String, Vec<String>> {
+        let held = self.held();
+        held.iter()
+            .flat_map(|v| &v.tools)
+            .map(|t| (t.name.clone(), t.capabilities.clone()))
+            .collect()
+    }
+
     pub(super) async fn tools(&self, now: u64) -> BTreeMap<String, Arc<ToolSpec>> {
         let stale = self.held().as_ref().is_none_or(|h| h.fresh_until <= now);
         if stale {

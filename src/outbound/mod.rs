@@ -34,6 +34,7 @@ pub mod health;
 mod known;
 pub mod mcp_stdio;
 mod routes;
+pub mod search;
 pub(crate) mod stack;
 pub use back::OutboundBack;
 #[cfg(test)]
@@ -79,6 +80,8 @@ pub struct Outbound {
     metrics: Arc<crate::ops::metrics::Metrics>,
     /// The circuit of every peer and skill.
     pub health: Arc<health::ProviderHealth>,
+    /// Full-text search over the tools, rebuilt at every discovery.
+    index: search::ToolIndex,
 }
 
 /// The gateway's Ed25519 identity key as an RFC 9421 signer, `keyid` the gateway id (the
@@ -135,6 +138,8 @@ impl Outbound {
                 .map(|(id, p)| (id.clone(), p.receipts))
                 .collect(),
             metrics: Arc::default(),
+            index: search::ToolIndex::new()
+                .map_err(|e| OutboundError(format!("tool index: {e}")))?,
             health: Arc::new(health::ProviderHealth::new(
                 &cfg.config
                     .outbound
@@ -334,6 +339,7 @@ impl Outbound {
         }
         merge(sources, &mut merged, &mut routes);
         self.pin(&mut merged, cfg);
+        self.reindex(&merged, &routes);
         let n = merged.tools.len();
         merged.service = "carapace-outbound".into();
         self.routes.store(Arc::new(routes));
@@ -353,6 +359,76 @@ impl Outbound {
             .unwrap_or(crate::config::PinMode::Warn);
         let tools = std::mem::take(&mut merged.tools);
         (merged.tools, merged.withheld) = self.pins.check(tools, mode, &cfg.outbound_pins);
+    }
+
+    /// Index the tools served now for [`Outbound::search`].
+    fn reindex(&self, merged: &Catalog, routes: &HashMap<String, Route>) {
+        let eat_tags: HashMap<&str, HashMap<String, Vec<String>>> = self
+            .eat
+            .iter()
+            .map(|(id, source)| (id.as_str(), source.capabilities()))
+            .collect();
+        let tools: Vec<search::Indexed> = merged
+            .tools
+            .values()
+            .filter_map(|t| {
+                let (provider, kind, tags) = match routes.get(&t.name)? {
+                    Route::Peer(id) => (id, "peer", vec![id.clone()]),
+                    Route::Skill(id) => (id, "skill", vec![id.clone()]),
+                    Route::Eat(id) => {
+                        let mut tags = eat_tags
+                            .get(id.as_str())
+                            .and_then(|m| m.get(t.app_name()))
+                            .cloned()
+                            .unwrap_or_default();
+                        tags.push(id.clone());
+                        (id, "eat", tags)
+                    }
+                };
+                Some(search::Indexed {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    tags,
+                    provider: provider.clone(),
+                    kind,
+                })
+            })
+            .collect();
+        if let Err(e) = self.index.replace(&tools) {
+            tracing::error!("tool index not rebuilt: {e}");
+        }
+    }
+
+    /// Search the tools `principal` may call: the best `limit` matches of `text`, each marked
+    /// with whether its provider's circuit is closed.
+    pub fn search(
+        &self,
+        text: &str,
+        limit: usize,
+        principal: &carapace_filters::call::Principal,
+        now_ms: u64,
+    ) -> Result<Vec<serde_json::Value>, String> {
+        let hits = self
+            .index
+            .search(text, limit.saturating_mul(4).max(limit))
+            .map_err(|e| e.to_string())?;
+        Ok(hits
+            .into_iter()
+            .filter(|h| {
+                principal
+                    .permissions
+                    .as_ref()
+                    .is_some_and(|p| p.may_call(&h.name, now_ms))
+            })
+            .take(limit)
+            .map(|h| {
+                let state = self.health.of(&h.provider).state;
+                let mut v = serde_json::to_value(&h).expect("a hit serializes");
+                v["healthy"] = (state == health::CircuitState::Closed).into();
+                v["circuit"] = serde_json::to_value(state).expect("a state serializes");
+                v
+            })
+            .collect())
     }
 
     /// Every peer and skill this role calls, with its circuit (`carapace peers list`).

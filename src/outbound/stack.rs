@@ -93,20 +93,104 @@ pub(crate) fn build_outbound_stack(
         answers,
         shared.in_flight.clone(),
     );
-    let tools = Envelope::new(http().service(tools), Protocol::ToolsV1, answers, metrics);
+    let tools = Envelope::new(
+        http().service(tools),
+        Protocol::ToolsV1,
+        answers,
+        metrics.clone(),
+    );
+    let search = SearchRoute {
+        outbound,
+        clock: shared.clock.clone(),
+    };
+    let search = Envelope::new(http().service(search), Protocol::ToolsV1, answers, metrics);
     let panic = |front| PanicAnswer { front, answers };
     BoxCloneSyncService::new(ByPath {
         path: mcp_cfg.path.clone().into(),
         on_path: edge(mcp, panic(Protocol::Mcp)),
+        search: edge(search, panic(Protocol::ToolsV1)),
         elsewhere: edge(tools, panic(Protocol::ToolsV1)),
     })
 }
 
-/// Sends requests for `path` to one stack and every other request to another.
+/// The path of tool search on the outbound endpoint.
+pub const SEARCH_PATH: &str = "/v1/tools/search";
+
+/// `GET /v1/tools/search?q=<text>&limit=<n>`: the tools the caller may call that match,
+/// best first (see [`crate::outbound::search`]).
+#[derive(Clone)]
+struct SearchRoute {
+    outbound: Arc<Outbound>,
+    clock: carapace_filters::signature::UnixClock,
+}
+
+impl<B> tower::Service<http::Request<B>> for SearchRoute {
+    type Response = crate::front::Resp;
+    type Error = carapace_filters::Rejection;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        std::future::ready(self.answer(&req))
+    }
+}
+
+impl SearchRoute {
+    fn answer<B>(
+        &self,
+        req: &http::Request<B>,
+    ) -> Result<crate::front::Resp, carapace_filters::Rejection> {
+        use carapace_filters::Rejection;
+        if req.method() != http::Method::GET {
+            return Err(Rejection::MethodNotAllowed("GET".into()));
+        }
+        let principal = crate::front::principal(req)?;
+        let mut text = None;
+        let mut limit = 10usize;
+        for (k, v) in form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes()) {
+            match &*k {
+                "q" => text = Some(v.into_owned()),
+                "limit" => {
+                    limit = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=100).contains(n))
+                        .ok_or_else(|| Rejection::InvalidRequest {
+                            message: "`limit` must be a whole number from 1 to 100".into(),
+                            path: Some("limit".into()),
+                        })?
+                }
+                _ => {}
+            }
+        }
+        let text = text.ok_or_else(|| Rejection::InvalidRequest {
+            message: "`q` is required".into(),
+            path: Some("q".into()),
+        })?;
+        let results = self
+            .outbound
+            .search(&text, limit, &principal, (self.clock)())
+            .map_err(Rejection::Internal)?;
+        Ok(crate::front::json_response(
+            http::StatusCode::OK,
+            &serde_json::json!({"query": text, "results": results}),
+        ))
+    }
+}
+
+/// Sends requests for `path` (MCP) to one stack, tool search to another, and every other
+/// request to the tools-v1 stack.
 #[derive(Clone)]
 struct ByPath {
     path: Arc<str>,
     on_path: HttpStack,
+    search: HttpStack,
     elsewhere: HttpStack,
 }
 
@@ -125,10 +209,10 @@ impl tower::Service<http::Request<CallerBody>> for ByPath {
 
     fn call(&mut self, req: http::Request<CallerBody>) -> Self::Future {
         use tower::ServiceExt;
-        let stack = if req.uri().path() == &*self.path {
-            self.on_path.clone()
-        } else {
-            self.elsewhere.clone()
+        let stack = match req.uri().path() {
+            p if p == &*self.path => self.on_path.clone(),
+            SEARCH_PATH => self.search.clone(),
+            _ => self.elsewhere.clone(),
         };
         Box::pin(stack.oneshot(req))
     }

@@ -31,6 +31,18 @@ pub(crate) enum ToolsAction {
         #[arg(long)]
         outbound: bool,
     },
+    /// Search the tools a gateway's outbound role knows (its paired peers, skills and EAT
+    /// catalogs) by name, description and tags, through its outbound socket.
+    Search {
+        /// Words to look for (plain text; no query syntax).
+        query: String,
+        /// The outbound socket (default: `outbound.socket` of --config).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Most results.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        limit: u32,
+    },
 }
 
 #[derive(Subcommand, Clone)]
@@ -131,11 +143,20 @@ pub(crate) fn tools(
     admin_socket: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> ExitCode {
+    if let ToolsAction::Search {
+        query,
+        socket,
+        limit,
+    } = &action
+    {
+        return search(query, socket.clone(), config, *limit);
+    }
     let sock = match socket_or_exit(admin_socket, config) {
         Ok(s) => s,
         Err(code) => return code,
     };
     match action {
+        ToolsAction::Search { .. } => unreachable!("answered above"),
         ToolsAction::Pins => admin_call(&sock, http::Method::GET, "/v1/tools/pins", None),
         ToolsAction::Approve { name, outbound } => admin_call(
             &sock,
@@ -144,6 +165,42 @@ pub(crate) fn tools(
             Some(serde_json::json!({ "tool": name, "outbound": outbound })),
         ),
     }
+}
+
+/// `carapace tools search`: `GET /v1/tools/search` on the outbound socket.
+fn search(query: &str, socket: Option<PathBuf>, config: Option<PathBuf>, limit: u32) -> ExitCode {
+    let socket = match (socket, config) {
+        (Some(s), _) => s,
+        (None, Some(c)) => match config::load(&c) {
+            Ok(l) => match &l.config.outbound {
+                Some(o) => o.socket.clone(),
+                None => {
+                    eprintln!("{}: no `outbound` section", c.display());
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            },
+            Err(e) => {
+                for e in &e.0 {
+                    eprintln!("{}: {e}", c.display());
+                }
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+        (None, None) => {
+            eprintln!("give --socket, or --config");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let q: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("q", query)
+        .append_pair("limit", &limit.to_string())
+        .finish();
+    admin_call(
+        &socket,
+        http::Method::GET,
+        &format!("/v1/tools/search?{q}"),
+        None,
+    )
 }
 
 /// `carapace reload`.
