@@ -18,6 +18,7 @@ use crate::server::{self, Running};
 mod eat;
 mod mcp;
 mod pinning;
+mod provable;
 mod relay;
 mod shell_auth;
 
@@ -356,6 +357,7 @@ ops: {{ address: "" }}
     shell_auth::signature_step(dir, &app_addr.to_string(), &ca).await?;
     eat::eat_step(dir, &app_addr.to_string(), &ca, &gateway).await?;
     relay::relay_step(dir, &app_addr.to_string()).await?;
+    provable::provable_steps(dir, &app_addr.to_string(), &app).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)
