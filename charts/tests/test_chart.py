@@ -241,6 +241,11 @@ CASES: dict[str, dict[str, Any]] = {
             },
             "secretGuard": {"inbound": "enforce", "tools": {"files.read": "refuse"}},
             "callerTools": {"enabled": True, "timeout_ms_default": 30000},
+            "receipts": {"sign": True, "provider_id": "files-host"},
+            "ledger": {"enabled": True, "on_full": "refuse"},
+            "idempotency": {"window_s": 600},
+            "tools": {"files.write": {"price": 5}},
+            "metering": {"budgets": {"gw_home": {"per_day": 100}}},
         },
         "replicas": 1,
         "app": "app",
@@ -259,6 +264,10 @@ CASES: dict[str, dict[str, Any]] = {
         "app_pinning": {"mode": "enforce", "pins": {"files.read": "sha256:" + "ab" * 32}},
         "secret_guard": {"inbound": "enforce", "tools": {"files.read": "refuse"}},
         "caller_tools": {"timeout_ms_default": 30000},
+        "receipts": {"sign": True, "provider_id": "files-host"},
+        "ledger": {"on_full": "refuse"},
+        "idempotency": {"window_s": 600},
+        "metering": {"budgets": {"gw_home": {"per_day": 100}}},
     },
     # The outbound role: the app (an agent) calls paired tool hosts through a Unix socket.
     "gateway": {
@@ -267,10 +276,11 @@ CASES: dict[str, dict[str, Any]] = {
             "gateway": {
                 "id": "gw_home",
                 "peers": {
-                    "memory-east": {"url": "https://10.96.0.15:8443"},
+                    "memory-east": {"url": "https://10.96.0.15:8443", "receipts": "require"},
                     "files-west": {"url": "https://10.96.0.16:8443", "httpSignature": True},
                 },
                 "discoveryIntervalS": 30,
+                "health": {"failures_to_open": 3},
             },
             "state": {"existingClaim": "gateway-state"},
         },
@@ -596,6 +606,8 @@ def test_config_values(case):
     assert cfg["app"].get("pinning") == expect.get("app_pinning")
     assert cfg.get("secret_guard") == expect.get("secret_guard")
     assert cfg.get("caller_tools") == expect.get("caller_tools")
+    for key in ("receipts", "ledger", "idempotency", "metering"):
+        assert cfg.get(key) == expect.get(key), key
     assert cfg["front"].get("oauth") == expect.get("oauth")
     assert cfg["front"].get("eat") == expect.get("eat")
     if "mcp" in expect:
@@ -751,10 +763,11 @@ def test_gateway_role():
     assert cfg["outbound"] == {
         "socket": f"{RUN}/outbound.sock",
         "peers": {
-            "memory-east": {"url": "https://10.96.0.15:8443"},
+            "memory-east": {"url": "https://10.96.0.15:8443", "receipts": "require"},
             "files-west": {"url": "https://10.96.0.16:8443", "http_signature": True},
         },
         "discovery_interval_s": 30,
+        "health": {"failures_to_open": 3},
     }
     spec = pod_spec(r)
     # The agent and carapace share the socket directory.

@@ -213,6 +213,11 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- with $v.killSwitch }}{{ $_ := set $cfg "kill_switch" . }}{{ end }}
 {{- with $v.secretGuard }}{{ $_ := set $cfg "secret_guard" . }}{{ end }}
 {{- if $v.callerTools.enabled }}{{ $_ := set $cfg "caller_tools" (omit $v.callerTools "enabled") }}{{ end }}
+{{- /* provable invocations, passed through as written in values */}}
+{{- with $v.receipts }}{{ $_ := set $cfg "receipts" . }}{{ end }}
+{{- if $v.ledger.enabled }}{{ $_ := set $cfg "ledger" (omit $v.ledger "enabled") }}{{ end }}
+{{- with $v.idempotency }}{{ $_ := set $cfg "idempotency" . }}{{ end }}
+{{- with $v.metering }}{{ $_ := set $cfg "metering" . }}{{ end }}
 {{- /* operations */}}
 {{- $_ := set $cfg "ops" (dict "address" (printf "0.0.0.0:%d" (int $v.ops.port))) }}
 {{- $_ := set $cfg "log" (dict "format" $v.log.format "level" $v.log.level) }}
@@ -237,10 +242,12 @@ value is quoted correctly. The JSON Schema of the file is `carapace config-schem
 {{- range $id, $peer := $v.gateway.peers }}
 {{- $p := dict "url" $peer.url }}
 {{- if $peer.httpSignature }}{{ $_ := set $p "http_signature" true }}{{ end }}
+{{- with $peer.receipts }}{{ $_ := set $p "receipts" . }}{{ end }}
 {{- $_ := set $peers $id $p }}
 {{- end }}
 {{- $out := dict "socket" (printf "%s/outbound.sock" (include "carapace.path.run" .)) "peers" $peers }}
 {{- if not (kindIs "invalid" $v.gateway.discoveryIntervalS) }}{{ $_ := set $out "discovery_interval_s" $v.gateway.discoveryIntervalS }}{{ end }}
+{{- with $v.gateway.health }}{{ $_ := set $out "health" . }}{{ end }}
 {{- $_ := set $cfg "outbound" $out }}
 {{- end }}
 {{- /* shared state */}}
