@@ -59,7 +59,16 @@ TARGETS = [
     ("nginx", "nginx", 9444),
     ("haproxy", "HAProxy", 9445),
     ("carapace-mcp", "carapace MCP front (2026-07-28)", 9446),
+    ("carapace-ledger", "carapace full stack + ledger", 9447),
+    ("carapace-provable", "carapace full stack + ledger + receipts", 9448),
 ]
+# The full stack's configuration, and what each variant of it adds.
+FULL_VARIANTS = {
+    "carapace-full": (9441, ""),
+    "carapace-ledger": (9447, "ledger: {}\n"),
+    "carapace-provable": (9448, "ledger: {}\nreceipts: { sign: true, provider_id: bench-host }\n"),
+}
+CARAPACES = ["carapace-fwd", "carapace-mcp", *FULL_VARIANTS]
 LABEL = {n: l for n, l, _ in TARGETS}
 PEERS = ["envoy", "nginx", "haproxy"]
 RATES = [1000, 3000]
@@ -166,7 +175,7 @@ def make_configs():
     app = f"http://{APP_ADDR[0]}:{APP_ADDR[1]}"
     tls = (f"tls: {{ cert_file: {p('server.crt')}, key_file: {p('server.key')}, "
            f"client_ca_file: {p('ca.pem')} }}")
-    for name in ["carapace-full", "carapace-fwd", "carapace-mcp"]:
+    for name in CARAPACES:
         os.makedirs(p(name, "state"), mode=0o700, exist_ok=True)
     # carapace, MCP front: the forwarding setup with callers speaking MCP 2026-07-28.
     write(p("carapace-mcp", "carapace.yaml"), f"""\
@@ -193,19 +202,21 @@ admin: {{ socket: {p('carapace-fwd', 'admin.sock')} }}
 runtime: {{ worker_threads: 1 }}
 """)
     # carapace, full stack: skill-v1 front with HMAC signatures and replay protection in front
-    # of the tools-v1 app; rate limits on but set far above what is offered.
-    write(p("carapace-full", "carapace.yaml"), f"""\
-state_dir: {p('carapace-full', 'state')}
+    # of the tools-v1 app; rate limits on but set far above what is offered. Its variants add
+    # the invocation ledger, and the ledger with signed receipts.
+    for name, (port, extra) in FULL_VARIANTS.items():
+        write(p(name, "carapace.yaml"), f"""\
+state_dir: {p(name, 'state')}
 front: {{ protocol: skill-v1, skill_id: demo.memory, auth: {{ mode: hmac, keys: [ {{ id: k0, secret: {{ file: {p('hmac.key')} }} }} ] }} }}
 listeners:
-  tcp: {{ address: "127.0.0.1:9441", {tls} }}
+  tcp: {{ address: "127.0.0.1:{port}", {tls} }}
 app: {{ protocol: tools-v1, address: "{app}" }}
 peers: {{ file: {p('peers.json')} }}
 ops: {{ address: "" }}
-admin: {{ socket: {p('carapace-full', 'admin.sock')} }}
+admin: {{ socket: {p(name, 'admin.sock')} }}
 rate_limits: {{ per_peer: {{ per_second: 1000000, burst: 1000000 }}, per_tool: {{ per_second: 1000000, burst: 1000000 }} }}
 runtime: {{ worker_threads: 1 }}
-""")
+{extra}""")
     write(p("envoy", "envoy.yaml"), f"""\
 static_resources:
   listeners:
@@ -410,7 +421,7 @@ def loadgen_args(name, port):
     if port is None:
         return ["--url", f"http://{APP_ADDR[0]}:{APP_ADDR[1]}/v1/tools/call"]
     tls = ["--ca", p("ca.pem"), "--cert", p("client.crt"), "--key", p("client.key")]
-    if name == "carapace-full":
+    if name in FULL_VARIANTS:
         return ["--url", f"https://127.0.0.1:{port}/run", *tls,
                 "--sign-secret", p("hmac.key"), "--skill-id", "demo.memory"]
     if name == "carapace-mcp":
@@ -465,7 +476,7 @@ def start_targets():
             raise SystemExit(f"port {port} on 127.0.0.1 is already in use; stop what holds it")
     # Every block starts from the same state: the nonce journal of the previous block (its
     # nonces are still live for 5 minutes) would otherwise be loaded back in.
-    for name in ("carapace-full", "carapace-fwd", "carapace-mcp"):
+    for name in CARAPACES:
         for f in glob.glob(p(name, "state", "*")):
             os.remove(f)
     app = start("app", [CARAPACE, "sample-app", "--listen", f"{APP_ADDR[0]}:{APP_ADDR[1]}"])
@@ -473,9 +484,7 @@ def start_targets():
     procs = {"direct": app}
     failed = {}
     cmds = {
-        "carapace-full": [CARAPACE, "serve", "-c", p("carapace-full", "carapace.yaml")],
-        "carapace-fwd": [CARAPACE, "serve", "-c", p("carapace-fwd", "carapace.yaml")],
-        "carapace-mcp": [CARAPACE, "serve", "-c", p("carapace-mcp", "carapace.yaml")],
+        **{n: [CARAPACE, "serve", "-c", p(n, "carapace.yaml")] for n in CARAPACES},
         "envoy": [envoy_binary(), "-c", p("envoy", "envoy.yaml"), "--concurrency", "1",
                   "--disable-hot-restart", "-l", "warn", "--log-path", p("envoy", "envoy.log")],
         "nginx": ["nginx", "-p", p("nginx"), "-c", p("nginx", "nginx.conf"),
@@ -643,6 +652,24 @@ def brief(results):
         cpu = s.get("cpu_ms_per_1k")
         print(f"| {r['label']} | {f0(s.get('throughput_rps'))} | "
               f"{f1(cpu) if cpu else '-'} | {lat[0]} | {lat[1]} |")
+    for line in provable_cost(results):
+        print(line)
+
+
+def provable_cost(results):
+    """What the ledger, and the ledger with receipts, cost the full stack at saturation."""
+    R = results["targets"]
+    full = R.get("carapace-full", {}).get("summary", {})
+    lines = []
+    for n in ("carapace-ledger", "carapace-provable"):
+        s = R.get(n, {}).get("summary", {})
+        a, b = s.get("throughput_rps"), full.get("throughput_rps")
+        ca, cb = s.get("cpu_ms_per_1k"), full.get("cpu_ms_per_1k")
+        if a and b:
+            cpu = f", CPU per 1k {ca / cb:.3f}x" if ca and cb else ""
+            lines.append(f"- {LABEL[n]}: saturation {a / b:.3f}x the full stack's "
+                         f"({(1 - a / b) * 100:+.1f}% cost){cpu}")
+    return lines
 
 
 def report(results):
@@ -784,6 +811,9 @@ def tables(results):
         cells.append(f1(s["rss_peak_kb"] / 1024) + (" (app)" if port is None else ""))
         lines.append("| " + " | ".join(cells) + " |")
 
+    cost = provable_cost(results)
+    if cost:
+        lines += ["", "The ledger and receipts on the full stack (same run):", "", *cost]
     full = R.get("carapace-full", {}).get("summary")
     direct = R.get("direct", {}).get("summary")
     lines += ["", "carapace full stack compared with each peer (carapace value / peer value; "

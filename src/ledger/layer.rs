@@ -11,7 +11,7 @@ use tower::{Layer, Service};
 
 use super::{Entry, Ledger};
 use crate::receipts::layer::ending;
-use crate::receipts::{output_value, value_hash, ReceiptSlot};
+use crate::receipts::{output_hash, value_hash, ReceiptSlot};
 
 /// Who executes a call, as the ledger names it (the host itself, or the peer a gateway routes
 /// the tool to).
@@ -157,7 +157,7 @@ where
                     entry.input_hash = r.input_hash.clone();
                     entry.output_hash = r.output_hash.clone();
                 }
-                None => entry.output_hash = value_hash(&output_value(status, output, code)),
+                None => entry.output_hash = output_hash(status, output, code),
             }
             entry.receipt = note
                 .and_then(|n| n.encoded.as_ref())

@@ -3,7 +3,8 @@
 //! ([`store`]).
 //!
 //! Writes never sit on the call path: the [`LedgerLayer`] hands each finished call's
-//! [`Entry`] to a bounded queue, and one thread writes what has queued up in one transaction.
+//! [`Entry`] to a bounded queue, and one thread takes what has queued up every
+//! [`WRITE_INTERVAL`] and writes it in one transaction (group commit; calls never wake it).
 //! When the queue is full, `ledger.on_full` decides: `drop` the entry (counted in
 //! `carapace_ledger_dropped_total`) or `refuse` new calls until there is room (a place in the
 //! queue is taken when a call starts, so an accepted call is always recorded).
@@ -180,31 +181,32 @@ struct Writer {
     cfg: LedgerConfig,
 }
 
+/// How often the writer takes what has queued up. Calls never wake it: an entry is a push
+/// onto the queue and nothing more, and the writer commits one transaction per tick.
+pub const WRITE_INTERVAL: Duration = Duration::from_millis(10);
+
 impl Writer {
     fn run(mut self) {
         let mut batch = Vec::with_capacity(self.batch_max);
         let mut last_retention = std::time::Instant::now();
-        // Ends when every sender is gone (carapace stopping): what is queued is written first.
-        while let Some(first) = self.rx.blocking_recv() {
-            batch.push(first);
-            while batch.len() < self.batch_max {
+        loop {
+            std::thread::sleep(WRITE_INTERVAL);
+            // Everything queued now, in transactions of at most `batch_max` rows.
+            let mut closed = false;
+            loop {
                 match self.rx.try_recv() {
                     Ok(e) => batch.push(e),
-                    Err(_) => break,
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+                if batch.len() == self.batch_max {
+                    self.write(&mut batch);
                 }
             }
-            match store::append(&mut self.conn, &batch) {
-                Ok(_) => {
-                    self.counters.written.inc_by(batch.len() as u64);
-                }
-                Err(e) => {
-                    self.counters.dropped.inc_by(batch.len() as u64);
-                    tracing::error!(rows = batch.len(), "ledger write failed: {e}");
-                }
-            }
-            self.settled
-                .fetch_add(batch.len() as u64, Ordering::Release);
-            batch.clear();
+            self.write(&mut batch);
             if last_retention.elapsed() >= Duration::from_secs(60) {
                 last_retention = std::time::Instant::now();
                 let cutoff = retention_cutoff(&self.cfg, carapace_filters::unix_now_ms());
@@ -212,7 +214,29 @@ impl Writer {
                     tracing::error!("ledger retention failed: {e}");
                 }
             }
+            // Every sender is gone (carapace stopping) and what was queued is written.
+            if closed {
+                return;
+            }
         }
+    }
+
+    fn write(&mut self, batch: &mut Vec<Entry>) {
+        if batch.is_empty() {
+            return;
+        }
+        match store::append(&mut self.conn, batch) {
+            Ok(_) => {
+                self.counters.written.inc_by(batch.len() as u64);
+            }
+            Err(e) => {
+                self.counters.dropped.inc_by(batch.len() as u64);
+                tracing::error!(rows = batch.len(), "ledger write failed: {e}");
+            }
+        };
+        self.settled
+            .fetch_add(batch.len() as u64, Ordering::Release);
+        batch.clear();
     }
 }
 

@@ -1,8 +1,8 @@
 //! The ledger's SQLite database: the schema, the hash chain, appends, retention and the
 //! checks `carapace ledger verify` runs.
 //!
-//! Each row's `row_hash` is `sha256:` of `prev_hash`, a newline and the RFC 8785 form of the
-//! row's fields (its `seq` included); `prev_hash` is the previous row's `row_hash`. The one-row
+//! Each row's `row_hash` is `sha256:` over `prev_hash`, the row's `seq` and its fields
+//! ([`row_hash`]); `prev_hash` is the previous row's `row_hash`. The one-row
 //! `chain` table keeps where the chain starts (after retention removed older rows) and its
 //! head, updated in the same transaction as the rows: a deleted, edited or reordered row, and a
 //! row removed at either end, is found by [`verify`].
@@ -37,7 +37,6 @@ CREATE TABLE IF NOT EXISTS invocations (
     prev_hash TEXT NOT NULL,
     row_hash TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS invocations_ended_at ON invocations (ended_at);
 CREATE TABLE IF NOT EXISTS chain (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     first_seq INTEGER NOT NULL,
@@ -91,16 +90,42 @@ pub struct Row {
     pub row_hash: String,
 }
 
-/// The hash of row `seq` holding `entry` after `prev_hash`.
+/// The hash of row `seq` holding `entry` after `prev_hash`: SHA-256 of `prev_hash`, then
+/// `seq` and every field in table order, each as its length (8 bytes, big-endian; all ones
+/// for an absent value) and its bytes (numbers in decimal).
 pub fn row_hash(seq: u64, entry: &Entry, prev_hash: &str) -> String {
-    let mut fields = serde_json::to_value(entry).expect("an entry serializes");
-    fields["seq"] = seq.into();
-    let canonical =
-        carapace_filters::canonical::jcs_string(&fields).unwrap_or_else(|_| fields.to_string());
     let mut h = sha2::Sha256::new();
-    h.update(prev_hash.as_bytes());
-    h.update(b"\n");
-    h.update(canonical.as_bytes());
+    let mut field = |v: Option<&[u8]>| match v {
+        Some(b) => {
+            h.update((b.len() as u64).to_be_bytes());
+            h.update(b);
+        }
+        None => h.update(u64::MAX.to_be_bytes()),
+    };
+    let e = entry;
+    let num = |n: u64| n.to_string().into_bytes();
+    field(Some(prev_hash.as_bytes()));
+    field(Some(&num(seq)));
+    for v in [&e.side, &e.call_id] {
+        field(Some(v.as_bytes()));
+    }
+    field(e.receipt_id.as_deref().map(str::as_bytes));
+    for v in [
+        &e.tool,
+        &e.consumer,
+        &e.provider,
+        &e.input_hash,
+        &e.output_hash,
+        &e.status,
+    ] {
+        field(Some(v.as_bytes()));
+    }
+    field(e.error_code.as_deref().map(str::as_bytes));
+    for n in [e.started_at, e.ended_at, e.duration_ms] {
+        field(Some(&num(n)));
+    }
+    field(e.receipt.as_deref().map(str::as_bytes));
+    field(e.charge.map(num).as_deref());
     format!("sha256:{}", hex::encode(h.finalize()))
 }
 
@@ -237,15 +262,8 @@ pub fn retain(conn: &mut Connection, before_ms: u64, max_rows: u64) -> Result<us
     let tx = conn.transaction()?;
     let (head_seq, _) = head(&tx)?;
     let by_count = head_seq.saturating_sub(max_rows);
-    let by_age: Option<i64> = tx
-        .query_row(
-            "SELECT MAX(seq) FROM invocations WHERE ended_at < ?1",
-            [before_ms as i64],
-            |r| r.get(0),
-        )
-        .optional()?
-        .flatten();
-    let through = by_count.max(by_age.unwrap_or(0) as u64);
+    let by_age = last_ended_before(&tx, before_ms)?;
+    let through = by_count.max(by_age);
     let gone = tx.execute("DELETE FROM invocations WHERE seq <= ?1", [through as i64])?;
     if gone > 0 {
         let first: Option<(i64, String)> = tx
@@ -270,6 +288,39 @@ pub fn retain(conn: &mut Connection, before_ms: u64, max_rows: u64) -> Result<us
     }
     tx.commit()?;
     Ok(gone)
+}
+
+/// The last row (by seq) that ended before `before_ms`, 0 if none: a binary search over seq,
+/// since rows are appended in the order calls end (no index to keep up on every write).
+fn last_ended_before(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<u64, StoreError> {
+    let ended = |seq: u64| -> Result<Option<u64>, StoreError> {
+        Ok(tx
+            .query_row(
+                "SELECT ended_at FROM invocations WHERE seq >= ?1 ORDER BY seq LIMIT 1",
+                [seq as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            .map(|v| v as u64))
+    };
+    let first: Option<i64> = tx
+        .query_row("SELECT MIN(seq) FROM invocations", [], |r| r.get(0))
+        .optional()?
+        .flatten();
+    let Some(first) = first else { return Ok(0) };
+    let (mut lo, mut hi) = (first as u64, head(tx)?.0);
+    if ended(lo)?.is_none_or(|e| e >= before_ms) {
+        return Ok(0);
+    }
+    // Invariant: the row at or after `lo` ended before the cutoff; after `hi` none did.
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        match ended(mid)? {
+            Some(e) if e < before_ms => lo = mid,
+            _ => hi = mid - 1,
+        }
+    }
+    Ok(lo)
 }
 
 fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {

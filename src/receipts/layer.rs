@@ -12,7 +12,7 @@ use serde_json::Value;
 use tower::{Layer, Service};
 
 use super::{
-    new_receipt_id, output_value, rfc3339_ms, value_hash, Receipt, ReceiptNote, ReceiptSlot,
+    new_receipt_id, output_hash, rfc3339_ms, value_hash, Receipt, ReceiptNote, ReceiptSlot,
     ReceiptStatus,
 };
 use crate::pairing::wire::SigningIdentity;
@@ -114,7 +114,7 @@ where
                 consumer,
                 provider: signer.provider.clone(),
                 input_hash,
-                output_hash: value_hash(&output_value(status, output, code)),
+                output_hash: output_hash(status, output, code),
                 status,
                 executed_at: rfc3339_ms(executed_at),
                 duration_ms: started.elapsed().as_millis() as u64,

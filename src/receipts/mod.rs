@@ -132,6 +132,15 @@ pub fn output_value(status: ReceiptStatus, output: Option<&Value>, code: Option<
     }
 }
 
+/// `output_hash` of a call that ended with `status`: [`value_hash`] of [`output_value`],
+/// without copying a success's output.
+pub fn output_hash(status: ReceiptStatus, output: Option<&Value>, code: Option<&str>) -> String {
+    match (status, output) {
+        (ReceiptStatus::Ok, Some(output)) => value_hash(output),
+        _ => value_hash(&output_value(status, output, code)),
+    }
+}
+
 /// A new receipt id.
 pub fn new_receipt_id() -> String {
     format!("rcpt_{}", hex::encode(rand::random::<[u8; 12]>()))
