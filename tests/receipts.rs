@@ -241,3 +241,25 @@ async fn a_gateway_that_flags_receipts_passes_an_unsigned_answer_and_says_so() {
     gw.shutdown().await;
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_gateway_that_flags_receipts_passes_an_answer_signed_with_another_key_and_says_so() {
+    let env = Env::new().await;
+    let (host, gw, agent) = paired(&env, "", ", receipts: flag", "", None).await;
+    let (other, _) = carapace::pairing::wire::SigningIdentity::generate();
+    gw.shared
+        .peers
+        .modify(|f| f.peers[0].public_key_ed25519 = Some(other.public_key_b64()))
+        .unwrap();
+    let reply = agent_call(&agent, "memory.append", json!({"text": "a"})).await;
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    assert_eq!(reply.headers["carapace-receipt-status"], "invalid");
+    assert!(reply.headers.get("carapace-receipt").is_some());
+    assert!(gw
+        .shared
+        .metrics
+        .encode()
+        .contains(r#"carapace_peer_receipts_total{peer="memory-east",status="invalid"} 1"#));
+    gw.shutdown().await;
+    host.shutdown().await;
+}
