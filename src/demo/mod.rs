@@ -67,6 +67,28 @@ async fn start(dir: &Path, yaml: &str) -> Result<Running, String> {
     Err("carapace did not become ready".into())
 }
 
+/// Pair the tool host `host` as `memory-east` with `gateway`, through the gateway's admin
+/// socket.
+async fn pair_memory_east(gateway: &Running, host: &Running) -> Result<(), String> {
+    let endpoint = format!(
+        "ws://{}/v1/pair",
+        host.pairing_address.ok_or("no pairing address")?
+    );
+    let (status, paired) = crate::admin::request(
+        &gateway.admin_socket,
+        http::Method::POST,
+        "/v1/pairings",
+        Some(
+            json!({"component_type": "tool", "component_id": "memory-east", "endpoint": endpoint}),
+        ),
+    )
+    .await?;
+    match status.is_success() {
+        true => Ok(()),
+        false => Err(format!("pairing failed: {paired}")),
+    }
+}
+
 fn code(reply: &Reply) -> String {
     let v = reply.json();
     v["error"]["code"]

@@ -70,22 +70,7 @@ outbound:
         ),
     )
     .await?;
-    let endpoint = format!(
-        "ws://{}/v1/pair",
-        host.pairing_address.ok_or("no pairing address")?
-    );
-    let (status, paired) = crate::admin::request(
-        &gateway.admin_socket,
-        http::Method::POST,
-        "/v1/pairings",
-        Some(
-            json!({"component_type": "tool", "component_id": "memory-east", "endpoint": endpoint}),
-        ),
-    )
-    .await?;
-    if !status.is_success() {
-        return Err(format!("pairing failed: {paired}"));
-    }
+    super::pair_memory_east(&gateway, &host).await?;
     let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
     for _ in 0..100 {
         let list = agent.send(http::Method::GET, "/v1/tools", &[], "").await?;
