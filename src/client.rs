@@ -32,6 +32,8 @@ pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The trailer fields sent after the body, if any.
+    pub trailers: Option<HeaderMap>,
 }
 
 impl Reply {
@@ -150,16 +152,17 @@ impl Client {
         };
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = resp
+        let collected = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+            .map_err(|e| e.to_string())?;
+        let trailers = collected.trailers().cloned();
         Ok(Reply {
             status,
             headers,
-            body,
+            body: collected.to_bytes(),
+            trailers,
         })
     }
 

@@ -263,3 +263,91 @@ async fn a_gateway_that_flags_receipts_passes_an_answer_signed_with_another_key_
     gw.shutdown().await;
     host.shutdown().await;
 }
+
+/// An MCP call answered as an SSE stream (the server reported progress before its result) has
+/// sent its head before the call ended: the receipt comes after the last event as the
+/// `Carapace-Receipt` trailer, announced in `Trailer`, and verifies against the streamed result.
+/// The Python SDK's client reads the same stream as before.
+#[tokio::test]
+async fn a_streamed_mcp_answer_carries_its_receipt_as_a_trailer() {
+    use common::mcp::{modern_body, python_stdio_app, run_python, start, yaml, MODERN};
+    let env = Env::new().await;
+    let config =
+        yaml(&env, "mcp", &python_stdio_app()) + "receipts: { sign: true, provider_id: py-host }\n";
+    let r = start(&env, &config).await;
+    let key = host_key(&env);
+    let mut body = modern_body(
+        7,
+        "tools/call",
+        json!({"name": "count", "arguments": {"n": 2}}),
+    );
+    body["params"]["_meta"]["progressToken"] = json!("p1");
+    let headers = [
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "count"),
+        ("te", "trailers"),
+    ];
+    // An HTTP/1.1 caller that does not say it takes trailers (`TE: trailers`) is sent none.
+    let plain = env
+        .local(&r)
+        .post_json("/mcp", &headers[..4], &body)
+        .await
+        .unwrap();
+    assert_eq!(plain.headers["content-type"], "text/event-stream");
+    assert!(plain.headers.get("trailer").is_none());
+    assert!(plain.trailers.is_none());
+    let reply = env
+        .local(&r)
+        .post_json("/mcp", &headers, &body)
+        .await
+        .unwrap();
+    assert_eq!(reply.headers["content-type"], "text/event-stream");
+    assert_eq!(
+        reply.headers["trailer"],
+        "Carapace-Receipt, Carapace-Receipt-Status"
+    );
+    assert!(reply.headers.get("carapace-receipt").is_none());
+    let text = String::from_utf8(reply.body.to_vec()).unwrap();
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("event: message\ndata: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(events.len() >= 3, "progress, then the result: {text}");
+    assert_eq!(events[0]["method"], "notifications/progress", "{text}");
+    let last = events.last().unwrap();
+    assert_eq!(last["id"], 7, "{text}");
+    assert_eq!(
+        last["result"]["content"][0]["text"], "counted to 2",
+        "{text}"
+    );
+    // What a receipt hashes is the tool's output, whatever the front: an MCP server's
+    // `structuredContent`, or `{"content": [...]}` when it sent none.
+    let output = match last["result"].get("structuredContent") {
+        Some(s) => s.clone(),
+        None => json!({"content": last["result"]["content"]}),
+    };
+
+    let trailers = reply.trailers.expect("the receipt trailer");
+    let receipt = trailers["carapace-receipt"].to_str().unwrap();
+    let got = python_check(receipt, &key, &json!({"n": 2}), "ok", &output);
+    assert_eq!(got["valid"], true, "{got}");
+    assert_eq!(got["receipt"]["tool"], "count");
+    assert_eq!(got["receipt"]["provider"], "py-host");
+    assert_eq!(got["receipt"]["consumer"], "local");
+    assert!(carapace::receipts::verify(receipt.as_bytes(), &key).is_ok());
+
+    // The reference client, in both eras, is unaffected by the trailer.
+    for mode in ["2026-07-28", "legacy"] {
+        let seen = run_python("mcp_python_relay_client.py", &r, &["--mode", mode]).await;
+        assert_eq!(seen["count"], json!(["counted to 3"]), "{mode}: {seen}");
+        assert_eq!(
+            seen["progress"].as_array().unwrap().len(),
+            3,
+            "{mode}: {seen}"
+        );
+    }
+    r.shutdown().await;
+}

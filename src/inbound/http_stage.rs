@@ -115,7 +115,8 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                 cfg,
                 crate::secret_guard::Role::Inbound,
             ))
-            .with_relay(shared.relay.clone());
+            .with_relay(shared.relay.clone())
+            .with_receipts(shared.receipts.is_some());
             let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
             edge(envelope, panic)
         }

@@ -79,6 +79,9 @@ pub struct McpFront {
     guard: Option<Arc<SecretGuard>>,
     /// The caller-tool relay, answered with `caller_tool_response`.
     relay: Option<Arc<crate::relay::CallerTools>>,
+    /// Whether the call stage signs receipts (a streamed answer then carries them as
+    /// trailers).
+    receipts: bool,
 }
 
 impl McpFront {
@@ -92,6 +95,13 @@ impl McpFront {
     /// tool results are.
     pub fn with_secret_guard(mut self, guard: Option<Arc<SecretGuard>>) -> Self {
         self.guard = guard;
+        self
+    }
+
+    /// Say that the call stage signs receipts: a streamed answer then announces and sends
+    /// them as trailers.
+    pub fn with_receipts(mut self, receipts: bool) -> Self {
+        self.receipts = receipts;
         self
     }
 
@@ -121,6 +131,7 @@ impl McpFront {
             server: None,
             guard: None,
             relay: None,
+            receipts: false,
         }
     }
 

@@ -26,6 +26,7 @@ use super::back::relay::ServerMessage;
 use super::back::upstream::Reply;
 use crate::edge::{StreamBody, StreamedBody};
 use crate::front::Resp;
+use crate::receipts::{RECEIPT_HEADER, RECEIPT_STATUS_HEADER};
 use carapace_filters::secret_guard::SecretGuard;
 
 /// Most requests of the server waiting for callers' answers, over all sessions.
@@ -91,6 +92,9 @@ pub struct StreamContext {
     /// The tool-host side's secret guard and the tool called: what the server says during
     /// the call leaves the tool-host side as its result does.
     pub guard: Option<(Arc<SecretGuard>, String)>,
+    /// Whether this host signs receipts and the caller takes trailers: a streamed answer then
+    /// announces the `Carapace-Receipt` trailer and sends it after the response.
+    pub receipts: bool,
 }
 
 impl StreamContext {
@@ -158,7 +162,9 @@ pub fn event(json: &[u8]) -> Bytes {
 }
 
 /// Answer with `call`'s response: as it is when the server says nothing first, else as an SSE
-/// stream of the server's messages and then the response.
+/// stream of the server's messages and then the response. The response's head is sent before
+/// the call ends, so a streamed answer carries the call's receipt headers
+/// (`Carapace-Receipt`, `Carapace-Receipt-Status`) as HTTP trailers after the last event.
 pub async fn respond(
     mut call: Call,
     mut messages: mpsc::Receiver<ServerMessage>,
@@ -187,9 +193,31 @@ fn stream_with(
     cx: StreamContext,
 ) -> Resp {
     let (tx, rx) = mpsc::channel(FRAMES);
+    let receipts = cx.receipts;
     let pump = pump(call, messages, first, cx, tx);
     tokio::spawn(pump.instrument(tracing::Span::current()));
-    sse_response(FrameBody(rx).boxed_unsync())
+    let mut resp = sse_response(FrameBody(rx).boxed_unsync());
+    if receipts {
+        resp.headers_mut().insert(
+            http::header::TRAILER,
+            HeaderValue::from_static(RECEIPT_TRAILERS),
+        );
+    }
+    resp
+}
+
+/// The trailers a streamed answer of a host that signs receipts announces.
+const RECEIPT_TRAILERS: &str = "Carapace-Receipt, Carapace-Receipt-Status";
+
+/// The receipt headers of the call's response, sent as trailers after a streamed answer.
+fn receipt_trailers(resp: &Resp) -> Option<http::HeaderMap> {
+    let mut trailers = http::HeaderMap::new();
+    for name in [RECEIPT_HEADER, RECEIPT_STATUS_HEADER] {
+        if let Some(v) = resp.headers().get(&name) {
+            trailers.insert(name, v.clone());
+        }
+    }
+    (!trailers.is_empty()).then_some(trailers)
 }
 
 /// A `200 text/event-stream` answer whose body is `body`, streamed by the edge.
@@ -216,13 +244,13 @@ async fn pump(
     mut messages: mpsc::Receiver<ServerMessage>,
     first: ServerMessage,
     cx: StreamContext,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Frame<Bytes>>,
 ) {
     let mut next = Some(first);
     let mut open = true;
     loop {
         if let Some(frame) = next.take().and_then(|m| cx.frame(m)) {
-            if tx.send(frame).await.is_err() {
+            if tx.send(Frame::data(frame)).await.is_err() {
                 return;
             }
         }
@@ -233,13 +261,19 @@ async fn pump(
                 while let Ok(m) = messages.try_recv() {
                     let m @ ServerMessage::Notification { .. } = m else { continue };
                     if let Some(frame) = cx.frame(m) {
-                        if tx.send(frame).await.is_err() {
+                        if tx.send(Frame::data(frame)).await.is_err() {
                             return;
                         }
                     }
                 }
+                let trailers = cx.receipts.then(|| receipt_trailers(&resp)).flatten();
                 let body = resp.into_body().collect().await.map(|b| b.to_bytes());
-                let _ = tx.send(event(&body.unwrap_or_default())).await;
+                if tx.send(Frame::data(event(&body.unwrap_or_default()))).await.is_err() {
+                    return;
+                }
+                if let Some(trailers) = trailers {
+                    let _ = tx.send(Frame::trailers(trailers)).await;
+                }
                 return;
             }
             m = messages.recv(), if open => match m {
@@ -252,7 +286,7 @@ async fn pump(
 }
 
 /// A body of frames written by a task.
-struct FrameBody(mpsc::Receiver<Bytes>);
+struct FrameBody(mpsc::Receiver<Frame<Bytes>>);
 
 impl http_body::Body for FrameBody {
     type Data = Bytes;
@@ -262,7 +296,7 @@ impl http_body::Body for FrameBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+        self.0.poll_recv(cx).map(|f| f.map(Ok))
     }
 }
 

@@ -65,6 +65,7 @@ impl McpFront {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
+        let trailers = self.receipts && takes_trailers(&req);
         let this = self.clone();
         let cancel_key = session.clone().map(|s| ("mcp", s, id.to_string()));
         let call = async move {
@@ -84,6 +85,7 @@ impl McpFront {
             answers: self.sessions.answers().clone(),
             session,
             guard: self.guard.clone().map(|g| (g, tool_name)),
+            receipts: trailers,
         };
         stream::respond(Box::pin(call), messages, cx).await
     }
@@ -207,6 +209,18 @@ impl McpFront {
             extensions: Default::default(),
         })
     }
+}
+
+/// Whether the caller takes trailer fields: HTTP/2, or HTTP/1.1 with `TE: trailers` (an
+/// HTTP/1.1 server sends none otherwise).
+fn takes_trailers(req: &Request<Bytes>) -> bool {
+    req.version() == http::Version::HTTP_2
+        || req.headers().get_all(http::header::TE).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+        })
 }
 
 /// Whether the caller takes an SSE answer (`Accept` naming `text/event-stream`).
