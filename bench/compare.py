@@ -69,6 +69,10 @@ FULL_VARIANTS = {
     "carapace-provable": (9448, "ledger: {}\nreceipts: { sign: true, provider_id: bench-host }\n"),
 }
 CARAPACES = ["carapace-fwd", "carapace-mcp", *FULL_VARIANTS]
+PORT = {n: port for n, _, port in TARGETS}
+# `--baseline BIN`: a copy of a carapace target run by another build, its original's name.
+BASE_OF = {}
+BINARY = {}
 LABEL = {n: l for n, l, _ in TARGETS}
 PEERS = ["envoy", "nginx", "haproxy"]
 RATES = [1000, 3000]
@@ -171,52 +175,42 @@ def write(path, text):
         f.write(text)
 
 
-def make_configs():
-    app = f"http://{APP_ADDR[0]}:{APP_ADDR[1]}"
-    tls = (f"tls: {{ cert_file: {p('server.crt')}, key_file: {p('server.key')}, "
-           f"client_ca_file: {p('ca.pem')} }}")
-    for name in CARAPACES:
-        os.makedirs(p(name, "state"), mode=0o700, exist_ok=True)
-    # carapace, MCP front: the forwarding setup with callers speaking MCP 2026-07-28.
-    write(p("carapace-mcp", "carapace.yaml"), f"""\
-state_dir: {p('carapace-mcp', 'state')}
-front: {{ protocol: mcp }}
-listeners:
-  tcp: {{ address: "127.0.0.1:9446", {tls} }}
-app: {{ protocol: tools-v1, address: "{app}" }}
-peers: {{ file: {p('peers.json')} }}
-ops: {{ address: "" }}
-admin: {{ socket: {p('carapace-mcp', 'admin.sock')} }}
-runtime: {{ worker_threads: 1 }}
-""")
-    # carapace, mTLS forwarding: tools-v1 front, paired peer identity, schemas, timeout.
-    write(p("carapace-fwd", "carapace.yaml"), f"""\
-state_dir: {p('carapace-fwd', 'state')}
-front: {{ protocol: tools-v1 }}
-listeners:
-  tcp: {{ address: "127.0.0.1:9442", {tls} }}
-app: {{ protocol: tools-v1, address: "{app}" }}
-peers: {{ file: {p('peers.json')} }}
-ops: {{ address: "" }}
-admin: {{ socket: {p('carapace-fwd', 'admin.sock')} }}
-runtime: {{ worker_threads: 1 }}
-""")
-    # carapace, full stack: skill-v1 front with HMAC signatures and replay protection in front
-    # of the tools-v1 app; rate limits on but set far above what is offered. Its variants add
-    # the invocation ledger, and the ledger with signed receipts.
-    for name, (port, extra) in FULL_VARIANTS.items():
-        write(p(name, "carapace.yaml"), f"""\
+def carapace_yaml(name, app, tls):
+    """The configuration of carapace target `name` (a baseline copy runs its original's)."""
+    kind, port = BASE_OF.get(name, name), PORT[name]
+    common = f"""\
 state_dir: {p(name, 'state')}
-front: {{ protocol: skill-v1, skill_id: demo.memory, auth: {{ mode: hmac, keys: [ {{ id: k0, secret: {{ file: {p('hmac.key')} }} }} ] }} }}
 listeners:
   tcp: {{ address: "127.0.0.1:{port}", {tls} }}
 app: {{ protocol: tools-v1, address: "{app}" }}
 peers: {{ file: {p('peers.json')} }}
 ops: {{ address: "" }}
 admin: {{ socket: {p(name, 'admin.sock')} }}
-rate_limits: {{ per_peer: {{ per_second: 1000000, burst: 1000000 }}, per_tool: {{ per_second: 1000000, burst: 1000000 }} }}
 runtime: {{ worker_threads: 1 }}
-{extra}""")
+"""
+    # MCP front: the forwarding setup with callers speaking MCP 2026-07-28.
+    if kind == "carapace-mcp":
+        return common + "front: { protocol: mcp }\n"
+    # mTLS forwarding: tools-v1 front, paired peer identity, schemas, timeout.
+    if kind == "carapace-fwd":
+        return common + "front: { protocol: tools-v1 }\n"
+    # Full stack: skill-v1 front with HMAC signatures and replay protection in front of the
+    # tools-v1 app; rate limits on but set far above what is offered. Its variants add the
+    # invocation ledger, and the ledger with signed receipts.
+    return common + f"""\
+front: {{ protocol: skill-v1, skill_id: demo.memory, auth: {{ mode: hmac, keys: [ {{ id: k0, secret: {{ file: {p('hmac.key')} }} }} ] }} }}
+rate_limits: {{ per_peer: {{ per_second: 1000000, burst: 1000000 }}, per_tool: {{ per_second: 1000000, burst: 1000000 }} }}
+{FULL_VARIANTS[kind][1]}"""
+
+
+def make_configs():
+    app = f"http://{APP_ADDR[0]}:{APP_ADDR[1]}"
+    tls = (f"tls: {{ cert_file: {p('server.crt')}, key_file: {p('server.key')}, "
+           f"client_ca_file: {p('ca.pem')} }}")
+    for name in CARAPACES:
+        os.makedirs(p(name, "state"), mode=0o700, exist_ok=True)
+    for name in CARAPACES:
+        write(p(name, "carapace.yaml"), carapace_yaml(name, app, tls))
     write(p("envoy", "envoy.yaml"), f"""\
 static_resources:
   listeners:
@@ -421,6 +415,7 @@ def loadgen_args(name, port):
     if port is None:
         return ["--url", f"http://{APP_ADDR[0]}:{APP_ADDR[1]}/v1/tools/call"]
     tls = ["--ca", p("ca.pem"), "--cert", p("client.crt"), "--key", p("client.key")]
+    name = BASE_OF.get(name, name)
     if name in FULL_VARIANTS:
         return ["--url", f"https://127.0.0.1:{port}/run", *tls,
                 "--sign-secret", p("hmac.key"), "--skill-id", "demo.memory"]
@@ -484,7 +479,8 @@ def start_targets():
     procs = {"direct": app}
     failed = {}
     cmds = {
-        **{n: [CARAPACE, "serve", "-c", p(n, "carapace.yaml")] for n in CARAPACES},
+        **{n: [BINARY.get(n, CARAPACE), "serve", "-c", p(n, "carapace.yaml")]
+           for n in CARAPACES},
         "envoy": [envoy_binary(), "-c", p("envoy", "envoy.yaml"), "--concurrency", "1",
                   "--disable-hot-restart", "-l", "warn", "--log-path", p("envoy", "envoy.log")],
         "nginx": ["nginx", "-p", p("nginx"), "-c", p("nginx", "nginx.conf"),
@@ -504,6 +500,20 @@ def start_targets():
     return procs, failed
 
 
+def add_baseline(binary):
+    """A `-base` copy of every selected carapace target, run by `binary`, on port + 100."""
+    for name, label, port in list(TARGETS):
+        if name not in CARAPACES:
+            continue
+        base = f"{name}-base"
+        TARGETS.append((base, f"{label} (baseline build)", port + 100))
+        CARAPACES.append(base)
+        LABEL[base] = f"{label} (baseline build)"
+        PORT[base] = port + 100
+        BASE_OF[base] = name
+        BINARY[base] = binary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short runs (3 s saturation, 3 s rates)")
@@ -513,10 +523,15 @@ def main():
                     help="only redraw the tables and the plot from bench/out/results.json")
     ap.add_argument("--only", help="comma-separated targets to measure (e.g. "
                     "carapace-fwd,carapace-mcp); prints a short table, bench/out/only.json")
+    ap.add_argument("--baseline", metavar="BIN",
+                    help="also run every carapace target with this carapace binary (an "
+                    "earlier build), interleaved, as TARGET-base")
     args = ap.parse_args()
     if args.only:
         keep = set(args.only.split(","))
         TARGETS[:] = [t for t in TARGETS if t[0] in keep]
+    if args.baseline:
+        add_baseline(os.path.abspath(args.baseline))
     if args.report_only:
         with open(p("results.json")) as f:
             results = json.load(f)

@@ -46,11 +46,19 @@ pub(crate) fn init_tracing(
     exporter
 }
 
+/// The runtime `serve` runs on. One worker is one event loop on the main thread (tokio's
+/// current-thread scheduler): no work stealing, no cross-thread wake-ups, nothing shared
+/// between threads on the call path. More workers use the multi-thread scheduler.
 pub(crate) fn runtime(threads: Option<usize>) -> tokio::runtime::Runtime {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        b.worker_threads(n);
-    }
+    let mut b = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     b.enable_all().build().expect("tokio runtime")
 }
 
@@ -120,7 +128,13 @@ pub(crate) fn serve(path: &Path) -> ExitCode {
 /// `carapace sample-app`: the demo's memory tool host, until SIGINT or SIGTERM.
 pub(crate) fn sample_app(listen: std::net::SocketAddr) -> ExitCode {
     init_logging(LogFormat::Text, "info");
-    runtime(Some(1)).block_on(async move {
+    // The benchmarks' app: kept on the scheduler it was measured with.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(listen).await {
             Ok(l) => l,
             Err(e) => {

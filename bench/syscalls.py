@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""System calls and context switches per request, for carapace and its peers.
+
+    python3 bench/syscalls.py [--no-build] [--only carapace-full,carapace-fwd,nginx,haproxy]
+                              [--duration 5] [--rounds 1]
+
+Same setup as bench/compare.py (it reuses its certificates, configurations, pinning and load
+generator): the app and the proxy on core 0, the load generator on core 1, one worker each,
+mTLS, 32 connections. For each target and each load (saturation, closed loop; a fixed
+3,000/s) it counts, with `perf stat` attached to the proxy's processes (every thread) for the
+measured window only, the system calls entered (`raw_syscalls:sys_enter`, and the main ones
+by name) and the context switches, and divides them by the requests answered in that window.
+Results go to bench/out/syscalls.json and a table to stdout.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare as c  # noqa: E402
+
+NAMED = ["read", "write", "writev", "recvfrom", "sendto", "epoll_wait", "futex",
+         "sched_yield"]
+EVENTS = ["raw_syscalls:sys_enter", "context-switches",
+          *[f"syscalls:sys_enter_{n}" for n in NAMED]]
+LOADS = [("saturation", ["--mode", "closed", "--connections", "32"]),
+         ("3000/s", ["--mode", "rate", "--rate", "3000", "--connections", "32"])]
+
+
+def counted(target, pids, extra, duration, warmup):
+    """Run the load; `perf stat` over `pids` for the measured window. Per-request counts."""
+    out = c.p("perf-stat.csv")
+    perf = {}
+
+    def begin():
+        perf["proc"] = subprocess.Popen(
+            ["perf", "stat", "-x", ",", "-o", out, "-e", ",".join(EVENTS),
+             "-p", ",".join(str(x) for x in pids)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        perf["t0"] = time.monotonic()
+
+    def end():
+        perf["t1"] = time.monotonic()
+        perf["proc"].send_signal(signal.SIGINT)
+        perf["proc"].wait()
+
+    timers = [threading.Timer(0.05 + warmup, begin),
+              threading.Timer(0.05 + warmup + duration, end)]
+    for t in timers:
+        t.start()
+    res = c.loadgen(target, extra, duration, warmup)
+    for t in timers:
+        t.join()
+    if "error" in res or res.get("errors"):
+        return {"error": res.get("error") or res.get("first_error")}
+    requests = res["throughput_rps"] * (perf["t1"] - perf["t0"])
+    counts = {}
+    with open(out) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) < 3 or not parts[0].replace(".", "").isdigit():
+                continue
+            counts[parts[2]] = float(parts[0])
+    per = {k.replace("syscalls:sys_enter_", ""): v / requests for k, v in counts.items()}
+    return {"requests": requests, "throughput_rps": res["throughput_rps"],
+            "syscalls": per.pop("raw_syscalls:sys_enter", None),
+            "context_switches": per.pop("context-switches", None), "by_name": per}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="carapace-full,carapace-fwd,nginx,haproxy")
+    ap.add_argument("--duration", type=float, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+    keep = args.only.split(",")
+    c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep]
+    os.makedirs(c.OUT, exist_ok=True)
+    c.ensure_deps()
+    if not args.no_build:
+        c.build()
+    c.make_certs()
+    c.make_configs()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results = {}
+    try:
+        for rnd in range(args.rounds):
+            for load, extra in LOADS:
+                c.stop_all()
+                procs, failed = c.start_targets()
+                for name, _, port in c.TARGETS:
+                    if name in failed:
+                        results.setdefault(name, {})[load] = [{"error": failed[name]}]
+                        continue
+                    target = (name, port)
+                    c.loadgen(target, ["--mode", "rate", "--rate", "20", "--connections", "1"],
+                              0.5, 0)
+                    pids = c.proc_tree(procs[name].pid)
+                    r = counted(target, pids, extra, args.duration, 1)
+                    results.setdefault(name, {}).setdefault(load, []).append(r)
+                    c.log(f"round {rnd + 1} {load} {name}: {json.dumps(r)}")
+    finally:
+        c.stop_all()
+    with open(c.p("syscalls.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("| target | load | req/s | syscalls / req | context switches / req | "
+          + " | ".join(NAMED) + " |")
+    print("|---|---|---:|---:|---:|" + "---:|" * len(NAMED))
+    for name, loads in results.items():
+        for load, runs in loads.items():
+            ok = [r for r in runs if "error" not in r]
+            if not ok:
+                print(f"| {name} | {load} | error: {runs[0]['error']} |")
+                continue
+            med = sorted(ok, key=lambda r: r["syscalls"])[len(ok) // 2]
+            named = " | ".join(f"{med['by_name'].get(n, 0):.2f}" for n in NAMED)
+            print(f"| {c.LABEL[name]} | {load} | {med['throughput_rps']:,.0f} | "
+                  f"{med['syscalls']:.2f} | {med['context_switches']:.2f} | {named} |")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        c.stop_all()
+        sys.exit(130)
