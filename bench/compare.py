@@ -500,10 +500,11 @@ def start_targets():
     return procs, failed
 
 
-def add_baseline(binary):
-    """A `-base` copy of every selected carapace target, run by `binary`, on port + 100."""
+def add_baseline(binary, names):
+    """A `-base` copy of the selected carapace targets in `names`, run by `binary`, on port
+    + 100."""
     for name, label, port in list(TARGETS):
-        if name not in CARAPACES:
+        if name not in CARAPACES or name not in names:
             continue
         base = f"{name}-base"
         TARGETS.append((base, f"{label} (baseline build)", port + 100))
@@ -524,14 +525,16 @@ def main():
     ap.add_argument("--only", help="comma-separated targets to measure (e.g. "
                     "carapace-fwd,carapace-mcp); prints a short table, bench/out/only.json")
     ap.add_argument("--baseline", metavar="BIN",
-                    help="also run every carapace target with this carapace binary (an "
-                    "earlier build), interleaved, as TARGET-base")
+                    help="also run carapace targets with this carapace binary (an earlier "
+                    "build), interleaved, as TARGET-base")
+    ap.add_argument("--baseline-targets", default="carapace-full,carapace-fwd",
+                    help="the carapace targets --baseline runs (default: %(default)s)")
     args = ap.parse_args()
     if args.only:
         keep = set(args.only.split(","))
         TARGETS[:] = [t for t in TARGETS if t[0] in keep]
     if args.baseline:
-        add_baseline(os.path.abspath(args.baseline))
+        add_baseline(os.path.abspath(args.baseline), args.baseline_targets.split(","))
     if args.report_only:
         with open(p("results.json")) as f:
             results = json.load(f)
@@ -914,7 +917,8 @@ def plot(results, path):
     for ax, rate in zip(axes, RATES):
         for name, label, _ in TARGETS:
             s = R.get(name, {}).get("summary")
-            if not s or "percentiles_us" not in s[f"rate_{rate}"]:
+            # The proxies side by side; the variants and baselines are in the tables only.
+            if name not in styles or not s or "percentiles_us" not in s[f"rate_{rate}"]:
                 continue
             pts = [(1 / (1 - q / 100), us / 1000) for q, us in s[f"rate_{rate}"]["percentiles_us"]
                    if q < 100]
