@@ -64,10 +64,11 @@ struct LiveSession {
 #[derive(Clone)]
 pub struct McpFront {
     catalog: Arc<CatalogHandle>,
-    calls: CallStack,
+    /// Shared: a front is cloned for every request, its call stages once per call.
+    calls: Arc<CallStack>,
     /// The call stage without the per-tool rate limit, for calls that took their cell in
     /// [`super::early`].
-    header_checked: CallStack,
+    header_checked: Arc<CallStack>,
     clock: UnixClock,
     cfg: Arc<McpFrontConfig>,
     sessions: Arc<Sessions>,
@@ -122,8 +123,8 @@ impl McpFront {
     ) -> Self {
         McpFront {
             catalog,
-            calls,
-            header_checked,
+            calls: Arc::new(calls),
+            header_checked: Arc::new(header_checked),
             clock,
             cfg,
             sessions,

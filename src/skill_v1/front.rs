@@ -73,7 +73,8 @@ pub struct SkillV1Front {
     mode: AuthMode,
     auth_header: HeaderName,
     catalog: Arc<CatalogHandle>,
-    calls: CallStack,
+    /// Shared: a front is cloned for every request, its call stage once per call.
+    calls: Arc<CallStack>,
     clock: UnixClock,
 }
 
@@ -97,7 +98,7 @@ impl SkillV1Front {
             mode,
             auth_header,
             catalog,
-            calls,
+            calls: Arc::new(calls),
             clock,
         }
     }

@@ -64,7 +64,8 @@ pub fn error_response(
 #[derive(Clone)]
 pub struct ToolsV1Front {
     catalog: Arc<CatalogHandle>,
-    calls: CallStack,
+    /// Shared: a front is cloned for every request, its call stage once per call.
+    calls: Arc<CallStack>,
     clock: UnixClock,
     answers: ToolsV1Answers,
     in_flight: Arc<InFlightCalls>,
@@ -80,7 +81,7 @@ impl ToolsV1Front {
     ) -> Self {
         ToolsV1Front {
             catalog,
-            calls,
+            calls: Arc::new(calls),
             clock,
             answers,
             in_flight,
