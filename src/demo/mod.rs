@@ -83,10 +83,10 @@ async fn pair_memory_east(gateway: &Running, host: &Running) -> Result<(), Strin
         ),
     )
     .await?;
-    match status.is_success() {
-        true => Ok(()),
-        false => Err(format!("pairing failed: {paired}")),
+    if !status.is_success() {
+        return Err(format!("pairing failed: {paired}"));
     }
+    Ok(())
 }
 
 fn code(reply: &Reply) -> String {
