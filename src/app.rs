@@ -22,9 +22,10 @@ pub enum AppConn {
 }
 
 impl AppConn {
-    /// Connect as `cfg` says. A command is started (in the background) here, and stopped when
-    /// the last clone of this connection is dropped.
-    pub fn connect(cfg: &Loaded) -> AppConn {
+    /// Connect as `cfg` says, with a pool of HTTP connections for each of `workers`. A command
+    /// is started (in the background) here, and stopped when the last clone of this
+    /// connection is dropped.
+    pub fn connect(cfg: &Loaded, workers: usize) -> AppConn {
         let app = &cfg.config.app;
         let http = |address: &crate::config::AppAddress| {
             AppClient::new(
@@ -32,6 +33,7 @@ impl AppConn {
                 &app.pool,
                 cfg.config.limits.max_response_bytes,
             )
+            .pooled_per_worker(workers)
         };
         match (&cfg.app_target, app.protocol) {
             (AppTarget::Http(address), Protocol::Mcp) => {

@@ -95,6 +95,9 @@ async fn serve_connection<IO>(
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    shared
+        .metrics
+        .worker_connection(crate::server::worker_index());
     let cfg = shared.config.load_full();
     let builder = http_builder(&cfg, h2_only, lifetime.single_answer);
     let requests = slot.requests();
@@ -173,15 +176,10 @@ pub async fn accept_unix(
         };
         let lifetime = Lifetime::of(&shared.config.load());
         let parts = (shared.clone(), stacks.clone());
-        tokio::spawn(serve_connection(
-            stream,
-            ConnectionIdentity::Local,
-            false,
-            slot,
-            lifetime,
-            parts,
-            watcher,
-        ));
+        shared.workers.serve(stream, move |stream| {
+            let local = ConnectionIdentity::Local;
+            serve_connection(stream, local, false, slot, lifetime, parts, watcher)
+        });
     }
 }
 
@@ -240,14 +238,10 @@ pub async fn accept_tcp(
         if graceful.lock().await.is_none() {
             return;
         }
-        tokio::spawn(serve_tcp(
-            stream,
-            peer,
-            slot,
-            endpoint.clone(),
-            shared.clone(),
-            graceful.clone(),
-        ));
+        let (endpoint, graceful, to) = (endpoint.clone(), graceful.clone(), shared.clone());
+        shared.workers.serve(stream, move |stream| {
+            serve_tcp(stream, peer, slot, endpoint, to, graceful)
+        });
     }
 }
 

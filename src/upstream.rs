@@ -176,7 +176,11 @@ async fn connect(target: &Target) -> io::Result<AppStream> {
 /// Pooled client to the app.
 #[derive(Clone)]
 pub struct AppClient {
-    client: Client<AppConnector, Full<Bytes>>,
+    /// One pool per worker (see [`Self::pooled_per_worker`]).
+    clients: Arc<[Client<AppConnector, Full<Bytes>>]>,
+    connector: AppConnector,
+    idle_timeout: Duration,
+    max_idle: usize,
     authority: Arc<str>,
     max_response_bytes: usize,
     /// Signs every request (RFC 9421), when the other side asks for it.
@@ -250,21 +254,29 @@ impl AppClient {
             Target::Tls { .. } | Target::Named { .. } => "https",
             Target::App(_) => "http",
         };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(pool.idle_timeout_s))
-            .pool_max_idle_per_host(pool.max_idle)
-            .build(AppConnector {
-                target: Arc::new(target),
-                connect_timeout: Duration::from_millis(pool.connect_timeout_ms),
-            });
+        let connector = AppConnector {
+            target: Arc::new(target),
+            connect_timeout: Duration::from_millis(pool.connect_timeout_ms),
+        };
+        let idle_timeout = Duration::from_secs(pool.idle_timeout_s);
         AppClient {
-            client,
+            clients: Arc::new([pool_client(&connector, idle_timeout, pool.max_idle)]),
+            connector,
+            idle_timeout,
+            max_idle: pool.max_idle,
             authority,
             max_response_bytes: max as usize,
             signer: None,
             scheme,
         }
+    }
+
+    /// A pool of connections for each of `workers` (see [`crate::server::Workers`]): a call
+    /// uses its worker's pool, so the connection's task and the call run on one thread.
+    pub fn pooled_per_worker(mut self, workers: usize) -> Self {
+        let client = || pool_client(&self.connector, self.idle_timeout, self.max_idle);
+        self.clients = (0..workers.max(1)).map(|_| client()).collect();
+        self
     }
 
     /// Sign every request with `signer` (RFC 9421: `@method`, `@target-uri`,
@@ -351,11 +363,8 @@ impl AppClient {
                 &nonce,
             );
         }
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|e| request_failure(&e))?;
+        let client = &self.clients[crate::server::worker_index() % self.clients.len()];
+        let resp = client.request(req).await.map_err(|e| request_failure(&e))?;
         let (head, body) = resp.into_parts();
         Ok(OpenResponse {
             status: head.status,
@@ -363,6 +372,18 @@ impl AppClient {
             body: Limited::new(body, self.max_response_bytes),
         })
     }
+}
+
+fn pool_client(
+    connector: &AppConnector,
+    idle_timeout: Duration,
+    max_idle: usize,
+) -> Client<AppConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(idle_timeout)
+        .pool_max_idle_per_host(max_idle)
+        .build(connector.clone())
 }
 
 /// An answer whose body is read as it arrives.

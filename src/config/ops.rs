@@ -75,7 +75,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeConfig {
-    /// Worker threads of the async runtime (default: one per core).
+    /// Workers serving connections, each an event loop on its own thread (default: one per
+    /// core). The first runs on the main thread, which also accepts and runs background tasks.
     #[serde(default)]
     pub worker_threads: Option<usize>,
 }

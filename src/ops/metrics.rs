@@ -51,6 +51,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabels {
+    worker: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
     tool: String,
 }
@@ -66,6 +71,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
     reloads: Family<ResultLabels, Counter>,
+    worker_connections: Family<WorkerLabels, Counter>,
     discoveries: Family<ResultLabels, Counter>,
     pub nonce_entries: Gauge<i64, AtomicI64>,
     pub tools: Gauge<i64, AtomicI64>,
@@ -109,6 +115,12 @@ impl Default for Metrics {
             "config_reloads",
             "Configuration reloads by result",
             reloads.clone(),
+        );
+        let worker_connections = Family::<WorkerLabels, Counter>::default();
+        registry.register(
+            "worker_connections",
+            "Connections served, by the worker (event loop) that served them",
+            worker_connections.clone(),
         );
         let discoveries = Family::<ResultLabels, Counter>::default();
         registry.register(
@@ -184,6 +196,7 @@ impl Default for Metrics {
             requests,
             latency,
             reloads,
+            worker_connections,
             discoveries,
             nonce_entries,
             tools,
@@ -252,6 +265,14 @@ impl Metrics {
     pub fn tool_definition_changed(&self, tool: &str) {
         self.tool_definition_changes
             .get_or_create(&ToolLabels { tool: tool.into() })
+            .inc();
+    }
+
+    /// A worker began serving a connection.
+    pub fn worker_connection(&self, worker: usize) {
+        let worker = worker as u64;
+        self.worker_connections
+            .get_or_create(&WorkerLabels { worker })
             .inc();
     }
 

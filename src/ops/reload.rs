@@ -144,9 +144,10 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
     };
     if new.app_target != old.app_target || app(&new) != app(&old) {
         // A command app is stopped when the last call using it ends, and a new one started.
-        shared
-            .app
-            .store(Arc::new(crate::app::AppConn::connect(&new)));
+        shared.app.store(Arc::new(crate::app::AppConn::connect(
+            &new,
+            shared.workers.count(),
+        )));
     }
     let stack = build_stack(&new, shared);
     shared.kill_switch.set_config(switches(&new));

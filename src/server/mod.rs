@@ -28,9 +28,11 @@ mod files;
 pub(crate) mod shared;
 mod start;
 mod tasks;
+mod workers;
 
 pub use error::StartError;
 pub use shared::Shared;
+pub use workers::{index as worker_index, Workers};
 
 /// Stands in until the real stack is built, before anything listens.
 fn placeholder_stack() -> HttpStack {
@@ -80,6 +82,7 @@ impl Running {
                 tracing::warn!("drain timeout elapsed; closing remaining connections");
             }
         }
+        self.shared.workers.stop().await;
         if let Some(p) = &self.unix_path {
             let _ = std::fs::remove_file(p);
         }
@@ -99,12 +102,17 @@ impl Running {
 }
 
 /// Start everything: state, stores, listeners, discovery. Nothing is bound if the state
-/// cannot be loaded.
+/// cannot be loaded. Every connection is served on the runtime this runs on.
 pub async fn start(cfg: Loaded) -> Result<Running, StartError> {
     start_with_clock(cfg, Arc::new(carapace_filters::unix_now_ms)).await
 }
 
 /// [`start`] with an injected wall clock (Unix milliseconds).
 pub async fn start_with_clock(cfg: Loaded, clock: UnixClock) -> Result<Running, StartError> {
-    start::start(cfg, clock).await
+    start::start(cfg, clock, Workers::one()).await
+}
+
+/// [`start`] with connections spread over `workers` (stopped after the drain).
+pub async fn start_on(cfg: Loaded, workers: Workers) -> Result<Running, StartError> {
+    start::start(cfg, Arc::new(carapace_filters::unix_now_ms), workers).await
 }

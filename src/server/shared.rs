@@ -65,6 +65,8 @@ pub struct Shared {
     pub idempotency_keys: Arc<crate::idempotency::LocalKeys>,
     /// What each consumer of priced tools spent (with prices or `metering`).
     pub meter: Option<Arc<crate::metering::Meter>>,
+    /// The event loops serving connections.
+    pub workers: super::Workers,
 }
 
 impl Shared {

@@ -18,7 +18,7 @@ use super::error::StartError;
 use super::files::create_private_dir;
 use super::shared::{switches, tls_acceptor, Shared};
 use super::tasks::{discovery_loop, housekeeping, outbound_discovery};
-use super::{placeholder_stack, Running};
+use super::{placeholder_stack, Running, Workers};
 use crate::catalog::pins::PinStore;
 use crate::catalog::CatalogHandle;
 use crate::config::{Loaded, Protocol, SharedStateBackend};
@@ -60,12 +60,16 @@ struct Bound {
 }
 
 /// Start with `clock` as the wall clock (Unix milliseconds).
-pub(super) async fn start(cfg: Loaded, clock: UnixClock) -> Result<Running, StartError> {
+pub(super) async fn start(
+    cfg: Loaded,
+    clock: UnixClock,
+    workers: Workers,
+) -> Result<Running, StartError> {
     let metrics = Arc::new(Metrics::default());
     let stores = open_stores(&cfg, &clock, &metrics).await?;
     log_start(&cfg, &stores.kill_switch);
     let host = stores.host.clone();
-    let shared = shared_state(&cfg, stores, clock, metrics);
+    let shared = shared_state(&cfg, stores, clock, metrics, workers);
     let bound = bind_listeners(&cfg, &shared, host).await?;
     Ok(serve(&cfg, shared, bound))
 }
@@ -192,6 +196,7 @@ fn shared_state(
     stores: Stores,
     clock: UnixClock,
     metrics: Arc<Metrics>,
+    workers: Workers,
 ) -> Arc<Shared> {
     metrics.peers.set(stores.peers.len() as i64);
     let catalog = Arc::new(CatalogHandle::default());
@@ -231,7 +236,7 @@ fn shared_state(
         )),
         ledger: stores.ledger,
         receipts,
-        app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg)),
+        app: ArcSwap::from_pointee(crate::app::AppConn::connect(cfg, workers.count())),
         config: ArcSwap::from_pointee(cfg.clone()),
         kill_switch: stores.kill_switch,
         nonces: stores.nonces,
@@ -255,6 +260,7 @@ fn shared_state(
         in_flight: Arc::default(),
         eat: stores.eat,
         relay,
+        workers,
     });
     shared.stack.store(Arc::new(build_stack(cfg, &shared)));
     shared

@@ -159,7 +159,9 @@ fn main() -> ExitCode {
         }
         Command::Demo => {
             serve::init_logging(carapace::config::LogFormat::Text, "error");
-            serve::runtime(None).block_on(carapace::demo::run())
+            tokio::runtime::Runtime::new()
+                .expect("tokio runtime")
+                .block_on(carapace::demo::run())
         }
         Command::SampleApp { listen } => serve::sample_app(listen),
         Command::KillSwitch {

@@ -46,20 +46,18 @@ pub(crate) fn init_tracing(
     exporter
 }
 
-/// The runtime `serve` runs on. One worker is one event loop on the main thread (tokio's
-/// current-thread scheduler): no work stealing, no cross-thread wake-ups, nothing shared
-/// between threads on the call path. More workers use the multi-thread scheduler.
-pub(crate) fn runtime(threads: Option<usize>) -> tokio::runtime::Runtime {
-    let mut b = match threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
-    b.enable_all().build().expect("tokio runtime")
+/// The runtime `serve` starts on: worker 0's event loop on the main thread (tokio's
+/// current-thread scheduler), which also accepts and runs the background tasks.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// How many workers serve connections: `runtime.worker_threads`, else one per core.
+fn worker_count(configured: Option<usize>) -> usize {
+    configured.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// `carapace check`: validate a configuration file.
@@ -94,14 +92,23 @@ pub(crate) fn serve(path: &Path) -> ExitCode {
         &loaded.config.log.level,
         otlp.as_ref(),
     );
-    let rt = runtime(loaded.config.runtime.worker_threads);
+    let workers = match carapace::server::Workers::spawn(worker_count(
+        loaded.config.runtime.worker_threads,
+    )) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("cannot start the workers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = runtime();
     let code = rt.block_on(async move {
         // Handlers first, so a signal during start-up is not fatal.
         use tokio::signal::unix::{signal, SignalKind};
         let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        let running = match carapace::server::start(loaded).await {
+        let running = match carapace::server::start_on(loaded, workers).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("cannot start: {e}");
