@@ -15,8 +15,10 @@ sample app keeps memory for every call), and measures every target in turn, inte
 * new mTLS connections per second (a full handshake for every request),
 * RSS idle and peak, and CPU time per 1,000 requests of the proxy's own processes.
 
-The app and the proxy under test are pinned to core 0, the load generator to core 1. All
-traffic stays on 127.0.0.1. Raw results go to bench/out/results.json, the tables to
+The app and the proxy under test are pinned to core 0, the load generator to core 1. With
+`--workers N`, every proxy runs N workers, the app and the load generator N threads, all
+sharing cores 0..N-1 (the load generator competes with the proxy for them). All traffic stays
+on 127.0.0.1. Raw results go to bench/out/results.json, the tables to
 bench/out/table.md, the latency plot to bench/latency.png. Everything started is stopped on
 exit, Ctrl-C or error.
 """
@@ -48,6 +50,8 @@ LOADGEN = os.path.join(ROOT, "target", "release", "examples", "loadgen")
 APP_ADDR = ("127.0.0.1", 8080)
 PROXY_CORE = "0"
 LOADGEN_CORE = "1"
+# `--workers N`: every proxy, the app and the load generator run N threads on cores 0..N-1.
+WORKERS = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # name, label, port (None: the app itself, plain HTTP)
@@ -82,6 +86,12 @@ STARTED = []  # Popen objects, each the leader of its own process group
 
 def log(msg):
     print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def named(f):
+    """An output file's name: with --workers N, `stem-wN.ext`."""
+    stem, ext = os.path.splitext(f)
+    return f"{stem}-w{WORKERS}{ext}" if WORKERS > 1 else f
 
 
 def run(cmd, **kw):
@@ -186,7 +196,7 @@ app: {{ protocol: tools-v1, address: "{app}" }}
 peers: {{ file: {p('peers.json')} }}
 ops: {{ address: "" }}
 admin: {{ socket: {p(name, 'admin.sock')} }}
-runtime: {{ worker_threads: 1 }}
+runtime: {{ worker_threads: {WORKERS} }}
 """
     # MCP front: the forwarding setup with callers speaking MCP 2026-07-28.
     if kind == "carapace-mcp":
@@ -262,7 +272,7 @@ static_resources:
     write(p("nginx", "nginx.conf"), f"""\
 {user}daemon off;
 master_process on;
-worker_processes 1;
+worker_processes {WORKERS};
 pid {nt}/nginx.pid;
 error_log {nt}/error.log warn;
 events {{ worker_connections 4096; }}
@@ -295,7 +305,7 @@ http {{
 """)
     write(p("haproxy", "haproxy.cfg"), f"""\
 global
-  nbthread 1
+  nbthread {WORKERS}
   maxconn 4096
   pidfile {p('haproxy', 'haproxy.pid')}
 defaults
@@ -429,6 +439,7 @@ def loadgen(target, extra, duration, warmup, pids=None):
     end of the measured window (the warm-up is left out)."""
     name, port = target
     cmd = ["taskset", "-c", LOADGEN_CORE, LOADGEN, *loadgen_args(name, port), *extra,
+           "--threads", str(WORKERS),
            "--duration", str(duration), "--warmup", str(warmup)]
     samples = {}
     timers = []
@@ -474,14 +485,15 @@ def start_targets():
     for name in CARAPACES:
         for f in glob.glob(p(name, "state", "*")):
             os.remove(f)
-    app = start("app", [CARAPACE, "sample-app", "--listen", f"{APP_ADDR[0]}:{APP_ADDR[1]}"])
+    app = start("app", [CARAPACE, "sample-app", "--listen", f"{APP_ADDR[0]}:{APP_ADDR[1]}",
+                        "--threads", str(WORKERS)])
     wait_port(APP_ADDR[1], app, "app")
     procs = {"direct": app}
     failed = {}
     cmds = {
         **{n: [BINARY.get(n, CARAPACE), "serve", "-c", p(n, "carapace.yaml")]
            for n in CARAPACES},
-        "envoy": [envoy_binary(), "-c", p("envoy", "envoy.yaml"), "--concurrency", "1",
+        "envoy": [envoy_binary(), "-c", p("envoy", "envoy.yaml"), "--concurrency", str(WORKERS),
                   "--disable-hot-restart", "-l", "warn", "--log-path", p("envoy", "envoy.log")],
         "nginx": ["nginx", "-p", p("nginx"), "-c", p("nginx", "nginx.conf"),
                   "-e", p("nginx", "error.log")],
@@ -527,16 +539,27 @@ def main():
     ap.add_argument("--baseline", metavar="BIN",
                     help="also run carapace targets with this carapace binary (an earlier "
                     "build), interleaved, as TARGET-base")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="N workers per proxy (nginx worker_processes, HAProxy nbthread, Envoy "
+                    "--concurrency, carapace runtime.worker_threads), the app and the load "
+                    "generator N threads, all sharing cores 0..N-1; results go to "
+                    "*-wN.json/md")
     ap.add_argument("--baseline-targets", default="carapace-full,carapace-fwd",
                     help="the carapace targets --baseline runs (default: %(default)s)")
     args = ap.parse_args()
+    global WORKERS, PROXY_CORE, LOADGEN_CORE
+    if args.workers > 1:
+        if (os.cpu_count() or 1) < args.workers:
+            raise SystemExit(f"--workers {args.workers} needs {args.workers} cores")
+        WORKERS = args.workers
+        PROXY_CORE = LOADGEN_CORE = f"0-{WORKERS - 1}"
     if args.only:
         keep = set(args.only.split(","))
         TARGETS[:] = [t for t in TARGETS if t[0] in keep]
     if args.baseline:
         add_baseline(os.path.abspath(args.baseline), args.baseline_targets.split(","))
     if args.report_only:
-        with open(p("results.json")) as f:
+        with open(p(named("results.json"))) as f:
             results = json.load(f)
         report(results)
         return
@@ -557,7 +580,8 @@ def main():
         "quick": args.quick, "rounds": args.rounds, "saturation_s": sat_s, "rate_s": rate_s,
         "connect_s": conn_s, "warmup_s": warm, "saturation_connections": 32,
         "rate_connections": 32, "connect_connections": 16, "rates": RATES,
-        "proxy_core": PROXY_CORE, "loadgen_core": LOADGEN_CORE}, "targets": {}}
+        "proxy_core": PROXY_CORE, "loadgen_core": LOADGEN_CORE,
+        "workers": WORKERS}, "targets": {}}
     try:
         R = results["targets"]
         for name, label, _ in TARGETS:
@@ -649,12 +673,12 @@ def main():
         stop_all()
 
     if args.only:
-        with open(p("only.json"), "w") as f:
+        with open(p(named("only.json")), "w") as f:
             json.dump(results, f, indent=1)
         brief(results)
         return
     versions(results)
-    with open(p("results.json"), "w") as f:
+    with open(p(named("results.json")), "w") as f:
         json.dump(results, f, indent=1)
     report(results)
 
@@ -692,10 +716,12 @@ def provable_cost(results):
 
 def report(results):
     table = tables(results)
-    with open(p("table.md"), "w") as f:
+    with open(p(named("table.md")), "w") as f:
         f.write(table)
     print()
     print(table)
+    if WORKERS > 1:
+        return log(f"wrote {p(named('results.json'))}, {p(named('table.md'))}")
     plot(results, os.path.join(BENCH, "latency.png"))
     log(f"wrote {p('results.json')}, {p('table.md')}, {os.path.join(BENCH, 'latency.png')}")
 

@@ -50,6 +50,9 @@ struct Args {
     /// `https://IP:PORT/PATH` or `http://IP:PORT/PATH`.
     #[arg(long)]
     url: String,
+    /// Threads generating load (connections are spread over them).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
     /// CA that signed the server's certificate.
     #[arg(long)]
     ca: Option<PathBuf>,
@@ -471,11 +474,18 @@ fn main() -> std::process::ExitCode {
         eprintln!("loadgen: --rate must be at least 1");
         return std::process::ExitCode::from(2);
     }
-    // One thread: the load generator gets one core, pinned by the caller.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // One thread by default: the load generator gets one core, pinned by the caller.
+    let rt = match args.threads {
+        0 | 1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    }
+    .enable_all()
+    .build()
+    .expect("runtime");
     let rec = Arc::new(Record::new());
     let streams = if args.http2 { args.streams.max(1) } else { 1 };
     let summary = rt.block_on(async {

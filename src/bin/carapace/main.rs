@@ -54,6 +54,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Runtime threads serving calls.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
     /// Show or switch the kill-switch of a running carapace through its admin socket.
     KillSwitch {
@@ -163,7 +166,7 @@ fn main() -> ExitCode {
                 .expect("tokio runtime")
                 .block_on(carapace::demo::run())
         }
-        Command::SampleApp { listen } => serve::sample_app(listen),
+        Command::SampleApp { listen, threads } => serve::sample_app(listen, threads),
         Command::KillSwitch {
             action,
             admin_socket,

@@ -133,11 +133,11 @@ pub(crate) fn serve(path: &Path) -> ExitCode {
 }
 
 /// `carapace sample-app`: the demo's memory tool host, until SIGINT or SIGTERM.
-pub(crate) fn sample_app(listen: std::net::SocketAddr) -> ExitCode {
+pub(crate) fn sample_app(listen: std::net::SocketAddr, threads: usize) -> ExitCode {
     init_logging(LogFormat::Text, "info");
     // The benchmarks' app: kept on the scheduler it was measured with.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(threads.max(1))
         .enable_all()
         .build()
         .expect("tokio runtime");
