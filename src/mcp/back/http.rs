@@ -84,7 +84,7 @@ impl HttpServer {
     async fn read_stream(
         &self,
         msg: &Outgoing,
-        mut body: http_body_util::Limited<hyper::body::Incoming>,
+        mut body: http_body_util::Limited<crate::upstream::AppBody>,
     ) -> Result<Option<Reply>, Rejection> {
         let mut parser = SseParser::default();
         while let Some(frame) = body.frame().await {

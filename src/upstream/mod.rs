@@ -1,6 +1,10 @@
-//! The pooled HTTP client to the app, over loopback TCP or a Unix socket.
+//! The pooled HTTP client to the app, over loopback TCP or a Unix socket (and to peers and
+//! catalogs over TLS).
 
-use std::future::Future;
+mod pool;
+
+pub use pool::AppBody;
+
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,9 +14,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -65,12 +66,6 @@ pub enum AppStream {
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
-impl Connection for AppStream {
-    fn connected(&self) -> Connected {
-        Connected::new()
-    }
-}
-
 impl AsyncRead for AppStream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -115,29 +110,18 @@ impl AsyncWrite for AppStream {
     }
 }
 
-impl tower::Service<http::Uri> for AppConnector {
-    type Response = TokioIo<AppStream>;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: http::Uri) -> Self::Future {
-        let target = self.target.clone();
+impl AppConnector {
+    /// A new connection to the target, within the connect timeout.
+    async fn connect(&self) -> io::Result<AppStream> {
         let limit = self.connect_timeout;
-        Box::pin(async move {
-            let stream = tokio::time::timeout(limit, connect(&target))
-                .await
-                .map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("no connection within {} ms", limit.as_millis()),
-                    )
-                })??;
-            Ok(TokioIo::new(stream))
-        })
+        tokio::time::timeout(limit, connect(&self.target))
+            .await
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {} ms", limit.as_millis()),
+                )
+            })?
     }
 }
 
@@ -177,11 +161,12 @@ async fn connect(target: &Target) -> io::Result<AppStream> {
 #[derive(Clone)]
 pub struct AppClient {
     /// One pool per worker (see [`Self::pooled_per_worker`]).
-    clients: Arc<[Client<AppConnector, Full<Bytes>>]>,
-    connector: AppConnector,
+    pools: Arc<pool::Pools>,
     idle_timeout: Duration,
     max_idle: usize,
     authority: Arc<str>,
+    /// `Host` of every request.
+    host: http::HeaderValue,
     max_response_bytes: usize,
     /// Signs every request (RFC 9421), when the other side asks for it.
     signer: Option<Arc<dyn carapace_filters::http_signature::MessageSigner>>,
@@ -260,10 +245,11 @@ impl AppClient {
         };
         let idle_timeout = Duration::from_secs(pool.idle_timeout_s);
         AppClient {
-            clients: Arc::new([pool_client(&connector, idle_timeout, pool.max_idle)]),
-            connector,
+            pools: Arc::new(pool::Pools::new(1, connector, idle_timeout, pool.max_idle)),
             idle_timeout,
             max_idle: pool.max_idle,
+            host: http::HeaderValue::from_str(&authority)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
             authority,
             max_response_bytes: max as usize,
             signer: None,
@@ -274,8 +260,11 @@ impl AppClient {
     /// A pool of connections for each of `workers` (see [`crate::server::Workers`]): a call
     /// uses its worker's pool, so the connection's task and the call run on one thread.
     pub fn pooled_per_worker(mut self, workers: usize) -> Self {
-        let client = || pool_client(&self.connector, self.idle_timeout, self.max_idle);
-        self.clients = (0..workers.max(1)).map(|_| client()).collect();
+        if workers != self.pools.workers() {
+            let connector = self.pools.connector().clone();
+            let pools = pool::Pools::new(workers, connector, self.idle_timeout, self.max_idle);
+            self.pools = Arc::new(pools);
+        }
         self
     }
 
@@ -340,18 +329,17 @@ impl AppClient {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<OpenResponse, Rejection> {
-        let uri = format!("http://{}{}", self.authority, path);
+        let uri = http::Uri::try_from(path).map_err(|e| Rejection::Internal(e.to_string()))?;
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
             .body(Full::new(body.clone()))
             .map_err(|e| Rejection::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
+        // The authority signed is the one sent.
+        req.headers_mut()
+            .insert(http::header::HOST, self.host.clone());
         if let Some(signer) = &self.signer {
-            // The authority signed is the one sent: set `Host` from it before signing.
-            if let Ok(host) = http::HeaderValue::from_str(&self.authority) {
-                req.headers_mut().insert(http::header::HOST, host);
-            }
             let nonce = hex::encode(rand::random::<[u8; 16]>());
             let created = carapace_filters::unix_now_ms() / 1000;
             carapace_filters::http_signature::sign_request(
@@ -363,59 +351,27 @@ impl AppClient {
                 &nonce,
             );
         }
-        let client = &self.clients[crate::server::worker_index() % self.clients.len()];
-        let resp = client.request(req).await.map_err(|e| request_failure(&e))?;
+        let (resp, lease) = self.pools.send(req).await.map_err(|e| match e {
+            pool::Failure::Unsent(e) => Rejection::AppUnavailable(e),
+            pool::Failure::Sent(e) => {
+                Rejection::AppInvalid(format!("after the request was sent: {e}"))
+            }
+        })?;
         let (head, body) = resp.into_parts();
         Ok(OpenResponse {
             status: head.status,
             headers: head.headers,
-            body: Limited::new(body, self.max_response_bytes),
+            body: Limited::new(AppBody::new(body, lease), self.max_response_bytes),
         })
     }
-}
-
-fn pool_client(
-    connector: &AppConnector,
-    idle_timeout: Duration,
-    max_idle: usize,
-) -> Client<AppConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(idle_timeout)
-        .pool_max_idle_per_host(max_idle)
-        .build(connector.clone())
 }
 
 /// An answer whose body is read as it arrives.
 pub struct OpenResponse {
     pub status: StatusCode,
     pub headers: http::HeaderMap,
-    pub body: Limited<hyper::body::Incoming>,
+    pub body: Limited<AppBody>,
 }
 
-/// A request that failed before it was written (no connection, or hyper gave it back unsent)
-/// never reached the app: `AppUnavailable`, retryable. Once it was written the app may have
-/// acted on it, whatever came back (a close or reset before or inside the answer, a malformed
-/// head): `AppInvalid`, which a caller must not retry blindly.
-fn request_failure(e: &hyper_util::client::legacy::Error) -> Rejection {
-    let unsent = e.is_connect()
-        || std::error::Error::source(e)
-            .and_then(|s| s.downcast_ref::<hyper::Error>())
-            .is_some_and(hyper::Error::is_canceled);
-    if unsent {
-        Rejection::AppUnavailable(error_chain(e))
-    } else {
-        Rejection::AppInvalid(format!("after the request was sent: {}", error_chain(e)))
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Where a proxy's CPU goes at saturation: `perf record -g` on one target of bench/compare.py.
+
+    python3 bench/profile.py [--no-build] [--target carapace-full] [--duration 5]
+
+Same setup as bench/compare.py (its certificates, configurations, pinning and load generator):
+the app and the proxy on core 0, the load generator on core 1, one worker each, mTLS, 32
+connections in a closed loop. `perf record -g` samples the proxy's processes (every thread)
+for the measured window only. Writes bench/out/profile-TARGET.data, and to
+bench/out/profile-TARGET.txt the share of samples by binary (kernel, the proxy, libc) and the
+top functions by exclusive (self) samples, with the flat view kept as the grouping.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare as c  # noqa: E402
+
+
+def record(target, pids, duration, warmup, data, dwarf):
+    perf = {}
+
+    def begin():
+        perf["proc"] = subprocess.Popen(
+            ["perf", "record", *(["--call-graph", "dwarf,16384", "-F", "499"] if dwarf
+                                 else ["-g", "-F", "2999"]), "-o", data,
+             "-p", ",".join(str(x) for x in pids)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def end():
+        perf["proc"].send_signal(signal.SIGINT)
+        perf["proc"].wait()
+
+    timers = [threading.Timer(0.05 + warmup, begin),
+              threading.Timer(0.05 + warmup + duration, end)]
+    for t in timers:
+        t.start()
+    res = c.loadgen(target, ["--mode", "closed", "--connections", "32"], duration, warmup)
+    for t in timers:
+        t.join()
+    return res
+
+
+def report(data, what):
+    out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio",
+                          "--sort", what, "-g", "none", "--percent-limit", "0.3"],
+                         capture_output=True, text=True)
+    return "\n".join(line.rstrip() for line in out.stdout.splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="carapace-full")
+    ap.add_argument("--duration", type=float, default=5)
+    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--dwarf", action="store_true",
+                    help="DWARF call graphs (callers of Rust functions; large data, slow)")
+    args = ap.parse_args()
+    c.TARGETS[:] = [t for t in c.TARGETS if t[0] == args.target]
+    if not c.TARGETS:
+        raise SystemExit(f"unknown target {args.target}")
+    os.makedirs(c.OUT, exist_ok=True)
+    c.ensure_deps()
+    if not args.no_build:
+        c.build()
+    c.make_certs()
+    c.make_configs()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    data = c.p(f"profile-{args.target}.data")
+    try:
+        procs, failed = c.start_targets()
+        if failed:
+            raise SystemExit(f"{args.target}: {failed[args.target]}")
+        name, _, port = c.TARGETS[0]
+        c.loadgen((name, port), ["--mode", "rate", "--rate", "20", "--connections", "1"], 0.5, 0)
+        res = record((name, port), c.proc_tree(procs[name].pid), args.duration, 1, data,
+                     args.dwarf)
+    finally:
+        c.stop_all()
+    if "error" in res or res.get("errors"):
+        raise SystemExit(f"load failed: {res}")
+    text = (f"# {c.LABEL[args.target]}: {res['throughput_rps']:,.0f} req/s, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+            f"## by binary\n{report(data, 'dso')}\n\n## by function (self)\n"
+            f"{report(data, 'dso,symbol')}\n")
+    with open(c.p(f"profile-{args.target}.txt"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        c.stop_all()
+        sys.exit(130)

@@ -1,0 +1,251 @@
+//! Pools of HTTP/1.1 connections to one target, one pool per worker, driven by hyper's
+//! connection API: a call takes an idle connection of its own worker (or opens one there),
+//! sends on it, and gives it back once the answer has been read to its end. A connection's
+//! task runs on the worker that opened it, so a call and its connection share one thread.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+
+use super::{AppConnector, AppStream};
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// Why a request got no answer.
+pub(super) enum Failure {
+    /// Nothing was written: no connection, or hyper gave the request back unsent.
+    Unsent(String),
+    /// The request was (or may have been) written: the app may have acted on it.
+    Sent(String),
+}
+
+/// One idle connection.
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+/// The idle connections of one worker (its lock is only ever taken on that worker's thread,
+/// so it is never contended).
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<Vec<Idle>>,
+    /// A sweeper closes this pool's connections idle past the timeout.
+    sweeping: AtomicBool,
+}
+
+/// Per-worker pools to one target.
+pub(super) struct Pools {
+    per_worker: Box<[Pool]>,
+    connector: AppConnector,
+    idle_timeout: Duration,
+    max_idle: usize,
+}
+
+impl Pools {
+    pub(super) fn new(
+        workers: usize,
+        connector: AppConnector,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) -> Pools {
+        Pools {
+            per_worker: (0..workers.max(1)).map(|_| Pool::default()).collect(),
+            connector,
+            idle_timeout,
+            max_idle,
+        }
+    }
+
+    pub(super) fn workers(&self) -> usize {
+        self.per_worker.len()
+    }
+
+    pub(super) fn connector(&self) -> &AppConnector {
+        &self.connector
+    }
+
+    fn home(&self) -> usize {
+        crate::server::worker_index() % self.per_worker.len()
+    }
+
+    /// The most recently used idle connection of this worker that can take a request.
+    async fn checkout(&self, home: usize) -> Option<Sender> {
+        loop {
+            let Idle { mut sender, since } = lock(&self.per_worker[home].idle).pop()?;
+            // Ready at once unless its connection closed (then it is dropped here).
+            if since.elapsed() < self.idle_timeout && sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    /// Send `req` on a pooled connection, or a new one. A pooled connection the app closed
+    /// meanwhile gives the request back unsent; it then goes on the next one.
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        mut req: Request<Full<Bytes>>,
+    ) -> Result<(Response<Incoming>, Lease), Failure> {
+        let home = self.home();
+        loop {
+            let (mut sender, fresh) = match self.checkout(home).await {
+                Some(s) => (s, false),
+                None => (self.connect().await?, true),
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let lease = Lease {
+                        sender: Some(sender),
+                        pools: self.clone(),
+                        home,
+                    };
+                    return Ok((resp, lease));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if !fresh => req = unsent,
+                    Some(_) => return Err(Failure::Unsent(error_chain(&e.into_error()))),
+                    None => return Err(Failure::Sent(error_chain(&e.into_error()))),
+                },
+            }
+        }
+    }
+
+    /// A new connection on this worker, its task spawned here.
+    async fn connect(&self) -> Result<Sender, Failure> {
+        let stream: AppStream = self
+            .connector
+            .connect()
+            .await
+            .map_err(|e| Failure::Unsent(error_chain(&e)))?;
+        let (mut sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Failure::Unsent(error_chain(&e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("app connection ended: {e}");
+            }
+        });
+        sender
+            .ready()
+            .await
+            .map_err(|e| Failure::Unsent(error_chain(&e)))?;
+        Ok(sender)
+    }
+
+    /// Take a connection back after its answer was read to the end.
+    fn checkin(self: &Arc<Self>, home: usize, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let pool = &self.per_worker[home];
+        let mut idle = lock(&pool.idle);
+        if idle.len() >= self.max_idle {
+            return;
+        }
+        idle.push(Idle {
+            sender,
+            since: Instant::now(),
+        });
+        drop(idle);
+        if !pool.sweeping.swap(true, Ordering::AcqRel) {
+            tokio::spawn(sweep(self.clone(), home));
+        }
+    }
+}
+
+/// Close the connections of one pool idle past the timeout, until the pool is empty.
+async fn sweep(pools: Arc<Pools>, home: usize) {
+    let pool = &pools.per_worker[home];
+    loop {
+        tokio::time::sleep(pools.idle_timeout).await;
+        let mut idle = lock(&pool.idle);
+        // Oldest first: connections are given back in the order they were used.
+        let stale = idle.partition_point(|i| i.since.elapsed() >= pools.idle_timeout);
+        idle.drain(..stale);
+        idle.retain(|i| !i.sender.is_closed());
+        if idle.is_empty() {
+            pool.sweeping.store(false, Ordering::Release);
+            return;
+        }
+    }
+}
+
+fn lock(m: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A connection lent to one answer: back to its pool when the answer's body has ended.
+pub(super) struct Lease {
+    sender: Option<Sender>,
+    pools: Arc<Pools>,
+    home: usize,
+}
+
+impl Lease {
+    fn release(&mut self) {
+        if let Some(sender) = self.sender.take() {
+            self.pools.checkin(self.home, sender);
+        }
+    }
+}
+
+/// An answer's body; its connection goes back to the pool when the body has been read to
+/// its end (a body dropped earlier closes its connection).
+pub struct AppBody {
+    inner: Incoming,
+    lease: Lease,
+}
+
+impl AppBody {
+    pub(super) fn new(inner: Incoming, lease: Lease) -> AppBody {
+        AppBody { inner, lease }
+    }
+}
+
+impl Body for AppBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if frame.is_none() {
+            this.lease.release();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
