@@ -170,7 +170,7 @@ impl SkillV1Front {
             fields
                 .get(k)
                 .and_then(Value::as_str)
-                .ok_or(Rejection::InvalidRequest {
+                .ok_or_else(|| Rejection::InvalidRequest {
                     message: format!("`{k}` must be a string"),
                     path: Some(format!("/{k}")),
                 })
@@ -198,7 +198,7 @@ impl SkillV1Front {
             .get("timestamp")
             .and_then(Value::as_f64)
             .filter(|t| t.is_finite() && *t >= 0.0 && t.fract() == 0.0 && *t < 9.0e15)
-            .ok_or(Rejection::InvalidRequest {
+            .ok_or_else(|| Rejection::InvalidRequest {
                 message: "`timestamp` must be a whole, non-negative number of Unix ms".into(),
                 path: Some("/timestamp".into()),
             })?;

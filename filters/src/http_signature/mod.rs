@@ -221,14 +221,14 @@ impl HttpSignatureLayer {
         let sig = sigs
             .into_iter()
             .find(covers)
-            .ok_or(fail(SignatureError::Coverage))?;
+            .ok_or_else(|| fail(SignatureError::Coverage))?;
         if sig.nonce.is_empty() || sig.nonce.len() > MAX_NONCE_LEN {
             return Err(fail(SignatureError::Nonce));
         }
         let signer = self
             .keys
             .key(&sig.keyid)
-            .ok_or(fail(SignatureError::UnknownKey))?;
+            .ok_or_else(|| fail(SignatureError::UnknownKey))?;
         if sig.alg.as_deref().is_some_and(|a| a != signer.key.alg()) {
             return Err(fail(SignatureError::Algorithm));
         }
@@ -259,7 +259,7 @@ impl HttpSignatureLayer {
         if sig.components.iter().any(|c| c == "content-digest") {
             let digest = joined(h, "content-digest")
                 .map_err(fail)?
-                .ok_or(fail(SignatureError::Digest))?;
+                .ok_or_else(|| fail(SignatureError::Digest))?;
             message::check_content_digest(&digest, req.body()).map_err(fail)?;
         }
         Ok(Checked {
