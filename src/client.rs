@@ -70,7 +70,8 @@ pub fn tls_config(ca_pem: &str, identity: Option<&Issued>, h2: bool) -> Arc<Clie
     Arc::new(config)
 }
 
-/// One connection per request; enough for demonstrations and tests.
+/// One connection per request, or several requests on one ([`Client::open`]); enough for
+/// demonstrations and tests.
 #[derive(Clone)]
 pub struct Client {
     transport: Transport,
@@ -112,7 +113,7 @@ impl Client {
         })
     }
 
-    /// Send one request and read the whole answer.
+    /// Send one request on a connection of its own and read the whole answer.
     pub async fn send(
         &self,
         method: Method,
@@ -120,15 +121,65 @@ impl Client {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<Reply, String> {
+        self.open().await?.send(method, path, headers, body).await
+    }
+
+    /// Open one connection to send several requests on, one after the other.
+    pub async fn open(&self) -> Result<Connection, String> {
         let io = TokioIo::new(self.connect().await?);
+        let sender = if self.h2 {
+            let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Sender::H2(sender)
+        } else {
+            let (sender, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Sender::H1(sender)
+        };
+        Ok(Connection { sender })
+    }
+    /// `POST` a JSON value.
+    pub async fn post_json(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &serde_json::Value,
+    ) -> Result<Reply, String> {
+        self.send(Method::POST, path, headers, body.to_string())
+            .await
+    }
+}
+
+/// One open connection ([`Client::open`]).
+pub struct Connection {
+    sender: Sender,
+}
+
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Connection {
+    /// Send a request on this connection and read the whole answer.
+    pub async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Result<Reply, String> {
         let mut req = Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::CONTENT_TYPE, "application/json");
-        if !self.h2 {
-            req = req.header(http::header::HOST, "localhost");
-        } else {
-            req = req.uri(format!("https://localhost{path}"));
+        match self.sender {
+            Sender::H1(_) => req = req.header(http::header::HOST, "localhost"),
+            Sender::H2(_) => req = req.uri(format!("https://localhost{path}")),
         }
         for (k, v) in headers {
             req = req.header(*k, *v);
@@ -136,20 +187,17 @@ impl Client {
         let req = req
             .body(Full::new(body.into()))
             .map_err(|e| e.to_string())?;
-        let resp = if self.h2 {
-            let (mut sender, conn) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            sender.send_request(req).await.map_err(|e| e.to_string())?
-        } else {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            sender.send_request(req).await.map_err(|e| e.to_string())?
-        };
+        let resp = match &mut self.sender {
+            Sender::H1(s) => {
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(req).await
+            }
+            Sender::H2(s) => {
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(req).await
+            }
+        }
+        .map_err(|e| e.to_string())?;
         let status = resp.status();
         let headers = resp.headers().clone();
         let collected = resp
@@ -164,17 +212,6 @@ impl Client {
             body: collected.to_bytes(),
             trailers,
         })
-    }
-
-    /// `POST` a JSON value.
-    pub async fn post_json(
-        &self,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &serde_json::Value,
-    ) -> Result<Reply, String> {
-        self.send(Method::POST, path, headers, body.to_string())
-            .await
     }
 }
 

@@ -9,10 +9,12 @@
 //! `first_request_timeout_ms`. The [`ConnectionTable`] keeps such connections, and every
 //! other unpaired one, from ever locking out a paired peer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -20,7 +22,8 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tower::ServiceExt;
+use tower::util::Oneshot;
+use tower::{Service, ServiceExt};
 
 use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirectory};
 
@@ -82,6 +85,42 @@ fn http_builder(cfg: &Loaded, h2_only: bool, single_answer: bool) -> auto::Build
     b
 }
 
+/// A connection's copy of its listener's stack, made once and made again only when the stack
+/// was replaced (a reload or an installed pairing), so that every request runs on the stack
+/// current when it arrived without copying the stack per request.
+struct ConnectionStack {
+    stacks: Arc<ArcSwap<HttpStack>>,
+    copy: Mutex<(Arc<HttpStack>, HttpStack)>,
+}
+
+type StackFuture = <HttpStack as Service<Request<CallerBody>>>::Future;
+
+impl ConnectionStack {
+    fn new(stacks: Arc<ArcSwap<HttpStack>>) -> Self {
+        let current = stacks.load_full();
+        let copy = Mutex::new((current.clone(), current.as_ref().clone()));
+        ConnectionStack { stacks, copy }
+    }
+
+    /// Start `req` on the current stack.
+    fn call(
+        &self,
+        req: Request<CallerBody>,
+    ) -> Either<StackFuture, Oneshot<HttpStack, Request<CallerBody>>> {
+        let current = self.stacks.load();
+        let mut copy = self.copy.lock().unwrap_or_else(|e| e.into_inner());
+        if !Arc::ptr_eq(&copy.0, &current) {
+            *copy = (Arc::clone(&current), current.as_ref().clone());
+        }
+        // Every layer is ready at once (limits are taken in `call`); should one not be, the
+        // request waits for readiness on a copy of its own.
+        match copy.1.ready().now_or_never() {
+            Some(Ok(svc)) => Either::Left(svc.call(req)),
+            _ => Either::Right(copy.1.clone().oneshot(req)),
+        }
+    }
+}
+
 /// Serve one accepted connection under the graceful-shutdown watcher, until it ends, the
 /// table evicts it, or it sits idle past its lifetime.
 async fn serve_connection<IO>(
@@ -101,16 +140,17 @@ async fn serve_connection<IO>(
     let cfg = shared.config.load_full();
     let builder = http_builder(&cfg, h2_only, lifetime.single_answer);
     let requests = slot.requests();
+    let stack = ConnectionStack::new(stacks);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let expectation = BodyExpectation::of(&req);
         let (mut parts, body) = req.into_parts();
         parts.extensions.insert(identity.clone());
         let (body, unread) = CallerBody::new(body);
         let req = Request::from_parts(parts, body);
-        let stack = stacks.load_full();
         let guard = requests.start();
+        let call = stack.call(req);
         async move {
-            let mut resp = stack.as_ref().clone().oneshot(req).await;
+            let mut resp = call.await;
             if let (Ok(resp), Some(rest)) = (&mut resp, unread.and_then(Unread::take)) {
                 caller_body::settle(rest, expectation, resp);
             }
@@ -287,11 +327,11 @@ async fn serve_tcp(
     };
     let (_, conn) = tls.get_ref();
     let identity = match conn.peer_certificates().and_then(|c| c.first()) {
-        Some(cert) => ConnectionIdentity::Certificate(PeerCertificate {
+        Some(cert) => ConnectionIdentity::Certificate(Arc::new(PeerCertificate {
             fingerprint: crate::tls::fingerprint(cert),
             gateway_id: crate::tls::gateway_id(cert),
             ca_fingerprint: listener_tls.client_ca_fingerprint.clone(),
-        }),
+        })),
         None => ConnectionIdentity::Anonymous {
             remote_ip: Some(peer.ip()),
         },

@@ -809,6 +809,51 @@ async fn a_reload_applies_new_tool_settings_and_refuses_a_bad_file() {
 }
 
 #[tokio::test]
+async fn a_reload_applies_to_the_next_request_of_a_connection_already_open() {
+    let env = Env::new().await;
+    let r = env.start(&env.tools_yaml("")).await;
+    // Over 1 KiB, under the default body limit.
+    let big = call("memory.append", json!({"text": "x".repeat(1500)})).to_string();
+    let mut h1 = env.gateway(&r).open().await.unwrap();
+    let mut h2 = env
+        .tls_client(&r, Some(&env.pki.gateway), true)
+        .open()
+        .await
+        .unwrap();
+    for conn in [&mut h1, &mut h2] {
+        let reply = conn
+            .send(Method::POST, "/v1/tools/call", &[], big.clone())
+            .await
+            .unwrap();
+        assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    }
+    assert_eq!(env.app.received().len(), 2);
+
+    std::fs::write(
+        env.path().join("carapace.yaml"),
+        env.tools_yaml("limits: { max_body_bytes: 1024 }"),
+    )
+    .unwrap();
+    r.reload().await.unwrap();
+    // The same connections: their next request meets the new limit, and never reaches the app.
+    for conn in [&mut h1, &mut h2] {
+        let reply = conn
+            .send(Method::POST, "/v1/tools/call", &[], big.clone())
+            .await
+            .unwrap();
+        assert_error(&reply, StatusCode::PAYLOAD_TOO_LARGE, "INVALID_ARGS");
+    }
+    assert_eq!(env.app.received().len(), 2);
+    let small = call("memory.query", json!({"query": "x"})).to_string();
+    let reply = h2
+        .send(Method::POST, "/v1/tools/call", &[], small)
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    r.shutdown().await;
+}
+
+#[tokio::test]
 async fn revoking_a_peer_through_the_admin_socket_fails_its_next_request() {
     let env = Env::new().await;
     let r = env.start(&env.tools_yaml("")).await;

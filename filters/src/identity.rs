@@ -27,8 +27,9 @@ pub const PEER_FINGERPRINT: HeaderName = HeaderName::from_static("x-carapace-pee
 pub enum ConnectionIdentity {
     /// The local Unix socket: no authentication, by the protocol's local mode.
     Local,
-    /// TLS with a verified client certificate.
-    Certificate(PeerCertificate),
+    /// TLS with a verified client certificate (shared: every request on the connection
+    /// carries it).
+    Certificate(Arc<PeerCertificate>),
     /// TLS or loopback TCP without a client certificate (signed fronts only), from this
     /// address.
     Anonymous { remote_ip: Option<std::net::IpAddr> },
@@ -239,11 +240,11 @@ mod tests {
     }
 
     fn cert(fingerprint: &str) -> ConnectionIdentity {
-        ConnectionIdentity::Certificate(PeerCertificate {
+        ConnectionIdentity::Certificate(Arc::new(PeerCertificate {
             fingerprint: fingerprint.into(),
             gateway_id: None,
             ca_fingerprint: None,
-        })
+        }))
     }
 
     fn req(id: Option<ConnectionIdentity>) -> http::Request<()> {

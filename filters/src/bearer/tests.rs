@@ -357,11 +357,11 @@ async fn an_unknown_kid_refreshes_the_keys_once() {
 #[tokio::test]
 async fn paired_peers_keep_their_identity_and_lose_the_header() {
     let k = es256("k1");
-    let cert = ConnectionIdentity::Certificate(PeerCertificate {
+    let cert = ConnectionIdentity::Certificate(Arc::new(PeerCertificate {
         fingerprint: "sha256:aa".into(),
         gateway_id: None,
         ca_fingerprint: None,
-    });
+    }));
     let r = send(keys(&[&k]), cert, "/mcp", Some("whatever"))
         .await
         .unwrap();

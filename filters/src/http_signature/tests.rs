@@ -163,11 +163,11 @@ fn anon() -> ConnectionIdentity {
 }
 
 fn cert() -> ConnectionIdentity {
-    ConnectionIdentity::Certificate(PeerCertificate {
+    ConnectionIdentity::Certificate(Arc::new(PeerCertificate {
         fingerprint: "sha256:aa".into(),
         gateway_id: None,
         ca_fingerprint: None,
-    })
+    }))
 }
 
 fn text(r: Result<Option<Arc<Principal>>, Rejection>) -> String {
