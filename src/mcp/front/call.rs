@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::Request;
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use carapace_filters::call::{Credential, Principal, ToolCall};
+use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::Rejection;
 
 use super::{complete, refused, Era, McpFront};
@@ -69,7 +70,7 @@ impl McpFront {
         let this = self.clone();
         let cancel_key = session.clone().map(|s| ("mcp", s, id.to_string()));
         let call = async move {
-            let call = this.call(&req, id.clone(), &params, principal, &version, stream);
+            let call = this.call(&req, id.clone(), params, principal, &version, stream);
             let Some(key) = cancel_key else {
                 return call.await;
             };
@@ -95,20 +96,20 @@ impl McpFront {
         &self,
         req: &Request<Bytes>,
         id: Value,
-        params: &Map<String, Value>,
+        mut params: Map<String, Value>,
         principal: Arc<Principal>,
         version: &str,
         stream: Option<CallerStream>,
     ) -> Resp {
         let started = Instant::now();
-        let mut call = match self.decode_call(req, params, principal) {
+        let mut call = match self.decode_call(req, &mut params, principal) {
             Ok(call) => call,
             Err(e) => return refused(Some(&id), &e),
         };
         if let Some(stream) = stream {
             call.extensions.insert(stream);
         }
-        if let Some(retry) = RetryInput::of(params) {
+        if let Some(retry) = RetryInput::of(&params) {
             call.extensions.insert(retry);
         }
         tracing::Span::current().record("tool", call.tool.name.as_str());
@@ -125,11 +126,16 @@ impl McpFront {
             },
             call,
             started,
-            |outcome, _, _, _| {
-                result_response(
+            |outcome, _, _, _| match outcome {
+                CallOutcome::Ok {
+                    output,
+                    content: None,
+                    ..
+                } => output_answer(&id, output, version, legacy_structured),
+                _ => result_response(
                     &id,
                     complete(tool_result(outcome, version, legacy_structured), version),
-                )
+                ),
             },
             |r, _, _, _| {
                 let mut resp = result_response(&id, complete(refusal_result(r), version));
@@ -141,25 +147,26 @@ impl McpFront {
         .await
     }
 
+    /// The call `params` describe; its `arguments` are moved out of them.
     fn decode_call(
         &self,
         req: &Request<Bytes>,
-        params: &Map<String, Value>,
+        params: &mut Map<String, Value>,
         principal: Arc<Principal>,
     ) -> Result<ToolCall, McpError> {
-        let name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
-        let args = match params.get("arguments") {
+        let args = match params.remove("arguments") {
             None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(a @ Value::Object(_)) => a.clone(),
+            Some(a @ Value::Object(_)) => a,
             Some(_) => {
                 return Err(McpError::InvalidParams(
                     "`arguments` must be an object".into(),
                 ))
             }
         };
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
         if !self.catalog.discovered() {
             return Err(McpError::Refused(Rejection::AppUnavailable(
                 "tool discovery has not succeeded yet".into(),
@@ -211,6 +218,68 @@ impl McpFront {
     }
 }
 
+/// The answer to a call whose result is the app's output as it is (an HTTP app: no content
+/// blocks of its own), written from borrowed parts: the same bytes as
+/// `result_response(id, complete(tool_result(..)))`, without copying the output into a result
+/// first.
+fn output_answer(id: &Value, output: &Value, version: &str, structured: bool) -> Resp {
+    // Members in the order of the result values (sorted by name).
+    #[derive(Serialize)]
+    struct Answer<'a> {
+        id: &'a Value,
+        jsonrpc: &'static str,
+        result: OutputResult<'a>,
+    }
+    #[derive(Serialize)]
+    struct OutputResult<'a> {
+        #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+        meta: Option<ServerMeta>,
+        content: [TextBlock; 1],
+        #[serde(rename = "isError")]
+        is_error: bool,
+        #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
+        result_type: Option<&'static str>,
+        #[serde(rename = "structuredContent", skip_serializing_if = "Option::is_none")]
+        structured: Option<&'a Value>,
+    }
+    #[derive(Serialize)]
+    struct TextBlock {
+        text: String,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    }
+    #[derive(Serialize)]
+    struct ServerMeta {
+        #[serde(rename = "io.modelcontextprotocol/serverInfo")]
+        server_info: ServerInfo,
+    }
+    #[derive(Serialize)]
+    struct ServerInfo {
+        name: &'static str,
+        version: &'static str,
+    }
+    let modern = version == MODERN_VERSION;
+    let text = serde_json::to_string(output).expect("JSON values serialize");
+    // Before 2026-07-28 structured content is an object.
+    let structured = structured && (modern || output.is_object());
+    let server_info = ServerInfo {
+        name: "carapace",
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let answer = Answer {
+        id,
+        jsonrpc: "2.0",
+        result: OutputResult {
+            meta: modern.then_some(ServerMeta { server_info }),
+            content: [TextBlock { text, kind: "text" }],
+            is_error: false,
+            result_type: modern.then_some("complete"),
+            structured: structured.then_some(output),
+        },
+    };
+    front::json_response(http::StatusCode::OK, &answer)
+}
+
 /// Whether the caller takes trailer fields: HTTP/2, or HTTP/1.1 with `TE: trailers` (an
 /// HTTP/1.1 server sends none otherwise).
 fn takes_trailers(req: &Request<Bytes>) -> bool {
@@ -235,4 +304,59 @@ fn accepts_stream(req: &Request<Bytes>) -> bool {
                 .next()
                 .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use serde_json::json;
+
+    async fn bytes(resp: Resp) -> Vec<u8> {
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    #[tokio::test]
+    async fn an_output_answer_is_the_bytes_of_the_built_result() {
+        let outputs = [
+            json!({"b": [1, 2.5, "x"], "a": {"z": null, "y": true}}),
+            json!("just text, with \"quotes\" and \u{e9}"),
+            json!([1, 2, 3]),
+        ];
+        let versions = [
+            MODERN_VERSION,
+            LEGACY_VERSIONS[0],
+            LEGACY_VERSIONS[1],
+            LEGACY_VERSIONS[2],
+        ];
+        for output in &outputs {
+            for version in versions {
+                for structured in [true, false] {
+                    for id in [json!(7), json!("req-1")] {
+                        let outcome = CallOutcome::Ok {
+                            output: output.clone(),
+                            meta: None,
+                            content: None,
+                        };
+                        let built = result_response(
+                            &id,
+                            complete(tool_result(&outcome, version, structured), version),
+                        );
+                        let fast = output_answer(&id, output, version, structured);
+                        assert_eq!(fast.status(), built.status());
+                        assert_eq!(
+                            String::from_utf8(bytes(fast).await).unwrap(),
+                            String::from_utf8(bytes(built).await).unwrap(),
+                            "{version} structured={structured} {output}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
