@@ -106,6 +106,35 @@ pub fn matches_action(pattern: &str, action: &str) -> bool {
     }
 }
 
+/// An action as the concatenation of its two parts.
+#[derive(Clone, Copy)]
+struct Action<'a>(&'a str, &'a str);
+
+impl Action<'_> {
+    /// Whether the action is `text`.
+    fn is(self, text: &str) -> bool {
+        text.len() == self.0.len() + self.1.len()
+            && text.starts_with(self.0)
+            && &text[self.0.len()..] == self.1
+    }
+
+    /// Whether the action starts with `prefix`.
+    fn starts_with(self, prefix: &str) -> bool {
+        match prefix.strip_prefix(self.0) {
+            Some(rest) => self.1.starts_with(rest),
+            None => self.0.starts_with(prefix),
+        }
+    }
+
+    /// [`matches_action`] for this action.
+    fn matched_by(self, pattern: &str) -> bool {
+        match pattern.strip_suffix('*') {
+            Some(prefix) => self.starts_with(prefix),
+            None => self.is(pattern),
+        }
+    }
+}
+
 /// How a denied action is answered, when the caller's credential says more than `Forbidden`
 /// (an OAuth token answers with the scope it lacks).
 pub trait Denial: Send + Sync + std::fmt::Debug + 'static {
@@ -176,23 +205,29 @@ impl Permissions {
     /// Whether `action` is allowed at `now_ms`: granted by the role, the policy or a lease in
     /// force, and denied by neither the policy nor a lease in force.
     pub fn allows(&self, action: &str, now_ms: u64) -> bool {
-        if action == PAIR_START {
+        self.allows_action(Action(action, ""), now_ms)
+    }
+
+    /// [`Permissions::allows`] for an action given in two parts.
+    fn allows_action(&self, action: Action<'_>, now_ms: u64) -> bool {
+        if action.is(PAIR_START) {
             return false;
         }
-        let any = |patterns: &[String]| patterns.iter().any(|p| matches_action(p, action));
+        let any = |patterns: &[String]| patterns.iter().any(|p| action.matched_by(p));
         let mut leases = self.policy.leases.iter().filter(|l| l.in_force(now_ms));
         let granted = role_defaults(&self.role)
             .iter()
-            .any(|p| matches_action(p, action))
+            .any(|p| action.matched_by(p))
             || any(&self.policy.allow)
             || leases.clone().any(|l| any(&l.allow));
         let denied = any(&self.policy.deny) || leases.any(|l| any(&l.deny));
         granted && !denied
     }
 
-    /// Whether the peer may call `tool`.
+    /// Whether the peer may call `tool` (the action `tool.call:<tool>`, checked on every call
+    /// without building its text).
     pub fn may_call(&self, tool: &str, now_ms: u64) -> bool {
-        self.allows(&format!("tool.call:{tool}"), now_ms)
+        self.allows_action(Action("tool.call:", tool), now_ms)
     }
 
     /// Whether the peer may read the MCP resource `uri` (or see it listed).
@@ -302,6 +337,39 @@ mod tests {
                 leases,
             },
         )
+    }
+
+    #[test]
+    fn an_action_in_two_parts_matches_as_its_text_does() {
+        let patterns = [
+            "tool.call:*",
+            "tool.call:memory.query",
+            "tool.call:memory.*",
+            "tool.*",
+            "*",
+            "tool.call:",
+            "tool.call:memory.query.x",
+            "tool.cal",
+            "tool.call:memory.quer",
+            "resource.read:*",
+            "tool.call:memory.query*",
+        ];
+        let actions = [
+            ("tool.call:", "memory.query"),
+            ("tool.call:", ""),
+            ("tool.", "call:x"),
+            ("", "tool.call:memory.query"),
+        ];
+        for (a, b) in actions {
+            let text = format!("{a}{b}");
+            for p in patterns {
+                assert_eq!(
+                    Action(a, b).matched_by(p),
+                    matches_action(p, &text),
+                    "{p} against {a}|{b}"
+                );
+            }
+        }
     }
 
     #[test]
