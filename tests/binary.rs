@@ -726,6 +726,13 @@ async fn secrets_never_appear_in_trace_logs() {
         log.matches("signature verified").count() >= 2,
         "the calls were not logged:\n{log}"
     );
+    // Each line of a call is written in the call's span, with its request id.
+    for line in log.lines().filter(|l| l.contains("signature verified")) {
+        assert!(
+            line.contains(r#""name":"call""#) && line.contains(r#""request_id":""#),
+            "a call's line without its span: {line}"
+        );
+    }
     let b64 = base64::engine::general_purpose::STANDARD;
     let b64url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let mut forbidden = vec![

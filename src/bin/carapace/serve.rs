@@ -29,11 +29,6 @@ pub(crate) fn init_tracing(
     use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = match format {
-        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
-        LogFormat::Text => fmt.with_ansi(false).with_filter(filter).boxed(),
-    };
     let (spans, exporter) = match otlp.map(carapace::telemetry::otlp_layer) {
         Some(Ok((layer, exporter))) => (Some(layer), Some(exporter)),
         Some(Err(e)) => {
@@ -42,8 +37,33 @@ pub(crate) fn init_tracing(
         }
         None => (None, None),
     };
-    tracing_subscriber::registry().with(fmt).with(spans).init();
+    match spans {
+        // Exported spans have a filter of their own, so the log level filters the logs only.
+        Some(spans) => tracing_subscriber::registry()
+            .with(log_layer(format).with_filter(filter))
+            .with(spans)
+            .init(),
+        // Otherwise the log level filters everything, once, for the whole subscriber (no
+        // per-layer filter state kept for every span).
+        None => tracing_subscriber::registry()
+            .with(filter)
+            .with(log_layer(format))
+            .init(),
+    }
     exporter
+}
+
+/// Log lines on stderr, as text or JSON.
+fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer;
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+        LogFormat::Text => fmt.with_ansi(false).boxed(),
+    }
 }
 
 /// The runtime `serve` starts on: worker 0's event loop on the main thread (tokio's
