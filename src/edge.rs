@@ -87,8 +87,9 @@ pub struct RandomRequestId;
 
 impl MakeRequestId for RandomRequestId {
     fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
-        let id = hex::encode(rand::random::<[u8; 16]>());
-        HeaderValue::from_str(&id).ok().map(RequestId::new)
+        let mut id = [0u8; 32];
+        hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut id).expect("32 hex digits");
+        HeaderValue::from_bytes(&id).ok().map(RequestId::new)
     }
 }
 
