@@ -298,12 +298,35 @@ fn caller_auth(c: &mut Criterion) {
     g.finish();
 }
 
+/// The permission check of every call: a gateway with a policy of a few patterns.
+fn authorization(c: &mut Criterion) {
+    use carapace_filters::authorization::{Permissions, Policy};
+    let p = Permissions::new(
+        "gateway",
+        Policy {
+            allow: vec!["tool.call:memory.*".into(), "resource.read:*".into()],
+            deny: vec!["tool.call:memory.delete".into(), "tool.call:admin.*".into()],
+            leases: Vec::new(),
+        },
+    );
+    let mut g = c.benchmark_group("authorization");
+    g.bench_function("may_call memory.query", |b| {
+        b.iter(|| p.may_call(black_box("memory.query"), 0))
+    });
+    g.bench_function(
+        "allows tool.call:memory.query, action text built per call",
+        |b| b.iter(|| p.allows(&format!("tool.call:{}", black_box("memory.query")), 0)),
+    );
+    g.finish();
+}
+
 criterion_group!(
     benches,
     signature,
     schema,
     nonces,
     secret_guard,
-    caller_auth
+    caller_auth,
+    authorization
 );
 criterion_main!(benches);
