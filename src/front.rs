@@ -155,12 +155,26 @@ pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Resp {
 
 /// Turns the HTTP-stage rejections into the front's envelope and records metrics. The
 /// outermost service of every listener.
-#[derive(Clone)]
 pub struct Envelope<S> {
     inner: S,
     front: Protocol,
     answers: ToolsV1Answers,
     metrics: Arc<Metrics>,
+    /// Why the inner stack was not ready, answered to the next call.
+    not_ready: Option<Rejection>,
+}
+
+impl<S: Clone> Clone for Envelope<S> {
+    fn clone(&self) -> Self {
+        Envelope {
+            inner: self.inner.clone(),
+            front: self.front,
+            answers: self.answers,
+            metrics: self.metrics.clone(),
+            // A copy has not been polled ready yet.
+            not_ready: None,
+        }
+    }
 }
 
 impl<S> Envelope<S> {
@@ -171,6 +185,7 @@ impl<S> Envelope<S> {
             front,
             answers,
             metrics,
+            not_ready: None,
         }
     }
 }
@@ -194,19 +209,24 @@ where
     type Error = Infallible;
     type Future = BoxFuture<Result<Resp, Infallible>>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    /// Ready when the inner stack is; a stack that refuses readiness is ready too, and the
+    /// next call gets the refusal in the front's envelope.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.not_ready = std::task::ready!(self.inner.poll_ready(cx)).err();
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let mut inner = self.inner.clone();
+        let call = match self.not_ready.take() {
+            None => Ok(self.inner.call(req)),
+            Some(r) => Err(r),
+        };
         let (front, answers) = (self.front, self.answers);
         let metrics = self.metrics.clone();
         let started = Instant::now();
         Box::pin(async move {
-            let fut = std::future::poll_fn(|cx| inner.poll_ready(cx));
-            let result = match fut.await {
-                Ok(()) => inner.call(req).await,
+            let result = match call {
+                Ok(call) => call.await,
                 Err(e) => Err(e),
             };
             let resp = match result {
@@ -236,5 +256,70 @@ where
             );
             Ok(resp)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Refuses readiness once, then is ready; counts the calls that reach it.
+    #[derive(Clone)]
+    struct RefusesOnce {
+        refused: Arc<AtomicUsize>,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Service<Request<()>> for RefusesOnce {
+        type Response = Resp;
+        type Error = Rejection;
+        type Future = std::future::Ready<Result<Resp, Rejection>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+            match self.refused.fetch_add(1, Ordering::SeqCst) {
+                0 => Poll::Ready(Err(Rejection::Overloaded)),
+                _ => Poll::Ready(Ok(())),
+            }
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(json_response(StatusCode::OK, &serde_json::json!({}))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stack_that_is_not_ready_is_answered_in_the_envelope_and_never_called() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = RefusesOnce {
+            refused: Arc::new(AtomicUsize::new(0)),
+            calls: calls.clone(),
+        };
+        let metrics = Arc::new(Metrics::default());
+        let answers = ToolsV1Answers::HttpStatus;
+        let mut svc = Envelope::new(inner, Protocol::ToolsV1, answers, metrics);
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "the inner stack was called"
+        );
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }
