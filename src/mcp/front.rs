@@ -60,9 +60,13 @@ struct LiveSession {
     features: ClientFeatures,
 }
 
-/// The MCP front service; see the module docs.
+/// The MCP front service; see the module docs. A request's copy of it is one reference count.
 #[derive(Clone)]
-pub struct McpFront {
+pub struct McpFront(Arc<FrontParts>);
+
+/// What the MCP front holds.
+#[derive(Clone)]
+pub struct FrontParts {
     catalog: Arc<CatalogHandle>,
     /// Shared: a front is cloned for every request, its call stages once per call.
     calls: Arc<CallStack>,
@@ -85,30 +89,42 @@ pub struct McpFront {
     receipts: bool,
 }
 
+impl std::ops::Deref for McpFront {
+    type Target = FrontParts;
+    fn deref(&self) -> &FrontParts {
+        &self.0
+    }
+}
+
 impl McpFront {
+    /// The parts, to configure (a copy if the front was cloned already).
+    fn parts_mut(&mut self) -> &mut FrontParts {
+        Arc::make_mut(&mut self.0)
+    }
+
     /// Pass resources, prompts and completions through to `server`.
     pub fn with_server(mut self, server: Option<Arc<McpUpstream>>) -> Self {
-        self.server = server;
+        self.parts_mut().server = server;
         self
     }
 
     /// Guard what is passed through from the server (resources, prompts, completions) as
     /// tool results are.
     pub fn with_secret_guard(mut self, guard: Option<Arc<SecretGuard>>) -> Self {
-        self.guard = guard;
+        self.parts_mut().guard = guard;
         self
     }
 
     /// Say that the call stage signs receipts: a streamed answer then announces and sends
     /// them as trailers.
     pub fn with_receipts(mut self, receipts: bool) -> Self {
-        self.receipts = receipts;
+        self.parts_mut().receipts = receipts;
         self
     }
 
     /// Take callers' answers to relayed calls (`caller_tool_response`).
     pub fn with_relay(mut self, relay: Option<Arc<crate::relay::CallerTools>>) -> Self {
-        self.relay = relay;
+        self.parts_mut().relay = relay;
         self
     }
 
@@ -121,7 +137,7 @@ impl McpFront {
         sessions: Arc<Sessions>,
         in_flight: Arc<InFlightCalls>,
     ) -> Self {
-        McpFront {
+        McpFront(Arc::new(FrontParts {
             catalog,
             calls: Arc::new(calls),
             header_checked: Arc::new(header_checked),
@@ -133,7 +149,7 @@ impl McpFront {
             guard: None,
             relay: None,
             receipts: false,
-        }
+        }))
     }
 
     async fn handle(&self, req: Request<Bytes>) -> Result<Resp, Rejection> {
