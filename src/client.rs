@@ -142,6 +142,7 @@ impl Client {
         };
         Ok(Connection { sender })
     }
+
     /// `POST` a JSON value.
     pub async fn post_json(
         &self,

@@ -299,26 +299,15 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let answers = ToolsV1Answers::HttpStatus;
         let mut svc = Envelope::new(inner, Protocol::ToolsV1, answers, metrics);
-        let resp = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(()))
-            .await
-            .unwrap();
+        let mut answer = async || svc.ready().await.unwrap().call(Request::new(())).await;
+        let resp = answer().await.unwrap();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(
             calls.load(Ordering::SeqCst),
             0,
             "the inner stack was called"
         );
-        let resp = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(()))
-            .await
-            .unwrap();
+        let resp = answer().await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }

@@ -154,7 +154,12 @@ impl McpFront {
         params: &mut Map<String, Value>,
         principal: Arc<Principal>,
     ) -> Result<ToolCall, McpError> {
-        let args = match params.remove("arguments") {
+        let arguments = params.remove("arguments");
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
+        let args = match arguments {
             None | Some(Value::Null) => Value::Object(Map::new()),
             Some(a @ Value::Object(_)) => a,
             Some(_) => {
@@ -163,10 +168,6 @@ impl McpFront {
                 ))
             }
         };
-        let name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
         if !self.catalog.discovered() {
             return Err(McpError::Refused(Rejection::AppUnavailable(
                 "tool discovery has not succeeded yet".into(),
