@@ -22,14 +22,31 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
 
+# mimalloc's entry points behind Rust's global allocator (every `alloc` and `realloc`).
+ALLOC = ["mi_malloc_aligned", "mi_realloc_aligned"]
 
-def record(target, pids, duration, warmup, data, dwarf):
+
+def sampling(dwarf, allocations):
+    """`perf record`'s options: CPU samples, or every allocation (an uprobe on the
+    allocator's entry point) with the stack that made it."""
+    if allocations:
+        subprocess.run(["perf", "probe", "-q", "-d", "probe_carapace:*"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(["perf", "probe", "-q", "-x", c.CARAPACE,
+                        *[a for f in ALLOC for a in ("-a", f)]], check=True)
+        return [*[a for f in ALLOC for a in ("-e", f"probe_carapace:{f}")], "-c", "1",
+                "--call-graph", "dwarf,8192"]
+    if dwarf:
+        return ["--call-graph", "dwarf,16384", "-F", "499"]
+    return ["-g", "-F", "2999"]
+
+
+def record(target, pids, duration, warmup, data, options):
     perf = {}
 
     def begin():
         perf["proc"] = subprocess.Popen(
-            ["perf", "record", *(["--call-graph", "dwarf,16384", "-F", "499"] if dwarf
-                                 else ["-g", "-F", "2999"]), "-o", data,
+            ["perf", "record", *options, "-o", data,
              "-p", ",".join(str(x) for x in pids)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -62,6 +79,9 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--dwarf", action="store_true",
                     help="DWARF call graphs (callers of Rust functions; large data, slow)")
+    ap.add_argument("--allocations", action="store_true",
+                    help="sample allocations instead of CPU time (uprobe; carapace targets "
+                         "only; the load runs far slower, so read shares, not rates)")
     args = ap.parse_args()
     c.TARGETS[:] = [t for t in c.TARGETS if t[0] == args.target]
     if not c.TARGETS:
@@ -73,7 +93,8 @@ def main():
     c.make_certs()
     c.make_configs()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    data = c.p(f"profile-{args.target}.data")
+    kind = "allocations-" if args.allocations else ""
+    data = c.p(f"profile-{kind}{args.target}.data")
     try:
         procs, failed = c.start_targets()
         if failed:
@@ -81,7 +102,7 @@ def main():
         name, _, port = c.TARGETS[0]
         c.loadgen((name, port), ["--mode", "rate", "--rate", "20", "--connections", "1"], 0.5, 0)
         res = record((name, port), c.proc_tree(procs[name].pid), args.duration, 1, data,
-                     args.dwarf)
+                     sampling(args.dwarf, args.allocations))
     finally:
         c.stop_all()
     if "error" in res or res.get("errors"):
@@ -90,7 +111,7 @@ def main():
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
             f"## by binary\n{report(data, 'dso')}\n\n## by function (self)\n"
             f"{report(data, 'dso,symbol')}\n")
-    with open(c.p(f"profile-{args.target}.txt"), "w") as f:
+    with open(c.p(f"profile-{kind}{args.target}.txt"), "w") as f:
         f.write(text)
     print(text)
 

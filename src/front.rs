@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Service, ServiceExt};
 
-use carapace_filters::call::{CallOutcome, Principal, ToolCall};
+use carapace_filters::call::{CallOutcome, Principal, ToolCall, ToolSpec};
 use carapace_filters::{BoxFuture, Rejection};
 
 use crate::config::Protocol;
@@ -29,7 +29,7 @@ pub type CallStack = tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rej
 /// Put in a response's extensions by a front: which tool, and how the call ended.
 #[derive(Debug, Clone)]
 pub struct CallRecord {
-    pub tool: Option<String>,
+    pub tool: Option<Arc<ToolSpec>>,
     pub outcome: &'static str,
 }
 
@@ -86,7 +86,7 @@ pub fn visible_tools(
 }
 
 /// Tag a response with its call record.
-pub fn recorded(mut resp: Resp, tool: Option<String>, outcome: &'static str) -> Resp {
+pub fn recorded(mut resp: Resp, tool: Option<Arc<ToolSpec>>, outcome: &'static str) -> Resp {
     resp.extensions_mut().insert(CallRecord { tool, outcome });
     resp
 }
@@ -120,19 +120,19 @@ pub async fn run_call(
     encode_outcome: impl FnOnce(&CallOutcome, &str, &str, u64) -> Resp,
     encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
 ) -> Resp {
-    let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+    let (call_id, tool) = (call.call_id.clone(), call.tool.clone());
     let receipt = ReceiptSlot::default();
     call.extensions.insert(receipt.clone());
     let result = calls.clone().oneshot(call).await;
     let ms = started.elapsed().as_millis() as u64;
     let (resp, outcome) = match &result {
-        Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool, ms), "ok"),
+        Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool.name, ms), "ok"),
         Ok(o @ CallOutcome::AppError { .. }) => {
-            (encode_outcome(o, &call_id, &tool, ms), "app_error")
+            (encode_outcome(o, &call_id, &tool.name, ms), "app_error")
         }
         Err(r) => {
-            log_withheld(r, &call_id, &tool);
-            (encode_rejection(r, &call_id, &tool, ms), r.reason())
+            log_withheld(r, &call_id, &tool.name);
+            (encode_rejection(r, &call_id, &tool.name, ms), r.reason())
         }
     };
     let mut resp = recorded(resp, Some(tool), outcome);
@@ -242,7 +242,7 @@ where
             if !matches!(outcome, "ok" | "app_error") {
                 tracing::info!(
                     front = %front,
-                    tool = record.and_then(|r| r.tool.as_deref()).unwrap_or(""),
+                    tool = record.and_then(|r| r.tool.as_ref()).map(|t| t.name.as_str()).unwrap_or(""),
                     reason = outcome,
                     status = resp.status().as_u16(),
                     "call refused"
@@ -250,7 +250,9 @@ where
             }
             metrics.observe(
                 front,
-                record.and_then(|r| r.tool.as_deref()),
+                record
+                    .and_then(|r| r.tool.as_ref())
+                    .map(|t| t.name.as_str()),
                 labels,
                 started.elapsed(),
             );

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
@@ -13,7 +13,7 @@ pub type CallKey = (&'static str, String, String);
 
 /// The cancellable calls in flight in this process.
 #[derive(Debug, Default)]
-pub struct InFlightCalls(Mutex<HashMap<CallKey, oneshot::Sender<()>>>);
+pub struct InFlightCalls(Mutex<HashMap<Arc<CallKey>, oneshot::Sender<()>>>);
 
 /// How a cancellable call ended.
 pub enum Finished<T> {
@@ -22,13 +22,14 @@ pub enum Finished<T> {
 }
 
 impl InFlightCalls {
-    fn lock(&self) -> MutexGuard<'_, HashMap<CallKey, oneshot::Sender<()>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<CallKey>, oneshot::Sender<()>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Run `call` under `key` until it ends or [`cancel`](Self::cancel) names it. A second
     /// call under the same key takes the name over (callers must not reuse an id in flight).
-    pub async fn run<T>(&self, key: CallKey, call: impl Future<Output = T>) -> Finished<T> {
+    /// The key is shared with the table (the caller may keep a copy, to name the call).
+    pub async fn run<T>(&self, key: Arc<CallKey>, call: impl Future<Output = T>) -> Finished<T> {
         let (tx, cancelled) = oneshot::channel();
         self.lock().insert(key.clone(), tx);
         let _entry = Entry { table: self, key };
@@ -50,7 +51,7 @@ impl InFlightCalls {
 /// Takes a call's name out of the table when the call ends, however it ends.
 struct Entry<'a> {
     table: &'a InFlightCalls,
-    key: CallKey,
+    key: Arc<CallKey>,
 }
 
 impl Drop for Entry<'_> {
@@ -67,8 +68,8 @@ impl Drop for Entry<'_> {
 mod tests {
     use super::*;
 
-    fn key(id: &str) -> CallKey {
-        ("test", "caller".into(), id.into())
+    fn key(id: &str) -> Arc<CallKey> {
+        Arc::new(("test", "caller".into(), id.into()))
     }
 
     #[tokio::test]

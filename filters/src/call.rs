@@ -20,6 +20,8 @@ pub struct Principal {
     pub remote_ip: Option<std::net::IpAddr>,
     /// What the caller may do; `None` grants nothing (default deny).
     pub permissions: Option<crate::authorization::SharedPermissions>,
+    /// The identity headers' values, made once (leave it `Default::default()`).
+    pub identity_values: crate::identity::IdentityValues,
 }
 
 impl Principal {
@@ -33,6 +35,7 @@ impl Principal {
             permissions: Some(std::sync::Arc::new(
                 crate::authorization::Permissions::all_tools("local"),
             )),
+            identity_values: Default::default(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! headers that tell the app who called. Headers of that name sent by the caller are removed,
 //! never passed through.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http::{HeaderName, HeaderValue};
@@ -142,6 +142,7 @@ impl<S> Identity<S> {
                     permissions: Some(Arc::new(crate::authorization::Permissions::all_tools(
                         "signed_caller",
                     ))),
+                    identity_values: Default::default(),
                 }))
             }
             Some(ConnectionIdentity::Anonymous { .. }) => Err(Rejection::Forbidden(
@@ -163,6 +164,63 @@ fn repeated_message(h: &HeaderName) -> &'static str {
     }
 }
 
+/// The values of a principal's identity headers, made the first time they are sent and
+/// shared by every later request of that principal (a header value's copy is a reference
+/// count). Values that no longer match the principal's fields (changed after they were made)
+/// are never sent: the principal's current fields are.
+#[derive(Default)]
+pub struct IdentityValues(OnceLock<[Option<HeaderValue>; 3]>);
+
+impl IdentityValues {
+    fn of(&self, p: &Principal) -> [Option<HeaderValue>; 3] {
+        let value =
+            |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("invalid"));
+        let made = || {
+            [
+                Some(value(&p.id)),
+                Some(value(&p.kind)),
+                p.fingerprint.as_deref().map(value),
+            ]
+        };
+        let values = self.0.get_or_init(made);
+        let same = |v: &Option<HeaderValue>, s: Option<&str>| match (v, s) {
+            (Some(v), Some(s)) => v.as_bytes() == s.as_bytes(),
+            (None, None) => true,
+            _ => false,
+        };
+        let [id, kind, fingerprint] = values;
+        if same(id, Some(&p.id))
+            && same(kind, Some(&p.kind))
+            && same(fingerprint, p.fingerprint.as_deref())
+        {
+            values.clone()
+        } else {
+            made()
+        }
+    }
+}
+
+impl Clone for IdentityValues {
+    fn clone(&self) -> Self {
+        IdentityValues::default()
+    }
+}
+
+/// A cache: principals are equal by their fields, whatever was sent for them.
+impl PartialEq for IdentityValues {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for IdentityValues {}
+
+impl std::fmt::Debug for IdentityValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdentityValues")
+    }
+}
+
 /// Remove every caller-sent `x-carapace-*` header and set the ones describing `principal`.
 pub fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal) {
     let foreign: Vec<HeaderName> = headers
@@ -173,11 +231,15 @@ pub fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal
     for k in foreign {
         headers.remove(&k);
     }
-    let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("invalid"));
-    headers.insert(PEER_ID, value(&principal.id));
-    headers.insert(PEER_TYPE, value(&principal.kind));
-    if let Some(fp) = &principal.fingerprint {
-        headers.insert(PEER_FINGERPRINT, value(fp));
+    let [id, kind, fingerprint] = principal.identity_values.of(principal);
+    for (name, value) in [
+        (PEER_ID, id),
+        (PEER_TYPE, kind),
+        (PEER_FINGERPRINT, fingerprint),
+    ] {
+        if let Some(v) = value {
+            headers.insert(name, v);
+        }
     }
 }
 
@@ -224,6 +286,7 @@ mod tests {
                     fingerprint: Some(fingerprint.into()),
                     remote_ip: None,
                     permissions: None,
+                    identity_values: Default::default(),
                 }))
             } else {
                 Err(Rejection::Forbidden("unknown peer".into()))
@@ -274,6 +337,35 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(h[PEER_ID], "local");
+        assert!(h.get(PEER_FINGERPRINT).is_none());
+    }
+
+    #[test]
+    fn a_principal_sends_its_own_values_and_a_changed_copy_its_new_ones() {
+        let gw = Principal {
+            fingerprint: Some("sha256:aa".into()),
+            ..Principal::local()
+        };
+        let mut h = http::HeaderMap::new();
+        h.insert(PEER_FINGERPRINT, HeaderValue::from_static("sha256:forged"));
+        set_identity_headers(&mut h, &gw);
+        assert_eq!(h[PEER_FINGERPRINT], "sha256:aa");
+        // Made once, sent again from the same values.
+        let mut again = http::HeaderMap::new();
+        set_identity_headers(&mut again, &gw);
+        assert_eq!(again[PEER_ID], "local");
+        assert_eq!(again[PEER_FINGERPRINT], "sha256:aa");
+        // A copy changed after the original's values were made sends its own.
+        let mut other = gw.clone();
+        other.fingerprint = Some("sha256:bb".into());
+        other.id = "gw-2".into();
+        let mut h = http::HeaderMap::new();
+        set_identity_headers(&mut h, &other);
+        assert_eq!(h[PEER_ID], "gw-2");
+        assert_eq!(h[PEER_FINGERPRINT], "sha256:bb");
+        other.fingerprint = None;
+        let mut h = http::HeaderMap::new();
+        set_identity_headers(&mut h, &Principal { ..other });
         assert!(h.get(PEER_FINGERPRINT).is_none());
     }
 

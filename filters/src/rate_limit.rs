@@ -4,6 +4,7 @@
 //! be allowed, which fronts send as `Retry-After`. A shared store that cannot answer refuses the
 //! call ([`Rejection::SharedStateUnavailable`]).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -19,6 +20,11 @@ use crate::call::{Principal, ToolCall};
 use crate::future::Gated;
 use crate::shared::SharedLimits;
 use crate::{BoxFuture, Rejection};
+
+thread_local! {
+    /// The key a local limit is looked up with, reused (see [`KeyedLimits::check`]).
+    static KEY: RefCell<String> = const { RefCell::new(String::new()) };
+}
 
 /// A sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,8 +174,12 @@ impl KeyedLimits {
                     Some(l) => l,
                     None => return LimitCheck::Allowed,
                 };
-                // Keyed limiters take an owned key; allocation only happens on this path.
-                match limiter.check_key(&key.to_owned()) {
+                // Keyed limiters take a reference to an owned key and copy it only to add it.
+                match KEY.with_borrow_mut(|owned| {
+                    owned.clear();
+                    owned.push_str(key);
+                    limiter.check_key(owned)
+                }) {
                     Ok(()) => LimitCheck::Allowed,
                     Err(not_until) => LimitCheck::Wait(not_until.wait_time_from(clock.now())),
                 }

@@ -1,13 +1,17 @@
 //! JSON-Schema validation of tool input and output, with validators compiled once.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
 
 use serde_json::Value;
 use tower::{Layer, Service};
 
 use crate::call::{CallOutcome, ToolCall};
-use crate::{BoxFuture, Rejection, SchemaViolation};
+use crate::{Rejection, SchemaViolation};
 
 /// Most violations reported back to a caller for one instance.
 const MAX_VIOLATIONS: usize = 16;
@@ -145,28 +149,49 @@ pub struct OutputSchema<S> {
 impl<S> Service<ToolCall> for OutputSchema<S>
 where
     S: Service<ToolCall, Response = CallOutcome, Error = Rejection>,
-    S::Future: Send + 'static,
 {
     type Response = CallOutcome;
     type Error = Rejection;
-    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+    type Future = OutputSchemaFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let tool = call.tool.clone();
-        let fut = self.inner.call(call);
-        Box::pin(async move {
-            let outcome = fut.await?;
-            if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, &tool.output) {
-                tracing::debug_span!("output_schema")
-                    .in_scope(|| schema.validate_redacted(output))
-                    .map_err(Rejection::OutputSchema)?;
-            }
-            Ok(outcome)
-        })
+        let schema = call.tool.output.clone();
+        OutputSchemaFuture {
+            inner: self.inner.call(call),
+            schema,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`OutputSchema`]: the app's outcome, once its output passed the
+    /// tool's output schema.
+    pub struct OutputSchemaFuture<F> {
+        #[pin]
+        inner: F,
+        schema: Option<CompiledSchema>,
+    }
+}
+
+impl<F> Future for OutputSchemaFuture<F>
+where
+    F: Future<Output = Result<CallOutcome, Rejection>>,
+{
+    type Output = Result<CallOutcome, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let outcome = ready!(this.inner.poll(cx))?;
+        if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, this.schema.as_ref()) {
+            tracing::debug_span!("output_schema")
+                .in_scope(|| schema.validate_redacted(output))
+                .map_err(Rejection::OutputSchema)?;
+        }
+        Poll::Ready(Ok(outcome))
     }
 }
 

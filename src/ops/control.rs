@@ -10,6 +10,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use crate::caller_body::CallerBody;
+use futures_util::future::Either;
 use http::{Request, Response};
 use tower::Service;
 
@@ -75,7 +76,7 @@ where
 {
     type Response = Resp;
     type Error = Rejection;
-    type Future = BoxFuture<Result<Resp, Rejection>>;
+    type Future = Either<S::Future, BoxFuture<Result<Resp, Rejection>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -83,12 +84,10 @@ where
 
     fn call(&mut self, mut req: Request<CallerBody>) -> Self::Future {
         if !req.uri().path().starts_with(PREFIX) {
-            let clone = self.inner.clone();
-            let mut inner = std::mem::replace(&mut self.inner, clone);
-            return Box::pin(async move { inner.call(req).await });
+            return Either::Left(self.inner.call(req));
         }
         let shared = self.shared.clone();
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let (permission, route) = action(req.uri().path())
                 .ok_or_else(|| Rejection::NoRoute(req.uri().path().to_string()))?;
             let principal = req
@@ -117,6 +116,6 @@ where
             *req.uri_mut() = route.parse().expect("static route");
             let resp: Response<_> = crate::ops::admin::handle(shared, req).await;
             Ok(resp)
-        })
+        }))
     }
 }

@@ -1,6 +1,7 @@
 //! Prometheus metrics: requests by front, tool, outcome (the code the caller got) and reason, latency
 //! histograms, and gauges for the stores and the paired peers' certificates.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,17 @@ struct RequestLabels {
 struct LatencyLabels {
     front: &'static str,
     tool: String,
+}
+
+thread_local! {
+    /// The label sets [`Metrics::observe`] looks its series up with, reused: a family takes
+    /// its own copy only the first time it sees a set, so a call allocates none.
+    static LABELS: RefCell<(RequestLabels, LatencyLabels)> = const {
+        RefCell::new((
+            RequestLabels { front: "", tool: String::new(), outcome: "", reason: "" },
+            LatencyLabels { front: "", tool: String::new() },
+        ))
+    };
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -228,18 +240,20 @@ impl Metrics {
         took: Duration,
     ) {
         let front = front_label(front);
-        let tool = tool.unwrap_or("").to_string();
-        self.requests
-            .get_or_create(&RequestLabels {
-                front,
-                tool: tool.clone(),
-                outcome,
-                reason,
-            })
-            .inc();
-        self.latency
-            .get_or_create(&LatencyLabels { front, tool })
-            .observe(took.as_secs_f64());
+        let tool = tool.unwrap_or("");
+        LABELS.with_borrow_mut(|(requests, latency)| {
+            requests.front = front;
+            requests.tool.clear();
+            requests.tool.push_str(tool);
+            (requests.outcome, requests.reason) = (outcome, reason);
+            self.requests.get_or_create(requests).inc();
+            latency.front = front;
+            latency.tool.clear();
+            latency.tool.push_str(tool);
+            self.latency
+                .get_or_create(latency)
+                .observe(took.as_secs_f64());
+        });
     }
 
     /// The circuit of `provider` is open, or not.

@@ -14,9 +14,7 @@ impl PeerDirectory for PeerStore {
         if snap.all.is_empty() {
             return Err(Rejection::PairingRequired);
         }
-        let exact = snap
-            .by_fingerprint
-            .get(&cert.fingerprint.to_ascii_lowercase());
+        let exact = snap.by_fingerprint.get(&*lowercase(&cert.fingerprint));
         let by_ca = || {
             let ca = cert.ca_fingerprint.as_ref()?.to_ascii_lowercase();
             snap.by_ca.get(&(ca, cert.gateway_id.clone()?))
@@ -51,5 +49,14 @@ impl PeerDirectory for PeerStore {
             return Ok(Arc::new(p));
         }
         Ok(entry.1.clone())
+    }
+}
+
+/// `s` in lower case, copied only when it has an upper-case letter (fingerprints made here
+/// never have one).
+fn lowercase(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => std::borrow::Cow::Owned(s.to_ascii_lowercase()),
+        false => std::borrow::Cow::Borrowed(s),
     }
 }

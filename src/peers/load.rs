@@ -115,6 +115,7 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreErro
                     .unwrap_or_else(|| default_role(&rec.component_type).to_string()),
                 rec.policy.clone().unwrap_or_default(),
             ))),
+            identity_values: Default::default(),
         });
         let entry = Arc::new((rec, principal, not_after));
         if !fp.is_empty() && by_fingerprint.insert(fp, entry.clone()).is_some() {

@@ -307,6 +307,7 @@ fn principal(id: &str) -> Principal {
         fingerprint: Some(FP.into()),
         remote_ip: None,
         permissions: None,
+        identity_values: Default::default(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
-use carapace_filters::canonical::{canonical_string, parse_strict, CanonicalError};
+use carapace_filters::canonical::{parse_strict, write_canonical, CanonicalError};
 use carapace_filters::signature::{AuthMode, UnixClock};
 use carapace_filters::{BoxFuture, Rejection};
 use http::{HeaderName, Method, Request, StatusCode};
@@ -212,7 +212,9 @@ impl SkillV1Front {
         // the input out of it.
         fields.remove("signature");
         let signed = Value::Object(fields);
-        let canonical = canonical_string(&signed).map_err(|e| match e {
+        // The form is about as long as the body (no whitespace, nothing added but escapes).
+        let mut canonical = String::with_capacity(req.body().len());
+        write_canonical(&signed, &mut canonical).map_err(|e| match e {
             CanonicalError::UncoveredMember { path } => {
                 Rejection::Unsigned(format!("the `__proto__` member of {path}"))
             }

@@ -352,7 +352,6 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                 (&Method::POST, "/v1/tools/call") => {
                     let started = Instant::now();
                     let principal = front::principal(&req)?;
-                    let owner = principal.id.clone();
                     let decoded = decode(req.body(), &this.catalog, principal).map(|mut call| {
                         call.request_id = crate::edge::request_id(&req);
                         let span = tracing::Span::current();
@@ -370,7 +369,13 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                     });
                     match decoded {
                         Ok(call) => {
-                            let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+                            // The name a cancel gives, and this call's own (shared).
+                            let key = Arc::new((
+                                "tools-v1",
+                                call.principal.id.clone(),
+                                call.call_id.clone(),
+                            ));
+                            let tool = call.tool.clone();
                             let run = front::run_call(
                                 &this.calls,
                                 call,
@@ -380,14 +385,13 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                                     error_response(r, (call_id, tool), ms, answers, false)
                                 },
                             );
-                            let key = ("tools-v1", owner, call_id.clone());
-                            Ok(match this.in_flight.run(key, run).await {
+                            Ok(match this.in_flight.run(key.clone(), run).await {
                                 Finished::Done(resp) => resp,
                                 Finished::Cancelled => {
                                     let ms = started.elapsed().as_millis() as u64;
                                     let r = Rejection::Cancelled;
-                                    let resp =
-                                        error_response(&r, (&call_id, &tool), ms, answers, false);
+                                    let call = (key.2.as_str(), tool.name.as_str());
+                                    let resp = error_response(&r, call, ms, answers, false);
                                     front::recorded(resp, Some(tool), r.reason())
                                 }
                             })

@@ -231,6 +231,7 @@ impl BearerLayer {
             fingerprint: None,
             remote_ip: None,
             permissions: Some(Arc::new(permissions)),
+            identity_values: Default::default(),
         })
     }
 

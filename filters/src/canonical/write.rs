@@ -60,7 +60,7 @@ pub fn write_canonical(value: &Value, out: &mut String) -> Result<(), CanonicalE
 
 /// The canonical form of `value` as a new `String` (see [`write_canonical`]).
 pub fn canonical_string(value: &Value) -> Result<String, CanonicalError> {
-    let mut out = String::new();
+    let mut out = String::with_capacity(128);
     write_canonical(value, &mut out)?;
     Ok(out)
 }
@@ -76,7 +76,7 @@ pub fn write_jcs(value: &Value, out: &mut String) -> Result<(), CanonicalError> 
 
 /// The RFC 8785 form of `value` as a new `String` (see [`write_jcs`]).
 pub fn jcs_string(value: &Value) -> Result<String, CanonicalError> {
-    let mut out = String::new();
+    let mut out = String::with_capacity(128);
     write_jcs(value, &mut out)?;
     Ok(out)
 }
@@ -85,7 +85,7 @@ fn write_form(value: &Value, out: &mut String, form: Form) -> Result<(), Canonic
     let original_len = out.len();
     // One scratch stack of (key, value) pairs shared by all objects of the document: each
     // object pushes its members, sorts its own slice and truncates it again when done.
-    let mut members: Vec<(&str, &Value)> = Vec::new();
+    let mut members: Vec<(&str, &Value)> = Vec::with_capacity(16);
     write_value(value, out, &mut members, 0, form).map_err(|e| {
         out.truncate(original_len);
         e.into_public()

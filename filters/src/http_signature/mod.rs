@@ -345,6 +345,7 @@ where
                         permissions: Some(Arc::new(crate::authorization::Permissions::all_tools(
                             "signed_caller",
                         ))),
+                        identity_values: Default::default(),
                     })
                 });
                 set_identity_headers(req.headers_mut(), &signer);

@@ -22,6 +22,7 @@ fn principal(id: &str) -> Arc<Principal> {
         fingerprint: None,
         remote_ip: None,
         permissions: None,
+        identity_values: Default::default(),
     })
 }
 

@@ -119,7 +119,9 @@ impl SecretGuard {
     /// `redact`.
     pub fn scan(&self, value: &mut Value, at: &str, redact: bool) -> Vec<Finding> {
         let mut findings = Vec::new();
-        let mut path = at.to_owned();
+        // Room for a few levels of the path, so that walking most values never grows it.
+        let mut path = String::with_capacity(at.len() + 64);
+        path.push_str(at);
         self.walk(value, &mut path, redact, &mut findings);
         findings
     }

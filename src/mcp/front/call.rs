@@ -68,7 +68,9 @@ impl McpFront {
             .to_owned();
         let trailers = self.receipts && takes_trailers(&req);
         let this = self.clone();
-        let cancel_key = session.clone().map(|s| ("mcp", s, id.to_string()));
+        let cancel_key = session
+            .clone()
+            .map(|s| Arc::new(("mcp", s, id.to_string())));
         let call = async move {
             let call = this.call(&req, id.clone(), params, principal, &version, stream);
             let Some(key) = cancel_key else {
