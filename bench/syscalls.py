@@ -2,7 +2,7 @@
 """System calls and context switches per request, for carapace and its peers.
 
     python3 bench/syscalls.py [--no-build] [--only carapace-full,carapace-fwd,nginx,haproxy]
-                              [--duration 5] [--rounds 1]
+                              [--duration 5] [--rounds 1] [--allocations] [--baseline BIN]
 
 Same setup as bench/compare.py (it reuses its certificates, configurations, pinning and load
 generator): the app and the proxy on core 0, the load generator on core 1, one worker each,
@@ -11,6 +11,11 @@ mTLS, 32 connections. For each target and each load (saturation, closed loop; a 
 measured window only, the system calls entered (`raw_syscalls:sys_enter`, and the main ones
 by name) and the context switches, and divides them by the requests answered in that window.
 Results go to bench/out/syscalls.json and a table to stdout.
+
+`--allocations` also counts carapace's heap allocations per request (uprobes on the entry
+points of its allocator, `perf probe`), at a fixed 300/s on 4 connections only: a uprobe
+costs microseconds, so under saturation the count would follow how requests bunch up.
+`--baseline BIN` measures the carapace targets a second time run by another build.
 """
 
 import argparse
@@ -31,6 +36,23 @@ EVENTS = ["raw_syscalls:sys_enter", "context-switches",
           *[f"syscalls:sys_enter_{n}" for n in NAMED]]
 LOADS = [("saturation", ["--mode", "closed", "--connections", "32"]),
          ("3000/s", ["--mode", "rate", "--rate", "3000", "--connections", "32"])]
+ALLOCATION_LOADS = [("300/s", ["--mode", "rate", "--rate", "300", "--connections", "4"])]
+# mimalloc's entry points behind Rust's global allocator: every `alloc` and `realloc`.
+ALLOCATORS = ["mi_malloc_aligned", "mi_realloc_aligned"]
+
+
+def allocation_probes(binaries):
+    """Uprobes on the allocator of each carapace binary; the events to count."""
+    subprocess.run(["perf", "probe", "-q", "-d", "alloc:*"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    events = []
+    for i, binary in enumerate(binaries):
+        for func in ALLOCATORS:
+            event = f"alloc:{func.split('_')[1]}{i}"
+            subprocess.run(["perf", "probe", "-q", "-x", binary, "-a", f"{event}={func}"],
+                           check=True)
+            events.append(event)
+    return events
 
 
 def counted(target, pids, extra, duration, warmup):
@@ -68,9 +90,11 @@ def counted(target, pids, extra, duration, warmup):
                 continue
             counts[parts[2]] = float(parts[0])
     per = {k.replace("syscalls:sys_enter_", ""): v / requests for k, v in counts.items()}
+    allocations = {k: per.pop(k) for k in list(per) if k.startswith("alloc:")}
     return {"requests": requests, "throughput_rps": res["throughput_rps"],
             "syscalls": per.pop("raw_syscalls:sys_enter", None),
-            "context_switches": per.pop("context-switches", None), "by_name": per}
+            "context_switches": per.pop("context-switches", None), "by_name": per,
+            "allocations": sum(allocations.values()) if allocations else None}
 
 
 def main():
@@ -79,9 +103,19 @@ def main():
     ap.add_argument("--duration", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--allocations", action="store_true",
+                    help="count carapace's heap allocations per request (at 300/s only)")
+    ap.add_argument("--baseline", metavar="BIN",
+                    help="also run the carapace targets with this carapace binary")
     args = ap.parse_args()
     keep = args.only.split(",")
     c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep]
+    if args.baseline:
+        c.add_baseline(os.path.abspath(args.baseline), keep)
+    loads = LOADS
+    if args.allocations:
+        loads = ALLOCATION_LOADS
+        EVENTS.extend(allocation_probes([c.CARAPACE, *sorted(set(c.BINARY.values()))]))
     os.makedirs(c.OUT, exist_ok=True)
     c.ensure_deps()
     if not args.no_build:
@@ -92,7 +126,7 @@ def main():
     results = {}
     try:
         for rnd in range(args.rounds):
-            for load, extra in LOADS:
+            for load, extra in loads:
                 c.stop_all()
                 procs, failed = c.start_targets()
                 for name, _, port in c.TARGETS:
@@ -108,11 +142,14 @@ def main():
                     c.log(f"round {rnd + 1} {load} {name}: {json.dumps(r)}")
     finally:
         c.stop_all()
+        if args.allocations:
+            subprocess.run(["perf", "probe", "-q", "-d", "alloc:*"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(c.p("syscalls.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("| target | load | req/s | syscalls / req | context switches / req | "
-          + " | ".join(NAMED) + " |")
-    print("|---|---|---:|---:|---:|" + "---:|" * len(NAMED))
+          + " | ".join(NAMED) + " | allocations / req |")
+    print("|---|---|---:|---:|---:|" + "---:|" * len(NAMED) + "---:|")
     for name, loads in results.items():
         for load, runs in loads.items():
             ok = [r for r in runs if "error" not in r]
@@ -121,8 +158,11 @@ def main():
                 continue
             med = sorted(ok, key=lambda r: r["syscalls"])[len(ok) // 2]
             named = " | ".join(f"{med['by_name'].get(n, 0):.2f}" for n in NAMED)
+            allocs = med.get("allocations")
+            allocs = "" if allocs is None or name not in c.CARAPACES else f"{allocs:.1f}"
             print(f"| {c.LABEL[name]} | {load} | {med['throughput_rps']:,.0f} | "
-                  f"{med['syscalls']:.2f} | {med['context_switches']:.2f} | {named} |")
+                  f"{med['syscalls']:.2f} | {med['context_switches']:.2f} | {named} | "
+                  f"{allocs} |")
 
 
 if __name__ == "__main__":

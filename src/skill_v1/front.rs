@@ -66,16 +66,25 @@ pub fn error_response(r: &Rejection) -> Resp {
     resp
 }
 
-/// The skill-v1 front.
+/// The skill-v1 front (its parts shared: a front is copied for every request).
 #[derive(Clone)]
-pub struct SkillV1Front {
-    skill_id: Arc<str>,
+pub struct SkillV1Front(Arc<FrontParts>);
+
+/// What the skill-v1 front holds.
+pub struct FrontParts {
+    skill_id: String,
     mode: AuthMode,
     auth_header: HeaderName,
     catalog: Arc<CatalogHandle>,
-    /// Shared: a front is cloned for every request, its call stage once per call.
-    calls: Arc<CallStack>,
+    calls: CallStack,
     clock: UnixClock,
+}
+
+impl std::ops::Deref for SkillV1Front {
+    type Target = FrontParts;
+    fn deref(&self) -> &FrontParts {
+        &self.0
+    }
 }
 
 impl SkillV1Front {
@@ -93,14 +102,14 @@ impl SkillV1Front {
         };
         let auth_header = HeaderName::from_bytes(header_name.unwrap_or(default).as_bytes())
             .expect("validated in config");
-        SkillV1Front {
+        SkillV1Front(Arc::new(FrontParts {
             skill_id: skill_id.into(),
             mode,
             auth_header,
             catalog,
-            calls: Arc::new(calls),
+            calls,
             clock,
-        }
+        }))
     }
 
     /// The manifest: capabilities as objects carrying their own schemas (the shape the public

@@ -60,15 +60,24 @@ pub fn error_response(
     resp
 }
 
-/// The tools-v1 front.
+/// The tools-v1 front (its parts shared: a front is copied for every request).
 #[derive(Clone)]
-pub struct ToolsV1Front {
+pub struct ToolsV1Front(Arc<FrontParts>);
+
+/// What the tools-v1 front holds.
+pub struct FrontParts {
     catalog: Arc<CatalogHandle>,
-    /// Shared: a front is cloned for every request, its call stage once per call.
-    calls: Arc<CallStack>,
+    calls: CallStack,
     clock: UnixClock,
     answers: ToolsV1Answers,
     in_flight: Arc<InFlightCalls>,
+}
+
+impl std::ops::Deref for ToolsV1Front {
+    type Target = FrontParts;
+    fn deref(&self) -> &FrontParts {
+        &self.0
+    }
 }
 
 impl ToolsV1Front {
@@ -79,13 +88,13 @@ impl ToolsV1Front {
         answers: ToolsV1Answers,
         in_flight: Arc<InFlightCalls>,
     ) -> Self {
-        ToolsV1Front {
+        ToolsV1Front(Arc::new(FrontParts {
             catalog,
-            calls: Arc::new(calls),
+            calls,
             clock,
             answers,
             in_flight,
-        }
+        }))
     }
 
     /// `POST /v1/tools/cancel` `{"version": "v1", "call_id": ...}`: cancel the caller's own

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Instructions carapace executes per request, counted by callgrind: a figure that does not
+move with the machine's noise, for comparing two builds on a change too small for req/s.
+
+    python3 bench/instructions.py [--no-build] [--only carapace-full,carapace-fwd,carapace-mcp]
+                                  [--baseline BIN] [--rate 100] [--duration 10]
+
+Same setup as bench/compare.py (its certificates, configurations and load generator; the app
+runs natively). Each carapace target runs under `valgrind --tool=callgrind` with
+instrumentation off while it starts; it is then switched on, a warm-up load is sent at
+`--rate` (so every code path of a call is translated), the counters are zeroed, and the
+measured window is counted and dumped. The result is the user-space instructions (Ir) of
+the window divided by the requests answered in it: all of the proxy's own work for a call,
+its TLS, HTTP, JSON and the event loop's turns, and nothing of the kernel's. At a fixed, low
+rate every request is served on its own, so the event loop's cost per wake-up is included.
+Writes bench/out/instructions.json and a table to stdout; the dumps stay in bench/out.
+"""
+
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare as c  # noqa: E402
+
+DEFAULT_TARGETS = "carapace-full,carapace-fwd,carapace-mcp"
+
+
+def under_callgrind():
+    """Start carapace targets under callgrind (instrumentation off until switched on)."""
+    plain = c.start
+
+    def start(name, cmd, env=None):
+        if name in c.CARAPACES:
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={c.p(f'callgrind.{name}.%p')}", *cmd]
+        return plain(name, cmd, env)
+
+    c.start = start
+
+
+def control(pid, *args):
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def total_ir(pid):
+    """Ir of the newest dump of `pid` (its `summary:`/`totals:` line)."""
+    dumps = sorted(glob.glob(c.p(f"callgrind.*.{pid}*")), key=os.path.getmtime)
+    for line in open(dumps[-1]):
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {dumps[-1]}")
+
+
+def measure(target, pid, rate, duration):
+    load = ["--mode", "rate", "--rate", str(rate), "--connections", "4"]
+    control(pid, "-i", "on")
+    warm = c.loadgen(target, load, 5, 0)
+    if "error" in warm or warm.get("errors"):
+        return {"error": warm.get("error") or warm.get("first_error")}
+    window = {}
+
+    def begin():
+        control(pid, "-z")
+        window["t0"] = time.monotonic()
+
+    def end():
+        window["t1"] = time.monotonic()
+        control(pid, "-d")
+
+    warmup = 1.0
+    timers = [threading.Timer(0.05 + warmup, begin),
+              threading.Timer(0.05 + warmup + duration, end)]
+    for t in timers:
+        t.start()
+    res = c.loadgen(target, load, duration, warmup)
+    for t in timers:
+        t.join()
+    if "error" in res or res.get("errors"):
+        return {"error": res.get("error") or res.get("first_error")}
+    requests = res["throughput_rps"] * (window["t1"] - window["t0"])
+    ir = total_ir(pid)
+    return {"requests": requests, "instructions": ir, "per_request": ir / requests}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=DEFAULT_TARGETS)
+    ap.add_argument("--baseline", metavar="BIN",
+                    help="also count the same targets run by this carapace binary")
+    ap.add_argument("--rate", type=int, default=100)
+    ap.add_argument("--duration", type=float, default=10)
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+    keep = args.only.split(",")
+    c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep and t[0] in c.CARAPACES]
+    if args.baseline:
+        c.add_baseline(os.path.abspath(args.baseline), keep)
+    os.makedirs(c.OUT, exist_ok=True)
+    c.ensure_deps()
+    if not args.no_build:
+        c.build()
+    c.make_certs()
+    c.make_configs()
+    for f in glob.glob(c.p("callgrind.*")):
+        os.remove(f)
+    under_callgrind()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results = {}
+    try:
+        procs, failed = c.start_targets()
+        for name, _, port in c.TARGETS:
+            if name in failed:
+                results[name] = {"error": failed[name]}
+                continue
+            results[name] = measure((name, port), procs[name].pid, args.rate, args.duration)
+            c.log(f"{name}: {json.dumps(results[name])}")
+    finally:
+        c.stop_all()
+    with open(c.p("instructions.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("| target | requests counted | instructions / request |")
+    print("|---|---:|---:|")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"| {c.LABEL[name]} | error: {r['error']} | |")
+            continue
+        print(f"| {c.LABEL[name]} | {r['requests']:,.0f} | {r['per_request']:,.0f} |")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        c.stop_all()
+        sys.exit(130)
