@@ -102,9 +102,10 @@ def run(cmd, **kw):
 # 1. dependencies, build, certificates, configurations
 
 
-def ensure_deps():
+def ensure_deps(extra=None):
+    """Install what the run needs; `extra`: more {binary: Debian package}."""
     apt = {"nginx": "nginx-light", "haproxy": "haproxy", "openssl": "openssl",
-           "taskset": "util-linux"}
+           "taskset": "util-linux", **(extra or {})}
     missing = sorted({pkg for binary, pkg in apt.items() if not shutil.which(binary)})
     if missing:
         sudo = [] if os.geteuid() == 0 else ["sudo"]

@@ -104,7 +104,7 @@ def main():
     if args.baseline:
         c.add_baseline(os.path.abspath(args.baseline), keep)
     os.makedirs(c.OUT, exist_ok=True)
-    c.ensure_deps()
+    c.ensure_deps({"valgrind": "valgrind", "callgrind_control": "valgrind"})
     if not args.no_build:
         c.build()
     c.make_certs()
