@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod control;
 pub mod endpoint;
+pub mod log_format;
 pub mod metrics;
 pub mod reload;
 pub mod tool_pins;

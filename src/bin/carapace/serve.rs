@@ -62,7 +62,10 @@ where
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match format {
         LogFormat::Json => fmt.json().flatten_event(true).boxed(),
-        LogFormat::Text => fmt.with_ansi(false).boxed(),
+        LogFormat::Text => fmt
+            .with_ansi(false)
+            .fmt_fields(carapace::ops::log_format::TextFields)
+            .boxed(),
     }
 }
 
