@@ -4,9 +4,11 @@ move with the machine's noise, for comparing two builds on a change too small fo
 
     python3 bench/instructions.py [--no-build] [--only carapace-full,carapace-fwd,carapace-mcp]
                                   [--baseline BIN] [--rate 100] [--duration 10]
+    python3 bench/instructions.py --only carapace-fwd,nginx,haproxy
 
 Same setup as bench/compare.py (its certificates, configurations and load generator; the app
-runs natively). Each carapace target runs under `valgrind --tool=callgrind` with
+runs natively). Each target (carapace's, and nginx and HAProxy when named: their worker
+process is the one counted) runs under `valgrind --tool=callgrind` with
 instrumentation off while it starts; it is then switched on, a warm-up load is sent at
 `--rate` (so every code path of a call is translated), the counters are zeroed, and the
 measured window is counted and dumped. The result is the user-space instructions (Ir) of
@@ -30,15 +32,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
 
 DEFAULT_TARGETS = "carapace-full,carapace-fwd,carapace-mcp"
+# Peers that can be counted too.
+PEERS = ["nginx", "haproxy"]
 
 
 def under_callgrind():
-    """Start carapace targets under callgrind (instrumentation off until switched on)."""
+    """Start the targets under callgrind (instrumentation off until switched on; nginx's worker
+    is a child of its master)."""
     plain = c.start
 
     def start(name, cmd, env=None):
-        if name in c.CARAPACES:
-            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+        if name in c.CARAPACES or name in PEERS:
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes",
                    f"--callgrind-out-file={c.p(f'callgrind.{name}.%p')}", *cmd]
         return plain(name, cmd, env)
 
@@ -100,7 +105,8 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
     keep = args.only.split(",")
-    c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep and t[0] in c.CARAPACES]
+    c.TARGETS[:] = [t for t in c.TARGETS
+                    if t[0] in keep and (t[0] in c.CARAPACES or t[0] in PEERS)]
     if args.baseline:
         c.add_baseline(os.path.abspath(args.baseline), keep)
     os.makedirs(c.OUT, exist_ok=True)
@@ -120,7 +126,9 @@ def main():
             if name in failed:
                 results[name] = {"error": failed[name]}
                 continue
-            results[name] = measure((name, port), procs[name].pid, args.rate, args.duration)
+            # The process that serves: nginx's worker (the last of its tree), else the one.
+            pid = c.proc_tree(procs[name].pid)[-1]
+            results[name] = measure((name, port), pid, args.rate, args.duration)
             c.log(f"{name}: {json.dumps(results[name])}")
     finally:
         c.stop_all()
