@@ -472,6 +472,30 @@ def loadgen(target, extra, duration, warmup, pids=None):
     return res
 
 
+def loadgen_window(target, extra, duration, warmup, begin, end):
+    """Run loadgen, calling `begin()` when its measured window starts (after the warm-up) and
+    `end()` when it ends. Its result, with `window_s`: the time from `begin` to `end`."""
+    at = {}
+
+    def started():
+        begin()
+        at["t0"] = time.monotonic()
+
+    def ended():
+        at["t1"] = time.monotonic()
+        end()
+
+    timers = [threading.Timer(0.05 + warmup, started),
+              threading.Timer(0.05 + warmup + duration, ended)]
+    for t in timers:
+        t.start()
+    res = loadgen(target, extra, duration, warmup)
+    for t in timers:
+        t.join()
+    res["window_s"] = at["t1"] - at["t0"]
+    return res
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. the run
 

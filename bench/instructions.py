@@ -25,8 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
@@ -70,27 +68,11 @@ def measure(target, pid, rate, duration):
     warm = c.loadgen(target, load, 5, 0)
     if "error" in warm or warm.get("errors"):
         return {"error": warm.get("error") or warm.get("first_error")}
-    window = {}
-
-    def begin():
-        control(pid, "-z")
-        window["t0"] = time.monotonic()
-
-    def end():
-        window["t1"] = time.monotonic()
-        control(pid, "-d")
-
-    warmup = 1.0
-    timers = [threading.Timer(0.05 + warmup, begin),
-              threading.Timer(0.05 + warmup + duration, end)]
-    for t in timers:
-        t.start()
-    res = c.loadgen(target, load, duration, warmup)
-    for t in timers:
-        t.join()
+    res = c.loadgen_window(target, load, duration, 1.0,
+                           lambda: control(pid, "-z"), lambda: control(pid, "-d"))
     if "error" in res or res.get("errors"):
         return {"error": res.get("error") or res.get("first_error")}
-    requests = res["throughput_rps"] * (window["t1"] - window["t0"])
+    requests = res["throughput_rps"] * res["window_s"]
     ir = total_ir(pid)
     return {"requests": requests, "instructions": ir, "per_request": ir / requests}
 

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,13 +53,8 @@ def record(target, pids, duration, warmup, data, options):
         perf["proc"].send_signal(signal.SIGINT)
         perf["proc"].wait()
 
-    timers = [threading.Timer(0.05 + warmup, begin),
-              threading.Timer(0.05 + warmup + duration, end)]
-    for t in timers:
-        t.start()
-    res = c.loadgen(target, ["--mode", "closed", "--connections", "32"], duration, warmup)
-    for t in timers:
-        t.join()
+    res = c.loadgen_window(target, ["--mode", "closed", "--connections", "32"], duration,
+                           warmup, begin, end)
     return res
 
 

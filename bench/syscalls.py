@@ -24,8 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
@@ -65,23 +63,15 @@ def counted(target, pids, extra, duration, warmup):
             ["perf", "stat", "-x", ",", "-o", out, "-e", ",".join(EVENTS),
              "-p", ",".join(str(x) for x in pids)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        perf["t0"] = time.monotonic()
 
     def end():
-        perf["t1"] = time.monotonic()
         perf["proc"].send_signal(signal.SIGINT)
         perf["proc"].wait()
 
-    timers = [threading.Timer(0.05 + warmup, begin),
-              threading.Timer(0.05 + warmup + duration, end)]
-    for t in timers:
-        t.start()
-    res = c.loadgen(target, extra, duration, warmup)
-    for t in timers:
-        t.join()
+    res = c.loadgen_window(target, extra, duration, warmup, begin, end)
     if "error" in res or res.get("errors"):
         return {"error": res.get("error") or res.get("first_error")}
-    requests = res["throughput_rps"] * (perf["t1"] - perf["t0"])
+    requests = res["throughput_rps"] * res["window_s"]
     counts = {}
     with open(out) as f:
         for line in f:
