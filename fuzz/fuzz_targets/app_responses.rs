@@ -53,7 +53,13 @@ fuzz_target!(|data: &[u8]| {
         .expect("a valid status");
     match which % 4 {
         0 => {
-            if let Ok(outcome) = tools_v1::decode_response(status, body, &CALL) {
+            let decoded = tools_v1::decode_response(status, body, &CALL);
+            assert_eq!(
+                format!("{decoded:?}"),
+                format!("{:?}", tools_v1::decode_response_general(status, body, &CALL)),
+                "the one-pass reader and the general decoding differ"
+            );
+            if let Ok(outcome) = decoded {
                 assert!(status.is_success(), "an HTTP error is not a call outcome");
                 if let CallOutcome::AppError { code, .. } = outcome {
                     assert!(!code.is_empty());

@@ -9,6 +9,9 @@ use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tower::Service;
 
+use std::borrow::Cow;
+
+use super::wire::{read_answer, Answer};
 use super::RESPONSE;
 use crate::upstream::AppClient;
 
@@ -77,13 +80,31 @@ pub fn decode_response(
     body: &[u8],
     call: &ToolCall,
 ) -> Result<CallOutcome, Rejection> {
-    let mut doc: Value = match serde_json::from_slice(body) {
+    if !status.is_success() {
+        // Even with a well-formed body, an HTTP error is not a successful call.
+        return Err(Rejection::AppHttp(status.as_u16()));
+    }
+    match read_answer(body) {
+        Some(answer) => outcome(answer, call),
+        None => decode_response_general(status, body, call),
+    }
+}
+
+/// [`decode_response`] through a `Value` and the seed's schema: the refusal of an answer the
+/// one-pass reader does not accept (and, for the fuzz target, the same result for any answer
+/// it does).
+#[doc(hidden)]
+pub fn decode_response_general(
+    status: StatusCode,
+    body: &[u8],
+    call: &ToolCall,
+) -> Result<CallOutcome, Rejection> {
+    let doc: Value = match serde_json::from_slice(body) {
         Ok(d) => d,
         Err(_) if !status.is_success() => return Err(Rejection::AppHttp(status.as_u16())),
         Err(e) => return Err(Rejection::AppInvalid(format!("answer is not JSON: {e}"))),
     };
     if !status.is_success() {
-        // Even with a well-formed body, an HTTP error is not a successful call.
         return Err(Rejection::AppHttp(status.as_u16()));
     }
     // Redacted: the app's answer must not reach the caller quoted in an error.
@@ -93,44 +114,36 @@ pub fn decode_response(
             v[0].path, v[0].message
         )));
     }
-    if doc["call_id"] != call.call_id.as_str() || doc["tool_name"] != call.tool.app_name() {
+    outcome(Answer::of_valid(&doc), call)
+}
+
+/// The call's outcome from an answer that follows the seed's response schema.
+fn outcome(answer: Answer<'_>, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+    if answer.call_id != call.call_id.as_str() || answer.tool_name != call.tool.app_name() {
         return Err(Rejection::AppInvalid(
             "answer is for another call_id or tool".into(),
         ));
     }
-    match doc["status"].as_str() {
-        Some("ok") => Ok(CallOutcome::Ok {
-            output: match doc.get_mut("result") {
-                Some(result) => result.take(),
-                None => json!({}),
-            },
+    match &*answer.status {
+        "ok" => Ok(CallOutcome::Ok {
+            output: answer.result.unwrap_or_else(|| json!({})),
             meta: None,
             content: None,
         }),
-        Some(s) => {
-            let e = doc.get("error");
-            let get = |k: &str| e.and_then(|e| e.get(k));
-            if s == "timeout" {
-                return Err(Rejection::Timeout(
-                    call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
-                ));
-            }
+        "timeout" => Err(Rejection::Timeout(
+            call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+        )),
+        s => {
+            let e = answer.error.unwrap_or_default();
             Ok(CallOutcome::AppError {
-                code: get("code")
-                    .and_then(Value::as_str)
-                    .unwrap_or("INTERNAL")
-                    .to_string(),
-                message: get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                details: get("details").cloned(),
+                code: e.code.map_or_else(|| "INTERNAL".into(), Cow::into_owned),
+                message: e.message.map(Cow::into_owned).unwrap_or_default(),
+                details: e.details,
                 // Only this status allows a retry; `error.retryable` is advice.
                 retryable: s == "retryable_error",
                 content: None,
             })
         }
-        None => Err(Rejection::AppInvalid("answer has no status".into())),
     }
 }
 

@@ -8,9 +8,14 @@ use carapace_filters::schema::CompiledSchema;
 use serde_json::Value;
 
 mod front;
-pub use front::{decode_request, error_response, CallRequest, Refused, ToolsV1Front};
+mod wire;
+pub use front::{
+    decode_request, decode_request_general, error_response, CallRequest, Refused, ToolsV1Front,
+};
 mod back;
-pub use back::{call_app, decode_response, encode_request, AppRequest, ToolsV1Back};
+pub use back::{
+    call_app, decode_response, decode_response_general, encode_request, AppRequest, ToolsV1Back,
+};
 #[cfg(test)]
 mod tests;
 

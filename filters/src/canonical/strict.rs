@@ -52,6 +52,34 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, CanonicalError> {
     })
 }
 
+/// A value inside a document that other code reads, parsed as [`parse_strict`] parses it
+/// (duplicate members refused, nesting capped) when it sits `depth` containers deep: for a
+/// member of the document's top-level object, `at_depth(1)`. Its error says only that the
+/// value is not strict; [`parse_strict`] on the whole document gives the structured one.
+#[derive(Clone, Copy, Debug)]
+pub struct StrictSeed {
+    depth: usize,
+}
+
+impl StrictSeed {
+    pub fn at_depth(depth: usize) -> Self {
+        StrictSeed { depth }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StrictSeed {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        let pending = PendingCell::new(None);
+        StrictValue {
+            depth: self.depth,
+            pending: &pending,
+        }
+        .deserialize(deserializer)
+    }
+}
+
 /// Seed and visitor building a `Value` at nesting `depth` (number of enclosing containers).
 #[derive(Clone, Copy)]
 struct StrictValue<'p> {

@@ -1,0 +1,319 @@
+//! The two tools-v1 documents of a call read in one pass with borrowed strings: the caller's
+//! request and the app's answer, without building a `Value` for their envelopes and walking
+//! it with the seed's schema.
+//!
+//! Each reader accepts only documents the general decoding (strict parse, the seed's schema,
+//! the front's own checks) accepts, and gives the same fields; anything else is an error, and
+//! the general decoding runs and gives its precise refusal. The fuzz targets
+//! `tools_v1_request` and `app_responses` hold both ways to the same result on every input.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::LazyLock;
+
+use carapace_filters::canonical::StrictSeed;
+use carapace_filters::schema::CompiledSchema;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+
+/// A string member, borrowed from the document unless it had escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// An unsigned integer member as JSON wrote it (a float such as `3.0` is not one here).
+struct Whole(u64);
+
+impl<'de> Deserialize<'de> for Whole {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Whole;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an unsigned integer")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Whole, E> {
+                Ok(Whole(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// An array of strings, checked and dropped.
+struct Strings;
+
+impl<'de> Deserialize<'de> for Strings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Strings;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of strings")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Strings, A::Error> {
+                while seq.next_element::<Text<'de>>()?.is_some() {}
+                Ok(Strings)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// `value` when it is an object.
+fn object<E: de::Error>(value: Value) -> Result<Value, E> {
+    match value {
+        Value::Object(_) => Ok(value),
+        _ => Err(E::custom("not an object")),
+    }
+}
+
+/// Stores a member's value; a member given twice is an error (the general path decides).
+fn once<T, E: de::Error>(slot: &mut Option<T>, value: T) -> Result<(), E> {
+    match slot.replace(value) {
+        None => Ok(()),
+        Some(_) => Err(E::custom("member given twice")),
+    }
+}
+
+fn unknown<E: de::Error>() -> E {
+    E::custom("member the schema does not name")
+}
+
+/// Reads one whole JSON document from `body` with `T`'s reader.
+fn read<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let doc = T::deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(doc)
+}
+
+// ---------------------------------------------------------------------------------------
+// The app's answer
+
+/// A tools-v1 app's answer, as the back uses it.
+#[derive(Debug)]
+pub struct Answer<'a> {
+    pub call_id: Cow<'a, str>,
+    pub tool_name: Cow<'a, str>,
+    /// One of the seed's four.
+    pub status: Cow<'a, str>,
+    /// An object, when given.
+    pub result: Option<Value>,
+    pub error: Option<AnswerError<'a>>,
+}
+
+/// The answer's `error` object.
+#[derive(Debug, Default)]
+pub struct AnswerError<'a> {
+    pub code: Option<Cow<'a, str>>,
+    pub message: Option<Cow<'a, str>>,
+    /// An object, when given.
+    pub details: Option<Value>,
+}
+
+/// Read an app's answer in one pass: `None` unless the seed's response schema accepts it.
+pub fn read_answer(body: &[u8]) -> Option<Answer<'_>> {
+    read(body)
+}
+
+impl<'a> Answer<'a> {
+    /// The fields of an answer already checked against the seed's response schema.
+    pub fn of_valid(doc: &'a Value) -> Answer<'a> {
+        let text = |v: &'a Value| v.as_str().map(Cow::Borrowed);
+        Answer {
+            call_id: text(&doc["call_id"]).unwrap_or_default(),
+            tool_name: text(&doc["tool_name"]).unwrap_or_default(),
+            status: text(&doc["status"]).unwrap_or_default(),
+            result: doc.get("result").cloned(),
+            error: doc.get("error").map(|e| AnswerError {
+                code: e.get("code").and_then(text),
+                message: e.get("message").and_then(text),
+                details: e.get("details").cloned(),
+            }),
+        }
+    }
+}
+
+const STATUSES: [&str; 4] = ["ok", "error", "retryable_error", "timeout"];
+
+impl<'de> Deserialize<'de> for Answer<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Answer<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tools-v1 answer")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Answer<'de>, A::Error> {
+                let (mut version, mut call_id, mut tool_name, mut status) =
+                    (None, None, None, None);
+                let (mut result, mut error, mut duration, mut logs) = (None, None, None, None);
+                while let Some(Text(key)) = map.next_key()? {
+                    match &*key {
+                        "version" => once(&mut version, map.next_value::<Text>()?.0)?,
+                        "call_id" => once(&mut call_id, map.next_value::<Text>()?.0)?,
+                        "tool_name" => once(&mut tool_name, map.next_value::<Text>()?.0)?,
+                        "status" => once(&mut status, map.next_value::<Text>()?.0)?,
+                        "result" => once(&mut result, object(map.next_value()?)?)?,
+                        "error" => once(&mut error, map.next_value::<AnswerError>()?)?,
+                        "duration_ms" => once(&mut duration, map.next_value::<Whole>()?.0)?,
+                        "logs" => once(&mut logs, map.next_value::<Strings>()?)?,
+                        _ => return Err(unknown()),
+                    }
+                }
+                let missing = || de::Error::custom("a required member is missing");
+                if version.as_deref() != Some("v1") || duration.is_none() {
+                    return Err(missing());
+                }
+                let status = status.ok_or_else(missing)?;
+                if !STATUSES.contains(&&*status) {
+                    return Err(de::Error::custom("status the schema does not name"));
+                }
+                Ok(Answer {
+                    call_id: call_id.ok_or_else(missing)?,
+                    tool_name: tool_name.ok_or_else(missing)?,
+                    status,
+                    result,
+                    error,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for AnswerError<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AnswerError<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tools-v1 error object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<AnswerError<'de>, A::Error> {
+                let mut e = AnswerError::default();
+                let mut retryable = None;
+                while let Some(Text(key)) = map.next_key()? {
+                    match &*key {
+                        "code" => once(&mut e.code, map.next_value::<Text>()?.0)?,
+                        "message" => once(&mut e.message, map.next_value::<Text>()?.0)?,
+                        "details" => once(&mut e.details, object(map.next_value()?)?)?,
+                        "retryable" => once(&mut retryable, map.next_value::<bool>()?)?,
+                        _ => return Err(unknown()),
+                    }
+                }
+                Ok(e)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The caller's request
+
+/// A `POST /v1/tools/call` body the front accepts, its ids not yet trimmed.
+#[derive(Debug)]
+pub struct CallBody<'a> {
+    pub call_id: Cow<'a, str>,
+    pub tool_name: Cow<'a, str>,
+    pub tenant_id: Cow<'a, str>,
+    pub idempotency_key: Option<Cow<'a, str>>,
+    /// An object, read strictly.
+    pub args: Value,
+    /// The caller's context, read strictly, following the seed's context schema.
+    pub context: Value,
+    pub timeout_ms: Option<u64>,
+}
+
+/// Read a call request in one pass: `None` unless the general decoding would accept it.
+pub fn read_call(body: &[u8]) -> Option<CallBody<'_>> {
+    read(body)
+}
+
+/// The seed's schema of a request's `context`, on its own.
+static CONTEXT: LazyLock<CompiledSchema> = LazyLock::new(|| {
+    let schema: Value = serde_json::from_str(super::REQUEST_SCHEMA).expect("schema is JSON");
+    CompiledSchema::compile(schema["properties"]["context"].clone())
+        .expect("context schema compiles")
+});
+
+/// Largest `timeout_ms` the seed's request schema allows.
+const MAX_TIMEOUT_MS: u64 = 120_000;
+
+impl<'de> Deserialize<'de> for CallBody<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CallBody<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tools-v1 call request")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CallBody<'de>, A::Error> {
+                let (mut version, mut call_id, mut tool_name, mut tenant) =
+                    (None, None, None, None);
+                let (mut key_, mut args, mut context, mut timeout) = (None, None, None, None);
+                // Members of the document's object are one container deep.
+                let strict = StrictSeed::at_depth(1);
+                while let Some(Text(key)) = map.next_key()? {
+                    match &*key {
+                        "version" => once(&mut version, map.next_value::<Text>()?.0)?,
+                        "call_id" => once(&mut call_id, map.next_value::<Text>()?.0)?,
+                        "tool_name" => once(&mut tool_name, map.next_value::<Text>()?.0)?,
+                        "tenant_id" => once(&mut tenant, map.next_value::<Text>()?.0)?,
+                        "idempotency_key" => once(&mut key_, map.next_value::<Text>()?.0)?,
+                        "args" => once(&mut args, object(map.next_value_seed(strict)?)?)?,
+                        "context" => once(&mut context, map.next_value_seed(strict)?)?,
+                        "timeout_ms" => once(&mut timeout, map.next_value::<Whole>()?.0)?,
+                        _ => return Err(unknown()),
+                    }
+                }
+                let refuse = || de::Error::custom("not a request the front accepts");
+                let id = |v: Option<Cow<'de, str>>| v.filter(|s| !s.trim().is_empty());
+                if version.as_deref() != Some("v1")
+                    || timeout.is_some_and(|t| !(1..=MAX_TIMEOUT_MS).contains(&t))
+                {
+                    return Err(refuse());
+                }
+                let context = context.ok_or_else(refuse)?;
+                if CONTEXT.validate(&context).is_err() {
+                    return Err(refuse());
+                }
+                Ok(CallBody {
+                    call_id: id(call_id).ok_or_else(refuse)?,
+                    tool_name: id(tool_name).ok_or_else(refuse)?,
+                    tenant_id: id(tenant).ok_or_else(refuse)?,
+                    idempotency_key: key_,
+                    args: args.ok_or_else(refuse)?,
+                    context,
+                    timeout_ms: timeout,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
