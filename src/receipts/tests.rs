@@ -91,6 +91,33 @@ fn a_payload_not_in_canonical_form_is_refused_even_when_signed() {
     );
 }
 
+/// A duration no double holds exactly has no RFC 8785 form: such a receipt, signed and in
+/// every other way well formed, is refused as not canonical (it once made the check panic).
+#[test]
+fn a_duration_without_an_rfc_8785_form_is_refused_as_not_canonical() {
+    for duration in [(1u64 << 53) + 1, u64::MAX] {
+        let r = Receipt {
+            duration_ms: duration,
+            ..receipt()
+        };
+        // The form the sender would have had to sign: its integer written out in full.
+        let payload = serde_json::to_string(&r).unwrap();
+        let sig = key().sign_bytes(payload.as_bytes());
+        let encoded = format!("v1.{}.{}", B64URL.encode(&payload), B64URL.encode(sig));
+        assert_eq!(
+            verify(encoded.as_bytes(), &key().public_key_b64()),
+            Err(ReceiptError::NotCanonical)
+        );
+    }
+    // The largest exact one still verifies.
+    let r = Receipt {
+        duration_ms: 1 << 53,
+        ..receipt()
+    };
+    let encoded = r.encode(&key());
+    assert_eq!(verify(encoded.as_bytes(), &key().public_key_b64()), Ok(r));
+}
+
 #[test]
 fn malformed_values_are_refused_by_form() {
     let public = key().public_key_b64();
