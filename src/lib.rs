@@ -25,6 +25,7 @@ pub mod mcp;
 pub mod memory_app;
 pub mod metering;
 pub mod oauth;
+pub mod one_pass;
 pub mod ops;
 pub mod outbound;
 pub mod pairing;

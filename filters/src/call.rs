@@ -154,22 +154,28 @@ pub struct ToolCall {
 /// The request id header carapace reads from callers, returns to them and sends to apps.
 pub const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
-/// Set the headers every back sends to its app for `call`: who called (see
-/// [`crate::identity::set_identity_headers`]) and the call's request id.
-pub fn set_call_headers(headers: &mut http::HeaderMap, call: &ToolCall) {
-    crate::identity::set_identity_headers(headers, &call.principal);
-    match &call.request_id {
-        Some(id) => {
-            headers.insert(REQUEST_ID, id.clone());
-        }
-        None => {
-            headers.remove(REQUEST_ID);
-        }
+/// The headers every back sends to its app for `call`, a JSON body's: who called (see
+/// [`crate::identity::set_identity_headers`]), the call's request id and trace context, and
+/// `content-type`. The map has room for what the back and the HTTP client add after.
+pub fn app_headers(call: &ToolCall) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::with_capacity(APP_HEADERS);
+    crate::identity::set_identity_headers(&mut headers, &call.principal);
+    if let Some(id) = &call.request_id {
+        headers.insert(REQUEST_ID, id.clone());
     }
     for (name, value) in &call.trace_context {
         headers.insert(name.clone(), value.clone());
     }
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers
 }
+
+/// Room for an app request's headers: three identity headers, request id, two trace context
+/// headers, `content-type`, a signature, `host` and `content-length`.
+const APP_HEADERS: usize = 10;
 
 /// What the app answered for a call that reached it.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,6 @@
 //! The skill-v1 `POST /run` decoder (number-length check, strict JSON, signed fields,
-//! canonical form) and the HMAC check of what it decoded.
+//! canonical form) and the HMAC check of what it decoded; the one-pass reader and the general
+//! decoding give the same result on every body.
 #![no_main]
 
 use std::sync::{Arc, LazyLock};
@@ -8,7 +9,7 @@ use bytes::Bytes;
 use carapace::catalog::CatalogHandle;
 use carapace::front::CallStack;
 use carapace::skill_v1::SkillV1Front;
-use carapace_filters::call::{Credential, Principal};
+use carapace_filters::call::{Credential, Principal, ToolCall};
 use carapace_filters::canonical::{canonical_string, parse_strict, verify_hmac_sha256_hex};
 use carapace_filters::signature::AuthMode;
 use carapace_filters::Rejection;
@@ -54,7 +55,22 @@ fuzz_target!(|body: &[u8]| {
         .header("content-type", "application/json")
         .body(Bytes::copy_from_slice(body))
         .expect("request");
-    let Ok(call) = FRONT.decode(&req, Arc::new(Principal::local())) else {
+    let principal = Arc::new(Principal::local());
+    let (decoded, general) = (
+        FRONT.decode(&req, principal.clone()),
+        FRONT.decode_general(&req, principal),
+    );
+    // The one-pass reader and the general decoding agree on every body.
+    assert_eq!(format!("{decoded:?}"), format!("{general:?}"));
+    let canonical = |c: &Result<ToolCall, Rejection>| match c {
+        Ok(ToolCall {
+            credential: Credential::Skill(s),
+            ..
+        }) => Some(s.canonical.clone()),
+        _ => None,
+    };
+    assert_eq!(canonical(&decoded), canonical(&general));
+    let Ok(call) = decoded else {
         return;
     };
     let Credential::Skill(cred) = &call.credential else {

@@ -29,12 +29,7 @@ async fn send_to_peer(
     call: &ToolCall,
 ) -> Result<(Result<CallOutcome, Rejection>, Option<http::HeaderValue>), Rejection> {
     let body = serde_json::to_vec(&crate::tools_v1::encode_request(call)).expect("serializes");
-    let mut headers = http::HeaderMap::new();
-    carapace_filters::call::set_call_headers(&mut headers, call);
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    let headers = carapace_filters::call::app_headers(call);
     let resp = client
         .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
         .await?;

@@ -67,12 +67,7 @@ pub fn encode_run(
         "timestamp": now_ms,
         "nonce": nonce,
     });
-    let mut headers = http::HeaderMap::new();
-    carapace_filters::call::set_call_headers(&mut headers, call);
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    let mut headers = carapace_filters::call::app_headers(call);
     if let Some(s) = signing {
         let secret_value = || {
             http::HeaderValue::from_bytes(s.secret.bytes())

@@ -5,7 +5,9 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use carapace_filters::call::{CallOutcome, Credential, Principal, SkillCredential, ToolCall};
+use carapace_filters::call::{
+    CallOutcome, Credential, Principal, SkillCredential, ToolCall, ToolSpec,
+};
 use carapace_filters::canonical::{parse_strict, write_canonical, CanonicalError};
 use carapace_filters::signature::{AuthMode, UnixClock};
 use carapace_filters::{BoxFuture, Rejection};
@@ -146,22 +148,48 @@ impl SkillV1Front {
     /// Decode a `POST /run` request into a call: the body must be one strict JSON object of
     /// the signed fields and `signature`, for this skill and a capability of the catalog. The
     /// call carries the canonical string and the credentials; the call stack checks them.
+    ///
+    /// The body is read in one pass ([`super::wire`]); what that reader does not take, the
+    /// general decoding ([`Self::decode_general`]) decides, with the same result.
     pub fn decode(
         &self,
         req: &Request<Bytes>,
         principal: Arc<Principal>,
     ) -> Result<ToolCall, Rejection> {
         if let Some(at) = overlong_number(req.body()) {
-            return Err(Rejection::invalid(format!(
-                "number at byte {at} is longer than {MAX_NUMBER_CHARS} characters"
-            )));
+            return Err(overlong(at));
         }
-        let doc = parse_strict(req.body()).map_err(|e| match e {
-            CanonicalError::UncoveredMember { path } => {
-                Rejection::Unsigned(format!("the `__proto__` member of {path}"))
+        if let Some(run) = super::wire::read_run(req.body()) {
+            check_version(&run.gateway_protocol_version)?;
+            self.check_skill(&run.skill_id)?;
+            let tool = self.tool(&run.capability)?;
+            if let Some(canonical) = run.canonical(req.body().len()) {
+                let signed = Signed {
+                    tool,
+                    input: run.input,
+                    timestamp: run.timestamp as i64,
+                    nonce: run.nonce.into_owned(),
+                    signature: run.signature.into_owned(),
+                    canonical,
+                };
+                return self.call(req, principal, signed);
             }
-            e => Rejection::invalid(e.to_string()),
-        })?;
+        }
+        self.decode_general(req, principal)
+    }
+
+    /// [`Self::decode`] through the strict parse into a `Value` and the canonical writer:
+    /// every body, every refusal.
+    #[doc(hidden)]
+    pub fn decode_general(
+        &self,
+        req: &Request<Bytes>,
+        principal: Arc<Principal>,
+    ) -> Result<ToolCall, Rejection> {
+        if let Some(at) = overlong_number(req.body()) {
+            return Err(overlong(at));
+        }
+        let doc = parse_strict(req.body()).map_err(canonical_refusal)?;
         let Value::Object(mut fields) = doc else {
             return Err(Rejection::invalid("body must be a JSON object"));
         };
@@ -184,16 +212,8 @@ impl SkillV1Front {
                     path: Some(format!("/{k}")),
                 })
         };
-        let version = str_field("gateway_protocol_version")?;
-        if version != PROTOCOL_VERSION {
-            return Err(Rejection::ProtocolVersionUnsupported(version.into()));
-        }
-        let skill_id = str_field("skill_id")?;
-        if skill_id != &*self.skill_id {
-            return Err(Rejection::NoRoute(format!(
-                "skill `{skill_id}` is not served here"
-            )));
-        }
+        check_version(str_field("gateway_protocol_version")?)?;
+        self.check_skill(str_field("skill_id")?)?;
         let capability = str_field("capability")?;
         let nonce = str_field("nonce")?.to_string();
         let signature = str_field("signature")?.to_string();
@@ -211,28 +231,55 @@ impl SkillV1Front {
                 message: "`timestamp` must be a whole, non-negative number of Unix ms".into(),
                 path: Some("/timestamp".into()),
             })?;
-        if !self.catalog.discovered() {
-            return Err(Rejection::AppUnavailable(
-                "tool discovery has not succeeded yet".into(),
-            ));
-        }
-        let tool = self.catalog.load().lookup(capability).cloned()?;
+        let tool = self.tool(capability)?;
         // The signed form is the body without `signature`: canonicalize it in place, then move
         // the input out of it.
         fields.remove("signature");
         let signed = Value::Object(fields);
         // The form is about as long as the body (no whitespace, nothing added but escapes).
         let mut canonical = String::with_capacity(req.body().len());
-        write_canonical(&signed, &mut canonical).map_err(|e| match e {
-            CanonicalError::UncoveredMember { path } => {
-                Rejection::Unsigned(format!("the `__proto__` member of {path}"))
-            }
-            e => Rejection::invalid(e.to_string()),
-        })?;
+        write_canonical(&signed, &mut canonical).map_err(canonical_refusal)?;
         let Value::Object(mut fields) = signed else {
             unreachable!("built as an object above")
         };
-        let input = fields.remove("input").expect("checked above");
+        let signed = Signed {
+            tool,
+            input: fields.remove("input").expect("checked above"),
+            timestamp: timestamp as i64,
+            nonce,
+            signature,
+            canonical,
+        };
+        self.call(req, principal, signed)
+    }
+
+    /// The body is for this skill.
+    fn check_skill(&self, skill_id: &str) -> Result<(), Rejection> {
+        if skill_id != &*self.skill_id {
+            return Err(Rejection::NoRoute(format!(
+                "skill `{skill_id}` is not served here"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The catalog's tool for `capability`, once discovery has succeeded.
+    fn tool(&self, capability: &str) -> Result<Arc<ToolSpec>, Rejection> {
+        if !self.catalog.discovered() {
+            return Err(Rejection::AppUnavailable(
+                "tool discovery has not succeeded yet".into(),
+            ));
+        }
+        self.catalog.load().lookup(capability).cloned()
+    }
+
+    /// The call of a decoded body, with the request's credential headers.
+    fn call(
+        &self,
+        req: &Request<Bytes>,
+        principal: Arc<Principal>,
+        signed: Signed,
+    ) -> Result<ToolCall, Rejection> {
         // A credential header that is present must be readable: never treat it as absent.
         let header = |h: &HeaderName| match req.headers().get(h) {
             None => Ok(None),
@@ -247,10 +294,10 @@ impl SkillV1Front {
         };
         let idempotency_key = crate::front::idempotency_header(req.headers())?;
         Ok(ToolCall {
-            call_id: nonce.clone(),
-            tool,
+            call_id: signed.nonce.clone(),
+            tool: signed.tool,
             tenant_id: None,
-            args: input,
+            args: signed.input,
             context: None,
             timeout_ms: None,
             idempotency_key,
@@ -261,13 +308,47 @@ impl SkillV1Front {
             credential: Credential::Skill(SkillCredential {
                 api_key,
                 header_signature,
-                signature_hex: signature,
-                canonical,
-                timestamp_ms: timestamp as i64,
-                nonce,
+                signature_hex: signed.signature,
+                canonical: signed.canonical,
+                timestamp_ms: signed.timestamp,
+                nonce: signed.nonce,
                 scope: self.skill_id.to_string(),
             }),
         })
+    }
+}
+
+/// What a `/run` body gives a call: its tool, input, signed fields and signed form.
+struct Signed {
+    tool: Arc<ToolSpec>,
+    input: Value,
+    timestamp: i64,
+    nonce: String,
+    signature: String,
+    canonical: String,
+}
+
+/// The body is of the protocol version this front speaks.
+fn check_version(version: &str) -> Result<(), Rejection> {
+    match version {
+        PROTOCOL_VERSION => Ok(()),
+        _ => Err(Rejection::ProtocolVersionUnsupported(version.into())),
+    }
+}
+
+fn overlong(at: usize) -> Rejection {
+    Rejection::invalid(format!(
+        "number at byte {at} is longer than {MAX_NUMBER_CHARS} characters"
+    ))
+}
+
+/// A body the strict parse or the canonical writer refuses.
+fn canonical_refusal(e: CanonicalError) -> Rejection {
+    match e {
+        CanonicalError::UncoveredMember { path } => {
+            Rejection::Unsigned(format!("the `__proto__` member of {path}"))
+        }
+        e => Rejection::invalid(e.to_string()),
     }
 }
 

@@ -4,6 +4,7 @@
 mod front;
 pub use front::{error_response, SkillV1Front};
 mod back;
+mod wire;
 pub use back::{call_skill, decode_run_response, encode_run, AppSigning, SkillV1Back};
 
 /// The protocol version this front speaks.
@@ -26,3 +27,6 @@ pub const DEFAULT_SIGNATURE_HEADER: &str = "x-skill-signature";
 /// digits and an exponent; a longer literal can only be a value the signer and the app read
 /// differently.
 pub const MAX_NUMBER_CHARS: usize = 40;
+
+#[cfg(test)]
+mod tests;

@@ -165,12 +165,7 @@ impl Service<ToolCall> for ToolsV1Back {
 /// Call a tools-v1 app (or peer) with `call` and decode its answer.
 pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
     let body = serde_json::to_vec(&encode_request(call)).expect("serializes");
-    let mut headers = http::HeaderMap::new();
-    carapace_filters::call::set_call_headers(&mut headers, call);
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    let headers = carapace_filters::call::app_headers(call);
     let resp = app
         .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
         .await?;

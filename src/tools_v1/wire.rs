@@ -13,100 +13,10 @@ use std::sync::LazyLock;
 
 use carapace_filters::canonical::StrictSeed;
 use carapace_filters::schema::CompiledSchema;
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
-/// A string member, borrowed from the document unless it had escapes.
-struct Text<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Text<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// An unsigned integer member as JSON wrote it (a float such as `3.0` is not one here).
-struct Whole(u64);
-
-impl<'de> Deserialize<'de> for Whole {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Whole;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an unsigned integer")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Whole, E> {
-                Ok(Whole(v))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// An array of strings, checked and dropped.
-struct Strings;
-
-impl<'de> Deserialize<'de> for Strings {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Strings;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array of strings")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Strings, A::Error> {
-                while seq.next_element::<Text<'de>>()?.is_some() {}
-                Ok(Strings)
-            }
-        }
-        d.deserialize_seq(V)
-    }
-}
-
-/// `value` when it is an object.
-fn object<E: de::Error>(value: Value) -> Result<Value, E> {
-    match value {
-        Value::Object(_) => Ok(value),
-        _ => Err(E::custom("not an object")),
-    }
-}
-
-/// Stores a member's value; a member given twice is an error (the general path decides).
-fn once<T, E: de::Error>(slot: &mut Option<T>, value: T) -> Result<(), E> {
-    match slot.replace(value) {
-        None => Ok(()),
-        Some(_) => Err(E::custom("member given twice")),
-    }
-}
-
-fn unknown<E: de::Error>() -> E {
-    E::custom("member the schema does not name")
-}
-
-/// Reads one whole JSON document from `body` with `T`'s reader.
-fn read<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let doc = T::deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    Some(doc)
-}
+use crate::one_pass::{object, once, read, unknown, Strings, Text, Whole};
 
 // ---------------------------------------------------------------------------------------
 // The app's answer

@@ -81,6 +81,12 @@ pub fn jcs_string(value: &Value) -> Result<String, CanonicalError> {
     Ok(out)
 }
 
+/// The string `s` as both canonical forms write it (`JSON.stringify`'s escaping), into `out`:
+/// for a writer that puts a document's known members in order itself.
+pub fn write_canonical_str(s: &str, out: &mut String) {
+    write_str(s, out)
+}
+
 fn write_form(value: &Value, out: &mut String, form: Form) -> Result<(), CanonicalError> {
     let original_len = out.len();
     // One scratch stack of (key, value) pairs shared by all objects of the document: each

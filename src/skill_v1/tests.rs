@@ -1,0 +1,200 @@
+use std::sync::Arc;
+
+use bytes::Bytes;
+use carapace_filters::call::{Credential, Principal, ToolCall, ToolSpec};
+use carapace_filters::schema::CompiledSchema;
+use carapace_filters::signature::AuthMode;
+use carapace_filters::Rejection;
+use serde_json::json;
+
+use super::SkillV1Front;
+use crate::catalog::{Catalog, CatalogHandle};
+use crate::front::CallStack;
+
+/// A front for `demo.echo` with one capability, `demo.echo`; `discovered` says whether its
+/// catalog was ever discovered.
+fn front(discovered: bool) -> SkillV1Front {
+    let handle = CatalogHandle::default();
+    if discovered {
+        let mut catalog = Catalog::default();
+        let tool = ToolSpec {
+            name: "demo.echo".into(),
+            app_name: None,
+            definition: None,
+            description: String::new(),
+            input: CompiledSchema::compile(json!({"type": "object"})).unwrap(),
+            output: None,
+            timeout_ms_default: 5_000,
+            timeout_ms_max: 10_000,
+            idempotent: false,
+            side_effects: false,
+        };
+        catalog.tools.insert(tool.name.clone(), Arc::new(tool));
+        handle.replace(catalog);
+    }
+    // Decoding never calls the stack.
+    let calls: CallStack = tower::util::BoxCloneSyncService::new(tower::service_fn(|_| async {
+        Err(Rejection::AppUnavailable("not called".into()))
+    }));
+    SkillV1Front::new(
+        "demo.echo",
+        AuthMode::Hmac,
+        None,
+        Arc::new(handle),
+        calls,
+        Arc::new(|| 1_735_689_600_000),
+    )
+}
+
+const VALID: &str = r#"{"gateway_protocol_version":"1.0","skill_id":"demo.echo","capability":"demo.echo","input":{"message":"hi \"you\"\n","n":[1,2.5,-0.0,1e3,{"b":true,"a":null,"10":"x","2":"y"}]},"timestamp":1735689600000,"nonce":"n-1","signature":"00ff"}"#;
+
+/// Bodies on both sides of every rule of the `/run` decoding.
+fn run_cases() -> Vec<String> {
+    let mut cases = vec![
+        VALID.to_string(),
+        // Other member order, whitespace, escapes in names and values.
+        r#" { "signature" : "ab", "nonce":"n\u00e9", "timestamp" : 0, "input" : {},
+            "capab\u0069lity":"demo.echo", "skill_id":"demo.echo",
+            "gateway_protocol_version":"1.0" } "#
+            .to_string(),
+    ];
+    for (from, to) in [
+        (r#""1.0""#, r#""2.0""#),
+        (r#""1.0""#, "1"),
+        (r#""skill_id":"demo.echo""#, r#""skill_id":"other""#),
+        (r#""skill_id":"demo.echo""#, r#""skill_id":7"#),
+        (r#""skill_id":"demo.echo","#, ""),
+        (r#""capability":"demo.echo""#, r#""capability":"nope""#),
+        (r#""capability":"demo.echo""#, r#""capability":null"#),
+        (r#""nonce":"n-1""#, r#""nonce":1"#),
+        (r#","nonce":"n-1""#, ""),
+        (r#","signature":"00ff""#, ""),
+        (r#""signature":"00ff""#, r#""signature":["00ff"]"#),
+        (r#""input":{"#, r#""input":[{"#),
+        (
+            r#""input":{"message""#,
+            r#""input":{"__proto__":1,"message""#,
+        ),
+        (
+            r#""input":{"message""#,
+            r#""input":{"o":{"__proto__":{}},"message""#,
+        ),
+        (r#""input":{"message""#, r#""input":{"message":1,"message""#),
+        (
+            r#""input":{"message""#,
+            r#""input":{"big":9007199254740993,"message""#,
+        ),
+        (
+            r#""input":{"message""#,
+            r#""input":{"big":12345678901234567000,"message""#,
+        ),
+        (
+            r#""input":{"message""#,
+            r#""input":{"huge":1e400,"message""#,
+        ),
+        (
+            r#""input":{"message""#,
+            r#""input":{"long":1.00000000000000000000000000000000000000001,"message""#,
+        ),
+        (
+            r#""timestamp":1735689600000"#,
+            r#""timestamp":1.7356896e12"#,
+        ),
+        (
+            r#""timestamp":1735689600000"#,
+            r#""timestamp":1735689600000.0"#,
+        ),
+        (r#""timestamp":1735689600000"#, r#""timestamp":-1"#),
+        (
+            r#""timestamp":1735689600000"#,
+            r#""timestamp":8999999999999999"#,
+        ),
+        (
+            r#""timestamp":1735689600000"#,
+            r#""timestamp":9000000000000000"#,
+        ),
+        (
+            r#""timestamp":1735689600000"#,
+            r#""timestamp":"1735689600000""#,
+        ),
+        (r#","timestamp":1735689600000"#, ""),
+        (r#""nonce":"n-1""#, r#""nonce":"n-1","extra":true"#),
+        (r#""nonce":"n-1""#, r#""nonce":"n-1","nonce":"n-2""#),
+        (r#""nonce":"n-1""#, r#""nonce":"n-1","__proto__":{}"#),
+    ] {
+        assert!(VALID.contains(from), "{from}");
+        cases.push(VALID.replacen(from, to, 1));
+    }
+    cases.push(format!("{VALID} "));
+    cases.push(format!("{VALID}x"));
+    cases.push(format!("[{VALID}]"));
+    cases.push("{}".into());
+    cases.push("null".into());
+    cases.push("not json".into());
+    // Nesting at the strict parse's limit and one past it.
+    for depth in [126, 127, 128] {
+        let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        cases.push(VALID.replacen(r#""message":"hi"#, &format!(r#""d":{deep},"m":"hi"#), 1));
+    }
+    cases
+}
+
+/// The one-pass reader takes the body a caller normally sends; on every body, with and
+/// without a catalog and with each credential header, `decode` gives what the general
+/// decoding gives (the canonical string, the input, every refusal).
+#[test]
+fn run_reader_agrees_with_the_general_decoding() {
+    assert!(super::wire::read_run(VALID.as_bytes()).is_some());
+    let mut accepted = 0;
+    for discovered in [true, false] {
+        let front = front(discovered);
+        for body in run_cases() {
+            for header in [None, Some(&b"00ff"[..]), Some(&b"\xff"[..])] {
+                let mut req = http::Request::post("/run");
+                if let Some(h) = header {
+                    req = req.header(
+                        "x-skill-signature",
+                        http::HeaderValue::from_bytes(h).unwrap(),
+                    );
+                }
+                let req = req.body(Bytes::from(body.clone())).unwrap();
+                let principal = Arc::new(Principal::local());
+                let (fast, general) = (
+                    front.decode(&req, principal.clone()),
+                    front.decode_general(&req, principal),
+                );
+                accepted += usize::from(general.is_ok());
+                assert_eq!(format!("{fast:?}"), format!("{general:?}"), "{body}");
+                // `Debug` shows the signed form's length only.
+                assert_eq!(signed_form(&fast), signed_form(&general), "{body}");
+            }
+        }
+    }
+    assert!(accepted >= 10, "the cases cover accepted bodies too");
+}
+
+fn signed_form(call: &Result<ToolCall, Rejection>) -> Option<&str> {
+    match call {
+        Ok(ToolCall {
+            credential: Credential::Skill(c),
+            ..
+        }) => Some(&c.canonical),
+        _ => None,
+    }
+}
+
+/// The signed form the reader writes is the canonical form of the body without `signature`.
+#[test]
+fn the_read_body_signs_its_canonical_form() {
+    let run = super::wire::read_run(VALID.as_bytes()).expect("read");
+    let mut doc: serde_json::Value = serde_json::from_str(VALID).unwrap();
+    doc.as_object_mut().unwrap().remove("signature");
+    assert_eq!(
+        run.canonical(0).as_deref(),
+        Some(
+            carapace_filters::canonical::canonical_string(&doc)
+                .unwrap()
+                .as_str()
+        )
+    );
+}
