@@ -24,17 +24,14 @@ use crate::errors;
 use crate::front::{self, json_response, CallStack, Resp};
 
 /// Byte offset of the first number literal (outside strings) longer than
-/// [`MAX_NUMBER_CHARS`], if any.
-fn overlong_number(body: &[u8]) -> Option<usize> {
-    let (mut in_string, mut escaped, mut run, mut start) = (false, false, 0usize, 0usize);
-    for (i, &b) in body.iter().enumerate() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
+/// [`MAX_NUMBER_CHARS`], if any. Strings are skipped to their closing quote in one search.
+pub(super) fn overlong_number(body: &[u8]) -> Option<usize> {
+    let (mut i, mut run, mut start) = (0usize, 0usize, 0usize);
+    while let Some(&b) = body.get(i) {
+        if b == b'"' {
+            // An unterminated string (or a final backslash) holds no number to its end.
+            i = string_end(body, i + 1)?;
+            run = 0;
             continue;
         }
         if matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
@@ -47,10 +44,22 @@ fn overlong_number(body: &[u8]) -> Option<usize> {
             }
         } else {
             run = 0;
-            in_string = b == b'"';
         }
+        i += 1;
     }
     None
+}
+
+/// The offset after the quote closing the string whose contents start at `from`.
+fn string_end(body: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let at = from + memchr::memchr2(b'"', b'\\', body.get(from..)?)?;
+        match body[at] {
+            b'"' => return Some(at + 1),
+            // An escape: the next byte is part of it.
+            _ => from = at + 2,
+        }
+    }
 }
 
 /// The skill-v1 error envelope (this front's one mapping of rejections).

@@ -198,3 +198,76 @@ fn the_read_body_signs_its_canonical_form() {
         )
     );
 }
+
+/// The first number literal longer than the limit, found byte by byte: what the front's
+/// search must give.
+fn overlong_bytewise(body: &[u8]) -> Option<usize> {
+    let (mut in_string, mut escaped, mut run, mut start) = (false, false, 0usize, 0usize);
+    for (i, &b) in body.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+            if run == 0 {
+                start = i;
+            }
+            run += 1;
+            if run > super::MAX_NUMBER_CHARS {
+                return Some(start);
+            }
+        } else {
+            run = 0;
+            in_string = b == b'"';
+        }
+    }
+    None
+}
+
+/// Overlong numbers are found where they are, inside strings never, on bodies of quotes,
+/// escapes and digits in every arrangement a seeded generator makes.
+#[test]
+fn overlong_numbers_are_found_outside_strings_only() {
+    let long = "1".repeat(super::MAX_NUMBER_CHARS + 1);
+    let at = VALID.find("1735689600000").unwrap();
+    let body = VALID.replacen("1735689600000", &long, 1);
+    assert_eq!(super::front::overlong_number(body.as_bytes()), Some(at));
+    let quoted = VALID.replacen("n-1", &long, 1);
+    assert_eq!(super::front::overlong_number(quoted.as_bytes()), None);
+    let escaped = VALID.replacen("n-1", &format!(r#"\\\"{long}"#), 1);
+    assert_eq!(super::front::overlong_number(escaped.as_bytes()), None);
+    // xorshift: the same bodies on every run.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let alphabet = b"\"\\1-e.x ";
+    let mut found = 0;
+    for _ in 0..20_000 {
+        let len = (next() % 120) as usize;
+        let mut body: Vec<u8> = (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+            .collect();
+        if next() % 2 == 0 {
+            let at = (next() % (len as u64 + 1)) as usize;
+            body.splice(at..at, long.bytes());
+        }
+        let expected = overlong_bytewise(&body);
+        found += usize::from(expected.is_some());
+        assert_eq!(
+            super::front::overlong_number(&body),
+            expected,
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    assert!(found > 1_000, "the bodies cover overlong numbers too");
+}
