@@ -126,7 +126,7 @@ pub fn row_hash(seq: u64, entry: &Entry, prev_hash: &str) -> String {
     }
     field(e.receipt.as_deref().map(str::as_bytes));
     field(e.charge.map(num).as_deref());
-    format!("sha256:{}", hex::encode(h.finalize()))
+    crate::receipts::sha256_tag(&h.finalize().into())
 }
 
 /// What went wrong with the database.

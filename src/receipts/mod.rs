@@ -116,10 +116,16 @@ impl ReceiptError {
 pub fn value_hash(value: &Value) -> String {
     let text = carapace_filters::canonical::jcs_string(value)
         .unwrap_or_else(|_| serde_json::to_string(value).expect("a Value serializes"));
-    format!(
-        "sha256:{}",
-        hex::encode(sha2::Sha256::digest(text.as_bytes()))
-    )
+    sha256_tag(&sha2::Sha256::digest(text.as_bytes()).into())
+}
+
+/// A SHA-256 digest as written in receipts and the ledger: `sha256:` and 64 lowercase hex
+/// digits.
+pub fn sha256_tag(digest: &[u8; 32]) -> String {
+    let mut tag = [0u8; 71];
+    tag[..7].copy_from_slice(b"sha256:");
+    hex::encode_to_slice(digest, &mut tag[7..]).expect("64 digits for 32 bytes");
+    String::from_utf8(tag.to_vec()).expect("ASCII")
 }
 
 /// What a receipt's `output_hash` covers: the output of a call that succeeded, `{"code": ..}`

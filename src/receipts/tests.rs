@@ -244,3 +244,20 @@ fn output_hashes_cover_the_output_the_code_or_nothing() {
         "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
     );
 }
+
+#[test]
+fn a_digest_is_tagged_as_sha256_and_lowercase_hex() {
+    use sha2::Digest as _;
+    let digest: [u8; 32] = sha2::Sha256::digest(b"abc").into();
+    assert_eq!(
+        super::sha256_tag(&digest),
+        "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(
+        super::value_hash(&serde_json::json!({"b": 1, "a": [true, null]})),
+        format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(br#"{"a":[true,null],"b":1}"#))
+        )
+    );
+}
