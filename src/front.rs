@@ -23,8 +23,52 @@ use crate::receipts::ReceiptSlot;
 /// Every response carapace sends to callers.
 pub type Resp = Response<Full<Bytes>>;
 
-/// The call-stage stack a front hands decoded calls to.
-pub type CallStack = tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rejection>;
+/// The call-stage stack a front hands decoded calls to, and whether any of its layers (or its
+/// back) reads or fills a call's [`ReceiptSlot`]: a call through a stack that does not gets
+/// none.
+#[derive(Clone)]
+pub struct CallStack {
+    service: tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rejection>,
+    receipts: bool,
+}
+
+impl CallStack {
+    /// `service` as a call stack whose layers may use a call's receipt slot.
+    pub fn new<S>(service: S) -> Self
+    where
+        S: Service<ToolCall, Response = CallOutcome, Error = Rejection>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        CallStack {
+            service: tower::util::BoxCloneSyncService::new(service),
+            receipts: true,
+        }
+    }
+
+    /// No layer of this stack, nor its back, signs, checks, stores or reads receipts.
+    pub fn without_receipts(mut self) -> Self {
+        self.receipts = false;
+        self
+    }
+}
+
+impl Service<ToolCall> for CallStack {
+    type Response = CallOutcome;
+    type Error = Rejection;
+    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        self.service.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        self.service.call(call)
+    }
+}
 
 /// Put in a response's extensions by a front: which tool, and how the call ended.
 #[derive(Debug, Clone)]
@@ -121,8 +165,10 @@ pub async fn run_call(
     encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
 ) -> Resp {
     let (call_id, tool) = (call.call_id.clone(), call.tool.clone());
-    let receipt = ReceiptSlot::default();
-    call.extensions.insert(receipt.clone());
+    let receipt = calls.receipts.then(ReceiptSlot::default);
+    if let Some(slot) = &receipt {
+        call.extensions.insert(slot.clone());
+    }
     let result = calls.clone().oneshot(call).await;
     let ms = started.elapsed().as_millis() as u64;
     let (resp, outcome) = match &result {
@@ -136,7 +182,9 @@ pub async fn run_call(
         }
     };
     let mut resp = recorded(resp, Some(tool), outcome);
-    receipt.write_headers(resp.headers_mut());
+    if let Some(slot) = receipt {
+        slot.write_headers(resp.headers_mut());
+    }
     resp
 }
 

@@ -30,7 +30,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     let handle = CatalogHandle::default();
     handle.replace(carapace_fuzz::catalog(&cfg));
     // The app answers every call with its arguments.
-    let calls: CallStack = tower::util::BoxCloneSyncService::new(tower::service_fn(
+    let calls = CallStack::new(tower::service_fn(
         |call: carapace_filters::call::ToolCall| async move {
             Ok(CallOutcome::Ok {
                 output: call.args,

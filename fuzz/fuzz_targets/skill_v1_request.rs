@@ -21,7 +21,7 @@ static FRONT: LazyLock<SkillV1Front> = LazyLock::new(|| {
     let handle = CatalogHandle::default();
     handle.replace(carapace_fuzz::catalog(&cfg));
     // Decoding never calls the stack.
-    let calls: CallStack = tower::util::BoxCloneSyncService::new(tower::service_fn(|_| async {
+    let calls = CallStack::new(tower::service_fn(|_| async {
         Err(Rejection::AppUnavailable("not called".into()))
     }));
     SkillV1Front::new(

@@ -138,14 +138,18 @@ pub(crate) fn call_stack(
             shared.clock.clone(),
         )))
     });
-    BoxCloneSyncService::new(
+    let idempotency = idempotency_layer(cfg, shared);
+    // Receipts are signed by their layer and kept with an idempotent answer; nothing else
+    // of this stack uses them.
+    let receipts = shared.receipts.is_some() || idempotency.is_some();
+    let stack = CallStack::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .option_layer(tool_limits.map(ToolRateLimitLayer::new))
             .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
             .layer(InputSchemaLayer)
-            .option_layer(idempotency_layer(cfg, shared))
+            .option_layer(idempotency)
             .option_layer(metering_layer(cfg, shared))
             .option_layer(ledger_layer(shared))
             .option_layer(
@@ -161,7 +165,11 @@ pub(crate) fn call_stack(
             )
             .layer(OutputSchemaLayer)
             .service(back),
-    )
+    );
+    match receipts {
+        true => stack,
+        false => stack.without_receipts(),
+    }
 }
 
 /// `idempotency`: keys in the shared store when there is one, else in this process.

@@ -34,7 +34,7 @@ pub(crate) fn build_outbound_stack(
 ) -> HttpStack {
     let c = &cfg.config;
     let answers = c.outbound.as_ref().map(|o| o.answers).unwrap_or_default();
-    let calls: CallStack = BoxCloneSyncService::new(
+    let calls = CallStack::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(AuthorizationLayer::new(shared.clock.clone()))

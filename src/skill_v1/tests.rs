@@ -33,7 +33,7 @@ fn front(discovered: bool) -> SkillV1Front {
         handle.replace(catalog);
     }
     // Decoding never calls the stack.
-    let calls: CallStack = tower::util::BoxCloneSyncService::new(tower::service_fn(|_| async {
+    let calls = CallStack::new(tower::service_fn(|_| async {
         Err(Rejection::AppUnavailable("not called".into()))
     }));
     SkillV1Front::new(
