@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::Request;
+use http::{HeaderName, Request};
 use tower::{Layer, Service};
 
 use carapace_filters::call::Principal;
@@ -23,7 +23,9 @@ use carapace_filters::rate_limit::KeyedLimits;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::Rejection;
 
-use super::{decode_header_value, MODERN_VERSION};
+use super::{
+    decode_header_value, METHOD_HEADER, MODERN_VERSION, NAME_HEADER, PROTOCOL_VERSION_HEADER,
+};
 
 /// Marks a request whose tool (named here) took its per-tool rate-limit cell from the headers.
 /// Only [`MirroredHeaderCheck`] inserts it; callers cannot set request extensions.
@@ -91,14 +93,14 @@ pub struct MirroredHeaderCheck<S> {
 /// The tool a modern `tools/call` names in its headers.
 fn called_tool<B>(req: &Request<B>) -> Option<String> {
     let h = req.headers();
-    let is = |name: &str, value: &str| h.get(name).is_some_and(|v| v == value);
+    let is = |name: &HeaderName, value: &str| h.get(name).is_some_and(|v| v == value);
     if req.method() != http::Method::POST
-        || !is("mcp-protocol-version", MODERN_VERSION)
-        || !is("mcp-method", "tools/call")
+        || !is(&PROTOCOL_VERSION_HEADER, MODERN_VERSION)
+        || !is(&METHOD_HEADER, "tools/call")
     {
         return None;
     }
-    decode_header_value(h.get("mcp-name")?.to_str().ok()?)
+    decode_header_value(h.get(&NAME_HEADER)?.to_str().ok()?)
 }
 
 impl<S> MirroredHeaderCheck<S> {

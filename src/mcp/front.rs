@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
 use tower::Service;
@@ -34,10 +34,7 @@ use crate::config::mcp::McpFrontConfig;
 use crate::front::{self, CallStack, Resp};
 use crate::in_flight::InFlightCalls;
 
-const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
-const METHOD_HEADER: &str = "mcp-method";
-const NAME_HEADER: &str = "mcp-name";
-const SESSION_HEADER: &str = "mcp-session-id";
+use super::{METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER};
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
@@ -361,7 +358,7 @@ impl McpFront {
             .get(META_VERSION)
             .and_then(Value::as_str)
             .ok_or_else(|| McpError::MissingMeta(format!("`_meta.{META_VERSION}` is required")))?;
-        agree(req.headers(), PROTOCOL_VERSION_HEADER, version)?;
+        agree(req.headers(), &PROTOCOL_VERSION_HEADER, version)?;
         if version != MODERN_VERSION {
             return Err(McpError::UnsupportedVersion(version.into()));
         }
@@ -370,7 +367,7 @@ impl McpFront {
                 "`_meta.{META_CAPABILITIES}` (an object) is required"
             )));
         }
-        agree(req.headers(), METHOD_HEADER, method)?;
+        agree(req.headers(), &METHOD_HEADER, method)?;
         let named = match method {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
@@ -378,7 +375,7 @@ impl McpFront {
         };
         if let Some(key) = named {
             let name = params.get(key).and_then(Value::as_str).unwrap_or("");
-            agree(req.headers(), NAME_HEADER, name)?;
+            agree(req.headers(), &NAME_HEADER, name)?;
         }
         Ok(Era::Modern)
     }
@@ -389,7 +386,7 @@ impl McpFront {
         req: &Request<Bytes>,
         principal: &Principal,
     ) -> Result<Option<LiveSession>, McpError> {
-        let Some(id) = req.headers().get(SESSION_HEADER) else {
+        let Some(id) = req.headers().get(&SESSION_HEADER) else {
             return Ok(None);
         };
         let id = id.to_str().map_err(|_| McpError::SessionNotFound)?;
@@ -399,7 +396,7 @@ impl McpFront {
             .map_err(session_error)?;
         // The session's version governs; the header must name a handshake-era version
         // carapace serves (the reference SDK servers take any of them within a session).
-        match header(req.headers(), PROTOCOL_VERSION_HEADER) {
+        match header(req.headers(), &PROTOCOL_VERSION_HEADER) {
             Some(v) if !LEGACY_VERSIONS.contains(&v) => Err(McpError::Session(format!(
                 "{PROTOCOL_VERSION_HEADER} `{v}` is not a version of this session's era"
             ))),
@@ -447,7 +444,7 @@ impl McpFront {
     fn end_session(&self, req: &Request<Bytes>, principal: &Principal) -> Resp {
         let Some(id) = req
             .headers()
-            .get(SESSION_HEADER)
+            .get(&SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
         else {
             let e = McpError::Session(format!(
@@ -638,16 +635,16 @@ fn complete(mut result: Value, version: &str) -> Value {
 fn declares_modern(req: &Request<Bytes>, params: &Map<String, Value>) -> bool {
     let meta = params.get("_meta").and_then(Value::as_object);
     meta.is_some_and(|m| m.contains_key(META_VERSION))
-        || header(req.headers(), PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION)
+        || header(req.headers(), &PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION)
 }
 
 /// A header's value when present and text.
-fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn header<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// A 2026-07-28 mirrored header must be present and, decoded, equal the body's value.
-fn agree(h: &HeaderMap, name: &str, body: &str) -> Result<(), McpError> {
+fn agree(h: &HeaderMap, name: &HeaderName, body: &str) -> Result<(), McpError> {
     let Some(raw) = h.get(name) else {
         return Err(McpError::HeaderMismatch(format!(
             "the `{name}` header is required"

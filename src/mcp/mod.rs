@@ -35,6 +35,16 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = [
     LEGACY_VERSIONS[2],
 ];
 
+/// The revision a request declares (2026-07-28), or its session's (2025 revisions).
+pub const PROTOCOL_VERSION_HEADER: http::HeaderName =
+    http::HeaderName::from_static("mcp-protocol-version");
+/// 2026-07-28: the request's JSON-RPC method, mirrored.
+pub const METHOD_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-method");
+/// 2026-07-28: the name a `tools/call` (or `prompts/get`, ...) names, mirrored.
+pub const NAME_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-name");
+/// 2025 revisions: the session a request belongs to.
+pub const SESSION_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-session-id");
+
 /// A mirrored header's value, with the `=?base64?…?=` form decoded (2026-07-28).
 pub fn decode_header_value(v: &str) -> Option<String> {
     use base64::Engine;
