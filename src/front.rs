@@ -23,17 +23,25 @@ use crate::receipts::ReceiptSlot;
 /// Every response carapace sends to callers.
 pub type Resp = Response<Full<Bytes>>;
 
-/// The call-stage stack a front hands decoded calls to, and whether any of its layers (or its
-/// back) reads or fills a call's [`ReceiptSlot`]: a call through a stack that does not gets
-/// none.
+/// The call-stage stack a front hands decoded calls to, and which calls a layer of it (or its
+/// back) may sign, check, store or read a receipt for: only those get a [`ReceiptSlot`].
 #[derive(Clone)]
 pub struct CallStack {
     service: tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rejection>,
-    receipts: bool,
+    receipts: ReceiptUse,
+}
+
+/// Which calls of a [`CallStack`] have a use for a receipt slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReceiptUse {
+    EveryCall,
+    /// Only a call with an idempotency key: its stored answer keeps its receipt.
+    KeyedCalls,
+    None,
 }
 
 impl CallStack {
-    /// `service` as a call stack whose layers may use a call's receipt slot.
+    /// `service` as a call stack whose layers may use any call's receipt slot.
     pub fn new<S>(service: S) -> Self
     where
         S: Service<ToolCall, Response = CallOutcome, Error = Rejection>
@@ -45,14 +53,27 @@ impl CallStack {
     {
         CallStack {
             service: tower::util::BoxCloneSyncService::new(service),
-            receipts: true,
+            receipts: ReceiptUse::EveryCall,
         }
     }
 
-    /// No layer of this stack, nor its back, signs, checks, stores or reads receipts.
-    pub fn without_receipts(mut self) -> Self {
-        self.receipts = false;
+    /// No layer of this stack signs or checks receipts; its idempotency layer, when
+    /// `keyed_answers`, stores and replays them with the answers of calls with a key.
+    pub fn without_receipts(mut self, keyed_answers: bool) -> Self {
+        self.receipts = match keyed_answers {
+            true => ReceiptUse::KeyedCalls,
+            false => ReceiptUse::None,
+        };
         self
+    }
+
+    /// Whether `call` goes with a receipt slot.
+    fn has_receipt(&self, call: &ToolCall) -> bool {
+        match self.receipts {
+            ReceiptUse::EveryCall => true,
+            ReceiptUse::KeyedCalls => call.idempotency_key.is_some(),
+            ReceiptUse::None => false,
+        }
     }
 }
 
@@ -165,7 +186,7 @@ pub async fn run_call(
     encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
 ) -> Resp {
     let (call_id, tool) = (call.call_id.clone(), call.tool.clone());
-    let receipt = calls.receipts.then(ReceiptSlot::default);
+    let receipt = calls.has_receipt(&call).then(ReceiptSlot::default);
     if let Some(slot) = &receipt {
         call.extensions.insert(slot.clone());
     }
@@ -360,5 +381,81 @@ mod tests {
         let resp = answer().await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    /// A stack whose layer leaves a receipt in every slot it is given (as the receipt layer
+    /// and an idempotent replay do): the caller gets the receipt header exactly when the call
+    /// had a slot.
+    async fn receipt_header(stack: CallStack, key: Option<&str>) -> Option<http::HeaderValue> {
+        let call = ToolCall {
+            call_id: "c1".into(),
+            tool: Arc::new(ToolSpec {
+                name: "t".into(),
+                app_name: None,
+                definition: None,
+                description: String::new(),
+                input: carapace_filters::schema::CompiledSchema::compile(
+                    serde_json::json!({"type": "object"}),
+                )
+                .unwrap(),
+                output: None,
+                timeout_ms_default: 1_000,
+                timeout_ms_max: 1_000,
+                idempotent: false,
+                side_effects: true,
+            }),
+            tenant_id: None,
+            args: serde_json::json!({}),
+            context: None,
+            timeout_ms: None,
+            idempotency_key: key.map(str::to_owned),
+            principal: Arc::new(Principal::local()),
+            credential: carapace_filters::call::Credential::None,
+            request_id: None,
+            trace_context: Vec::new(),
+            extensions: Default::default(),
+        };
+        let ok = |o: &CallOutcome, _: &str, _: &str, _| match o {
+            CallOutcome::Ok { output, .. } => json_response(StatusCode::OK, output),
+            CallOutcome::AppError { .. } => unreachable!("the stack answers ok"),
+        };
+        let resp = run_call(&stack, call, Instant::now(), ok, |_, _, _, _| {
+            unreachable!("the stack answers ok")
+        })
+        .await;
+        resp.headers().get(crate::receipts::RECEIPT_HEADER).cloned()
+    }
+
+    fn signing_stack() -> CallStack {
+        CallStack::new(tower::service_fn(|call: ToolCall| async move {
+            if let Some(slot) = call.extensions.get::<ReceiptSlot>() {
+                slot.fill(crate::receipts::ReceiptNote {
+                    receipt: None,
+                    encoded: Some(http::HeaderValue::from_static("r1")),
+                    status: None,
+                });
+            }
+            Ok(CallOutcome::Ok {
+                output: serde_json::json!({}),
+                meta: None,
+                content: None,
+            })
+        }))
+    }
+
+    #[tokio::test]
+    async fn only_calls_a_stack_may_have_receipts_for_go_with_a_receipt_slot() {
+        let r1 = Some(http::HeaderValue::from_static("r1"));
+        for key in [None, Some("k1")] {
+            assert_eq!(receipt_header(signing_stack(), key).await, r1);
+            assert_eq!(
+                receipt_header(signing_stack().without_receipts(false), key).await,
+                None
+            );
+        }
+        // A stored answer's receipt is replayed for a keyed call only.
+        let keyed = || signing_stack().without_receipts(true);
+        assert_eq!(receipt_header(keyed(), Some("k1")).await, r1);
+        assert_eq!(receipt_header(keyed(), None).await, None);
     }
 }

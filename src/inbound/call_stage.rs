@@ -139,9 +139,7 @@ pub(crate) fn call_stack(
         )))
     });
     let idempotency = idempotency_layer(cfg, shared);
-    // Receipts are signed by their layer and kept with an idempotent answer; nothing else
-    // of this stack uses them.
-    let receipts = shared.receipts.is_some() || idempotency.is_some();
+    let keyed_answers = idempotency.is_some();
     let stack = CallStack::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
@@ -166,9 +164,11 @@ pub(crate) fn call_stack(
             .layer(OutputSchemaLayer)
             .service(back),
     );
-    match receipts {
-        true => stack,
-        false => stack.without_receipts(),
+    // Receipts are signed by their layer, and kept with a keyed call's answer by the
+    // idempotency layer; nothing else of this stack uses them.
+    match shared.receipts {
+        Some(_) => stack,
+        None => stack.without_receipts(keyed_answers),
     }
 }
 
