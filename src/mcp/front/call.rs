@@ -205,7 +205,7 @@ impl McpFront {
             }
         };
         Ok(ToolCall {
-            call_id: format!("mcp-{}", hex::encode(rand::random::<[u8; 12]>())),
+            call_id: new_call_id(),
             tool,
             tenant_id: None,
             args,
@@ -219,6 +219,13 @@ impl McpFront {
             extensions: Default::default(),
         })
     }
+}
+
+/// A call id for the internal call: `mcp-` and 24 random hex digits.
+fn new_call_id() -> String {
+    let mut id = *b"mcp-000000000000000000000000";
+    hex::encode_to_slice(rand::random::<[u8; 12]>(), &mut id[4..]).expect("24 digits");
+    String::from_utf8(id.to_vec()).expect("ASCII")
 }
 
 /// The answer to a call whose result is the app's output as it is (an HTTP app: no content
@@ -322,6 +329,19 @@ mod tests {
             .unwrap()
             .to_bytes()
             .to_vec()
+    }
+
+    #[test]
+    fn call_ids_are_mcp_and_24_random_hex_digits() {
+        let (a, b) = (new_call_id(), new_call_id());
+        for id in [&a, &b] {
+            let digits = id.strip_prefix("mcp-").expect("prefix");
+            assert_eq!(digits.len(), 24, "{id}");
+            assert!(digits
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        }
+        assert_ne!(a, b);
     }
 
     #[tokio::test]
