@@ -86,58 +86,8 @@ pub(crate) fn call_stack(
     app: AppConn,
     tool_limits: Option<Arc<KeyedLimits>>,
 ) -> CallStack {
-    let c = &cfg.config;
-    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match (c.app.protocol, app) {
-        (_, AppConn::Mcp(server)) => BoxCloneSyncService::new(McpBack::new(server)),
-        (Protocol::ToolsV1, AppConn::Http(app)) => BoxCloneSyncService::new(ToolsV1Back::new(app)),
-        (Protocol::Mcp, AppConn::Http(_)) => unreachable!("an MCP app is reached as one"),
-        (Protocol::SkillV1, AppConn::Http(app)) => {
-            let skill = c.app.skill.as_ref().expect("validated");
-            let signing = skill.auth.as_ref().map(|a| AppSigning {
-                mode: app_auth_mode(a.mode),
-                header: a
-                    .header_name
-                    .as_deref()
-                    .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
-                secret: cfg.app_secret.clone().expect("validated"),
-            });
-            BoxCloneSyncService::new(SkillV1Back::new(
-                app,
-                &skill.skill_id,
-                &skill.protocol_version,
-                signing,
-            ))
-        }
-    };
-    // Tools connected callers offer go to them.
-    let back = match &shared.relay {
-        Some(relay) => {
-            BoxCloneSyncService::new(crate::relay::RelayRouter::new(relay.clone(), back))
-        }
-        None => back,
-    };
-    let signed = c
-        .front
-        .auth
-        .as_ref()
-        .and_then(|a| Some((a, auth_mode(a.mode)?)));
-    let signature = signed.map(|(auth, mode)| {
-        let keys = cfg
-            .caller_keys
-            .iter()
-            .map(|(id, s)| SigningKey {
-                id: id.clone(),
-                secret: s.bytes().clone(),
-            })
-            .collect();
-        SignatureLayer::new(Arc::new(SignatureVerifier::new(
-            mode,
-            keys,
-            Duration::from_secs(auth.timestamp_skew_s),
-            replay_guard(shared, auth.nonce_ttl_s),
-            shared.clock.clone(),
-        )))
-    });
+    let back = back(cfg, shared, app);
+    let signature = signature_layer(cfg, shared);
     let idempotency = idempotency_layer(cfg, shared);
     let keyed_answers = idempotency.is_some();
     let stack = CallStack::new(
@@ -170,6 +120,71 @@ pub(crate) fn call_stack(
         Some(_) => stack,
         None => stack.without_receipts(keyed_answers),
     }
+}
+
+/// The app's back for its protocol; tools connected callers offer go to them (the relay).
+fn back(
+    cfg: &Loaded,
+    shared: &Shared,
+    app: AppConn,
+) -> BoxCloneSyncService<ToolCall, CallOutcome, Rejection> {
+    let c = &cfg.config;
+    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match (c.app.protocol, app) {
+        (_, AppConn::Mcp(server)) => BoxCloneSyncService::new(McpBack::new(server)),
+        (Protocol::ToolsV1, AppConn::Http(app)) => BoxCloneSyncService::new(ToolsV1Back::new(app)),
+        (Protocol::Mcp, AppConn::Http(_)) => unreachable!("an MCP app is reached as one"),
+        (Protocol::SkillV1, AppConn::Http(app)) => {
+            let skill = c.app.skill.as_ref().expect("validated");
+            let signing = skill.auth.as_ref().map(|a| AppSigning {
+                mode: app_auth_mode(a.mode),
+                header: a
+                    .header_name
+                    .as_deref()
+                    .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
+                secret: cfg.app_secret.clone().expect("validated"),
+            });
+            BoxCloneSyncService::new(SkillV1Back::new(
+                app,
+                &skill.skill_id,
+                &skill.protocol_version,
+                signing,
+            ))
+        }
+    };
+    match &shared.relay {
+        Some(relay) => {
+            BoxCloneSyncService::new(crate::relay::RelayRouter::new(relay.clone(), back))
+        }
+        None => back,
+    }
+}
+
+/// The signature check of a front with `auth` (HMAC or API key, the caller keys, the
+/// window and the replay guard).
+fn signature_layer(cfg: &Loaded, shared: &Shared) -> Option<SignatureLayer> {
+    let c = &cfg.config;
+    let signed = c
+        .front
+        .auth
+        .as_ref()
+        .and_then(|a| Some((a, auth_mode(a.mode)?)));
+    signed.map(|(auth, mode)| {
+        let keys = cfg
+            .caller_keys
+            .iter()
+            .map(|(id, s)| SigningKey {
+                id: id.clone(),
+                secret: s.bytes().clone(),
+            })
+            .collect();
+        SignatureLayer::new(Arc::new(SignatureVerifier::new(
+            mode,
+            keys,
+            Duration::from_secs(auth.timestamp_skew_s),
+            replay_guard(shared, auth.nonce_ttl_s),
+            shared.clock.clone(),
+        )))
+    })
 }
 
 /// `idempotency`: keys in the shared store when there is one, else in this process.
