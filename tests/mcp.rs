@@ -699,3 +699,56 @@ async fn mcp_configuration_mistakes_are_refused() {
         );
     }
 }
+
+/// A call in the form the front reads in one pass, and the same call in forms only the
+/// general decoding takes (an unknown envelope member, a member given twice: the last one
+/// counts), get the same answer; the app receives the arguments each time.
+#[tokio::test]
+async fn a_call_gets_the_same_answer_whichever_way_its_body_is_read() {
+    let env = Env::new().await;
+    let r = start(&env, "").await;
+    let gw = env.gateway(&r);
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let bodies = [
+        format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"memory.append","arguments":{{"text":"x"}},{meta}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","extra":[1],"params":{{"name":"memory.append","arguments":{{"text":"x"}},{meta}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"memory.query","name":"memory.append","arguments":{{"text":"y"}},"arguments":{{"text":"x"}},{meta}}}}}"#
+        ),
+    ];
+    assert!(carapace::mcp::wire::read_tools_call(bodies[0].as_bytes()).is_some());
+    for body in &bodies[1..] {
+        assert!(carapace::mcp::wire::read_tools_call(body.as_bytes()).is_none());
+    }
+    let headers = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "memory.append"),
+    ];
+    let mut answers = Vec::new();
+    for (n, body) in bodies.iter().enumerate() {
+        let reply = gw
+            .send(Method::POST, "/mcp", &headers, body.clone())
+            .await
+            .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{body}");
+        let mut answer = reply.json();
+        assert_eq!(answer["result"]["isError"], false, "{answer}");
+        // The app's answer: the stored entry, one more each time.
+        assert_eq!(answer["result"]["structuredContent"]["count"], n + 1);
+        answer["result"]["structuredContent"] = Value::Null;
+        answer["result"]["content"] = Value::Null;
+        answers.push(answer);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0], answers[2]);
+    let received = env.app.received();
+    assert_eq!(received.len(), 3);
+    assert!(received
+        .iter()
+        .all(|c| c.body["args"] == json!({"text": "x"})));
+}

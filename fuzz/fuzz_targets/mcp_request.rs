@@ -1,6 +1,7 @@
 //! The MCP front, whole: the JSON-RPC decoder (single messages and batches), the era decision,
 //! the 2026-07-28 header checks (base64 header values), sessions, `tools/list` cursors and
-//! `tools/call` decoding. The first byte chooses the headers, the rest is the body.
+//! `tools/call` decoding (the one-pass reader against the general decoding). The first byte
+//! chooses the headers, the rest is the body.
 #![no_main]
 
 use std::sync::{Arc, LazyLock};
@@ -71,6 +72,11 @@ fuzz_target!(|data: &[u8]| {
     let Some((&flags, body)) = data.split_first() else {
         return;
     };
+    // The one-pass reader of `tools/call` takes only what the general decoding reads as one,
+    // and reads the same id and parameters.
+    if let Some(fast) = carapace::mcp::wire::read_tools_call(body) {
+        assert_eq!(Some(fast), carapace::mcp::wire::read_tools_call_general(body));
+    }
     let f = &*FIXTURE;
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let mut req = http::Request::builder()

@@ -28,6 +28,7 @@ use super::passthrough;
 use super::results::tool_definition;
 use super::session::{SessionRefused, Sessions};
 use super::stream;
+use super::wire::{self, CallParams};
 use super::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
@@ -168,11 +169,16 @@ impl McpFront {
         match *req.method() {
             Method::POST => {}
             Method::DELETE => return Ok(self.end_session(&req, &principal)),
-            Method::GET if self.server.is_some() => return Ok(self.events(&req, &principal).await),
+            // The paths other than one message are boxed: the future of a call (the hot
+            // path) is then no larger than its own needs, and a request's future is moved
+            // whole into its box.
+            Method::GET if self.server.is_some() => {
+                return Ok(Box::pin(self.events(&req, &principal)).await)
+            }
             _ => return Ok(refused(None, &McpError::HttpMethod("POST, DELETE"))),
         }
         if req.body().trim_ascii_start().starts_with(b"[") {
-            return Ok(self.batch(&req, &principal).await);
+            return Ok(Box::pin(self.batch(&req, &principal)).await);
         }
         Ok(self.message(req, principal).await)
     }
@@ -223,7 +229,31 @@ impl McpFront {
 
     /// One JSON-RPC message.
     async fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Resp {
-        let (id, method, params) = match jsonrpc::decode(req.body()) {
+        let (id, params) = match wire::read_tools_call(req.body()) {
+            Some(call) => (call.id, call.params),
+            None => match jsonrpc::decode(req.body()) {
+                Ok(Message::Request { id, method, params }) if method == "tools/call" => {
+                    (id, CallParams::from_map(params))
+                }
+                // Boxed, so that a call's future is no larger than its own needs.
+                decoded => return Box::pin(self.other_message(req, principal, decoded)).await,
+            },
+        };
+        let era = match self.era(&req, "tools/call", &Declared::of_call(&params), &principal) {
+            Ok(era) => era,
+            Err(e) => return refused(Some(&id), &e),
+        };
+        self.tools_call(req, id, params, principal, era).await
+    }
+
+    /// Every message but a `tools/call` request.
+    async fn other_message(
+        &self,
+        req: Request<Bytes>,
+        principal: Arc<Principal>,
+        decoded: Result<Message, (Option<Value>, McpError)>,
+    ) -> Resp {
+        let (id, method, params) = match decoded {
             Err((id, e)) => return refused(id.as_ref(), &e),
             Ok(Message::Response { id, reply }) => {
                 return self.response(&req, &principal, id, reply)
@@ -242,12 +272,13 @@ impl McpFront {
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
+        let declared = Declared::of(&method, &params);
         // `initialize` opens a handshake-era session; 2026-07-28 removed it (and `ping`), so
         // a request that declares 2026-07-28 gets "method not found" for them below.
-        if method == "initialize" && !declares_modern(&req, &params) {
+        if method == "initialize" && !declares_modern(&req, &declared) {
             return self.initialize(&id, &params, &principal);
         }
-        let era = match self.era(&req, &method, &params, &principal) {
+        let era = match self.era(&req, &method, &declared, &principal) {
             Ok(era) => era,
             Err(e) => return refused(Some(&id), &e),
         };
@@ -259,7 +290,6 @@ impl McpFront {
             "ping" if matches!(era, Era::Legacy(_)) => Ok(json!({})),
             "server/discover" if matches!(era, Era::Modern) => Ok(self.discover()),
             "tools/list" => self.list(&params, &principal, version),
-            "tools/call" => return self.tools_call(req, id, params, principal, era).await,
             "logging/setLevel" if self.server.is_some() => self.set_log_level(&params, &era),
             crate::relay::endpoint::MCP_METHOD if self.relay.is_some() => {
                 self.caller_tool_response(params, &principal)
@@ -339,11 +369,10 @@ impl McpFront {
         &self,
         req: &Request<Bytes>,
         method: &str,
-        params: &Map<String, Value>,
+        declared: &Declared,
         principal: &Principal,
     ) -> Result<Era, McpError> {
-        let meta = params.get("_meta").and_then(Value::as_object);
-        if !declares_modern(req, params) {
+        if !declares_modern(req, declared) {
             return match self.session_of(req, principal)? {
                 Some(s) => Ok(Era::Legacy(s)),
                 None => Err(McpError::Session(format!(
@@ -352,30 +381,25 @@ impl McpFront {
                 ))),
             };
         }
-        let meta =
-            meta.ok_or_else(|| McpError::MissingMeta("`params._meta` is required".into()))?;
-        let version = meta
-            .get(META_VERSION)
+        if !declared.meta {
+            return Err(McpError::MissingMeta("`params._meta` is required".into()));
+        }
+        let version = declared
+            .version
             .and_then(Value::as_str)
             .ok_or_else(|| McpError::MissingMeta(format!("`_meta.{META_VERSION}` is required")))?;
         agree(req.headers(), &PROTOCOL_VERSION_HEADER, version)?;
         if version != MODERN_VERSION {
             return Err(McpError::UnsupportedVersion(version.into()));
         }
-        if !meta.get(META_CAPABILITIES).is_some_and(Value::is_object) {
+        if !declared.capabilities.is_some_and(Value::is_object) {
             return Err(McpError::MissingMeta(format!(
                 "`_meta.{META_CAPABILITIES}` (an object) is required"
             )));
         }
         agree(req.headers(), &METHOD_HEADER, method)?;
-        let named = match method {
-            "tools/call" | "prompts/get" => Some("name"),
-            "resources/read" => Some("uri"),
-            _ => None,
-        };
-        if let Some(key) = named {
-            let name = params.get(key).and_then(Value::as_str).unwrap_or("");
-            agree(req.headers(), &NAME_HEADER, name)?;
+        if let Some(name) = declared.named {
+            agree(req.headers(), &NAME_HEADER, name.unwrap_or(""))?;
         }
         Ok(Era::Modern)
     }
@@ -631,10 +655,48 @@ fn complete(mut result: Value, version: &str) -> Value {
     result
 }
 
+/// What the era decision reads of a request's `params`.
+struct Declared<'a> {
+    /// `_meta` is an object.
+    meta: bool,
+    /// `_meta`'s protocol version and client capabilities, as given.
+    version: Option<&'a Value>,
+    capabilities: Option<&'a Value>,
+    /// For a method that names what it acts on (`tools/call`, `prompts/get`:
+    /// `name`; `resources/read`: `uri`): that name, when a string.
+    named: Option<Option<&'a str>>,
+}
+
+impl<'a> Declared<'a> {
+    fn of(method: &str, params: &'a Map<String, Value>) -> Self {
+        let meta = params.get("_meta").and_then(Value::as_object);
+        let key = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            _ => None,
+        };
+        Declared {
+            meta: meta.is_some(),
+            version: meta.and_then(|m| m.get(META_VERSION)),
+            capabilities: meta.and_then(|m| m.get(META_CAPABILITIES)),
+            named: key.map(|k| params.get(k).and_then(Value::as_str)),
+        }
+    }
+
+    fn of_call(params: &'a CallParams) -> Self {
+        let meta = params.meta.as_ref();
+        Declared {
+            meta: meta.is_some(),
+            version: meta.and_then(|m| m.version.as_ref()),
+            capabilities: meta.and_then(|m| m.capabilities.as_ref()),
+            named: Some(params.name.as_deref()),
+        }
+    }
+}
+
 /// Whether a request asks for 2026-07-28: a version in `params._meta`, or the version header.
-fn declares_modern(req: &Request<Bytes>, params: &Map<String, Value>) -> bool {
-    let meta = params.get("_meta").and_then(Value::as_object);
-    meta.is_some_and(|m| m.contains_key(META_VERSION))
+fn declares_modern(req: &Request<Bytes>, declared: &Declared) -> bool {
+    declared.version.is_some()
         || header(req.headers(), &PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION)
 }
 

@@ -19,6 +19,7 @@ pub mod results;
 pub mod session;
 pub mod stream;
 pub mod subscriptions;
+pub mod wire;
 
 pub use front::McpFront;
 pub use jsonrpc::refusal_response;

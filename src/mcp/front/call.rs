@@ -18,16 +18,13 @@ use carapace_filters::Rejection;
 use super::{complete, refused, Era, McpFront};
 use crate::front::{self, Resp};
 use crate::in_flight::Finished;
-use crate::mcp::back::relay::{log_level, CallerStream, ClientFeatures, RetryInput};
+use crate::mcp::back::relay::{log_level, CallerStream, ClientFeatures};
 use crate::mcp::early::ToolLimitTaken;
 use crate::mcp::jsonrpc::{result_response, McpError};
 use crate::mcp::results::{refusal_result, tool_result};
 use crate::mcp::stream::{self, StreamContext};
+use crate::mcp::wire::CallParams;
 use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
-
-/// A 2026-07-28 request's log level and its client's capabilities (`_meta`).
-const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
-const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 
 impl McpFront {
     /// `tools/call` in `era`.
@@ -35,18 +32,18 @@ impl McpFront {
         &self,
         req: Request<Bytes>,
         id: Value,
-        params: Map<String, Value>,
+        params: CallParams,
         principal: Arc<Principal>,
         era: Era,
     ) -> Resp {
-        let meta = params.get("_meta");
+        let meta = params.meta.as_ref();
         // Log messages: a 2026-07-28 caller asks per request; an older session gets them all
         // unless it set a level.
         let (version, session, features, logs) = match era {
             Era::Modern => {
-                let level = meta.and_then(|m| m.get(META_LOG_LEVEL));
+                let level = meta.and_then(|m| m.log_level.as_ref());
                 let level = level.and_then(Value::as_str).and_then(log_level);
-                let caps = meta.and_then(|m| m.get(META_CAPABILITIES));
+                let caps = meta.and_then(|m| m.capabilities.as_ref());
                 let features = ClientFeatures::of(caps);
                 (MODERN_VERSION.to_owned(), None, features, level)
             }
@@ -57,40 +54,59 @@ impl McpFront {
         };
         // Only an MCP server says anything while a call runs.
         let relay = (self.server.is_some() && accepts_stream(&req)).then(|| {
-            let progress = meta.and_then(|m| m.get("progressToken")).cloned();
+            let progress = meta.and_then(|m| m.progress_token.clone());
             CallerStream::new(progress, features, session.is_some(), logs)
         });
         let (stream, messages) = relay.unzip();
-        let tool_name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let trailers = self.receipts && takes_trailers(&req);
-        let this = self.clone();
         let cancel_key = session
             .clone()
             .map(|s| Arc::new(("mcp", s, id.to_string())));
-        let call = async move {
-            let call = this.call(&req, id.clone(), params, principal, &version, stream);
-            let Some(key) = cancel_key else {
-                return call.await;
-            };
-            match this.in_flight.run(key, call).await {
-                Finished::Done(resp) => resp,
-                Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
-            }
-        };
+        // Each future made where it is awaited (or boxed): a future bound first and awaited
+        // later can take its room twice in this one.
         let Some(messages) = messages else {
-            return call.await;
+            return self
+                .clone()
+                .cancellable_call(req, id, params, principal, version, stream, cancel_key)
+                .await;
         };
         let cx = StreamContext {
             answers: self.sessions.answers().clone(),
             session,
-            guard: self.guard.clone().map(|g| (g, tool_name)),
-            receipts: trailers,
+            guard: self
+                .guard
+                .clone()
+                .map(|g| (g, params.name.clone().unwrap_or_default())),
+            receipts: self.receipts && takes_trailers(&req),
         };
-        stream::respond(Box::pin(call), messages, cx).await
+        let call = self
+            .clone()
+            .cancellable_call(req, id, params, principal, version, stream, cancel_key);
+        Box::pin(stream::respond(Box::pin(call), messages, cx)).await
+    }
+
+    /// The call, which in an older-era session a `notifications/cancelled` naming `key`
+    /// ends.
+    #[allow(clippy::too_many_arguments)]
+    async fn cancellable_call(
+        self,
+        req: Request<Bytes>,
+        id: Value,
+        params: CallParams,
+        principal: Arc<Principal>,
+        version: String,
+        stream: Option<CallerStream>,
+        key: Option<Arc<crate::in_flight::CallKey>>,
+    ) -> Resp {
+        let Some(key) = key else {
+            return self
+                .call(&req, id, params, principal, &version, stream)
+                .await;
+        };
+        let call = self.call(&req, id.clone(), params, principal, &version, stream);
+        match Box::pin(self.in_flight.run(key, call)).await {
+            Finished::Done(resp) => resp,
+            Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
+        }
     }
 
     /// Decode into the internal call and run it through the call stage.
@@ -98,7 +114,7 @@ impl McpFront {
         &self,
         req: &Request<Bytes>,
         id: Value,
-        mut params: Map<String, Value>,
+        mut params: CallParams,
         principal: Arc<Principal>,
         version: &str,
         stream: Option<CallerStream>,
@@ -111,7 +127,7 @@ impl McpFront {
         if let Some(stream) = stream {
             call.extensions.insert(stream);
         }
-        if let Some(retry) = RetryInput::of(&params) {
+        if let Some(retry) = params.retry.take() {
             call.extensions.insert(retry);
         }
         tracing::Span::current().record("tool", call.tool.name.as_str());
@@ -153,13 +169,13 @@ impl McpFront {
     fn decode_call(
         &self,
         req: &Request<Bytes>,
-        params: &mut Map<String, Value>,
+        params: &mut CallParams,
         principal: Arc<Principal>,
     ) -> Result<ToolCall, McpError> {
-        let arguments = params.remove("arguments");
+        let arguments = params.arguments.take();
         let name = params
-            .get("name")
-            .and_then(Value::as_str)
+            .name
+            .as_deref()
             .ok_or_else(|| McpError::InvalidParams("`name` (a string) is required".into()))?;
         let args = match arguments {
             None | Some(Value::Null) => Value::Object(Map::new()),
@@ -191,12 +207,10 @@ impl McpFront {
                 }
             }
         }
-        let idempotency_key = match params
-            .get("_meta")
-            .and_then(|m| m.get(crate::front::MCP_IDEMPOTENCY_KEY))
-        {
+        let key = params.meta.as_mut().and_then(|m| m.idempotency_key.take());
+        let idempotency_key = match key {
             None => None,
-            Some(Value::String(k)) if crate::idempotency::valid_key(k) => Some(k.clone()),
+            Some(Value::String(k)) if crate::idempotency::valid_key(&k) => Some(k),
             Some(_) => {
                 return Err(McpError::InvalidParams(format!(
                     "`_meta.{}` must be a string of 1 to 255 visible ASCII characters",
