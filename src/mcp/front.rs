@@ -2,6 +2,8 @@
 //! `POST`, in the era each request asks for (see the [module docs](super)).
 
 mod call;
+mod era;
+use era::{declares_modern, session_error, Declared, Era};
 mod subscribe;
 
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use std::task::{Context, Poll};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use http::{HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
 use tower::Service;
@@ -26,37 +28,18 @@ use super::back::McpUpstream;
 use super::jsonrpc::{self, error_response, result_response, McpError, Message};
 use super::passthrough;
 use super::results::tool_definition;
-use super::session::{SessionRefused, Sessions};
+use super::session::Sessions;
 use super::stream;
 use super::wire::{self, CallParams};
-use super::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
+use super::{LEGACY_VERSIONS, MODERN_VERSION, SESSION_HEADER, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
 use crate::front::{self, CallStack, Resp};
 use crate::in_flight::InFlightCalls;
 
-use super::{METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER};
-const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// Most messages in one (2025-03-26) batch.
 const MAX_BATCH: usize = 32;
-
-/// Which protocol era a request is served in.
-enum Era {
-    /// 2026-07-28: stateless, checked per request.
-    Modern,
-    /// A handshake-era request in a live session, at the session's version.
-    Legacy(LiveSession),
-}
-
-/// An older-era session a request names.
-struct LiveSession {
-    id: String,
-    version: String,
-    /// What the client can answer of the server's requests.
-    features: ClientFeatures,
-}
 
 /// The MCP front service; see the module docs. A request's copy of it is one reference count.
 #[derive(Clone)]
@@ -364,74 +347,6 @@ impl McpFront {
         refused(id.as_ref(), &McpError::InvalidRequest(why.into()))
     }
 
-    /// Decide the era, and check the request's metadata for it.
-    fn era(
-        &self,
-        req: &Request<Bytes>,
-        method: &str,
-        declared: &Declared,
-        principal: &Principal,
-    ) -> Result<Era, McpError> {
-        if !declares_modern(req, declared) {
-            return match self.session_of(req, principal)? {
-                Some(s) => Ok(Era::Legacy(s)),
-                None => Err(McpError::Session(format!(
-                    "send `initialize` first and then `{SESSION_HEADER}` (2025 revisions), or \
-                     `params._meta` with `{META_VERSION}` ({MODERN_VERSION})"
-                ))),
-            };
-        }
-        if !declared.meta {
-            return Err(McpError::MissingMeta("`params._meta` is required".into()));
-        }
-        let version = declared
-            .version
-            .and_then(Value::as_str)
-            .ok_or_else(|| McpError::MissingMeta(format!("`_meta.{META_VERSION}` is required")))?;
-        agree(req.headers(), &PROTOCOL_VERSION_HEADER, version)?;
-        if version != MODERN_VERSION {
-            return Err(McpError::UnsupportedVersion(version.into()));
-        }
-        if !declared.capabilities.is_some_and(Value::is_object) {
-            return Err(McpError::MissingMeta(format!(
-                "`_meta.{META_CAPABILITIES}` (an object) is required"
-            )));
-        }
-        agree(req.headers(), &METHOD_HEADER, method)?;
-        if let Some(name) = declared.named {
-            agree(req.headers(), &NAME_HEADER, name.unwrap_or(""))?;
-        }
-        Ok(Era::Modern)
-    }
-
-    /// The live session named in the request, if it names one.
-    fn session_of(
-        &self,
-        req: &Request<Bytes>,
-        principal: &Principal,
-    ) -> Result<Option<LiveSession>, McpError> {
-        let Some(id) = req.headers().get(&SESSION_HEADER) else {
-            return Ok(None);
-        };
-        let id = id.to_str().map_err(|_| McpError::SessionNotFound)?;
-        let claims = self
-            .sessions
-            .resume(id, &principal.id, (self.clock)())
-            .map_err(session_error)?;
-        // The session's version governs; the header must name a handshake-era version
-        // carapace serves (the reference SDK servers take any of them within a session).
-        match header(req.headers(), &PROTOCOL_VERSION_HEADER) {
-            Some(v) if !LEGACY_VERSIONS.contains(&v) => Err(McpError::Session(format!(
-                "{PROTOCOL_VERSION_HEADER} `{v}` is not a version of this session's era"
-            ))),
-            _ => Ok(Some(LiveSession {
-                id: id.to_owned(),
-                features: claims.features(),
-                version: claims.version,
-            })),
-        }
-    }
-
     /// `initialize`: negotiate a handshake-era version and open a session.
     fn initialize(&self, id: &Value, params: &Map<String, Value>, principal: &Principal) -> Resp {
         let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
@@ -620,13 +535,6 @@ fn refused(id: Option<&Value>, e: &McpError) -> Resp {
     front::recorded(resp, None, reason)
 }
 
-fn session_error(e: SessionRefused) -> McpError {
-    match e {
-        SessionRefused::NotFound => McpError::SessionNotFound,
-        SessionRefused::Full => McpError::Refused(Rejection::Overloaded),
-    }
-}
-
 /// `202 Accepted`, no body: a notification or a response.
 fn accepted() -> Resp {
     let mut r = Resp::new(Full::new(Bytes::new()));
@@ -653,76 +561,6 @@ fn complete(mut result: Value, version: &str) -> Value {
         meta[META_SERVER_INFO] = server_info();
     }
     result
-}
-
-/// What the era decision reads of a request's `params`.
-struct Declared<'a> {
-    /// `_meta` is an object.
-    meta: bool,
-    /// `_meta`'s protocol version and client capabilities, as given.
-    version: Option<&'a Value>,
-    capabilities: Option<&'a Value>,
-    /// For a method that names what it acts on (`tools/call`, `prompts/get`:
-    /// `name`; `resources/read`: `uri`): that name, when a string.
-    named: Option<Option<&'a str>>,
-}
-
-impl<'a> Declared<'a> {
-    fn of(method: &str, params: &'a Map<String, Value>) -> Self {
-        let meta = params.get("_meta").and_then(Value::as_object);
-        let key = match method {
-            "tools/call" | "prompts/get" => Some("name"),
-            "resources/read" => Some("uri"),
-            _ => None,
-        };
-        Declared {
-            meta: meta.is_some(),
-            version: meta.and_then(|m| m.get(META_VERSION)),
-            capabilities: meta.and_then(|m| m.get(META_CAPABILITIES)),
-            named: key.map(|k| params.get(k).and_then(Value::as_str)),
-        }
-    }
-
-    fn of_call(params: &'a CallParams) -> Self {
-        let meta = params.meta.as_ref();
-        Declared {
-            meta: meta.is_some(),
-            version: meta.and_then(|m| m.version.as_ref()),
-            capabilities: meta.and_then(|m| m.capabilities.as_ref()),
-            named: Some(params.name.as_deref()),
-        }
-    }
-}
-
-/// Whether a request asks for 2026-07-28: a version in `params._meta`, or the version header.
-fn declares_modern(req: &Request<Bytes>, declared: &Declared) -> bool {
-    declared.version.is_some()
-        || header(req.headers(), &PROTOCOL_VERSION_HEADER) == Some(MODERN_VERSION)
-}
-
-/// A header's value when present and text.
-fn header<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// A 2026-07-28 mirrored header must be present and, decoded, equal the body's value.
-fn agree(h: &HeaderMap, name: &HeaderName, body: &str) -> Result<(), McpError> {
-    let Some(raw) = h.get(name) else {
-        return Err(McpError::HeaderMismatch(format!(
-            "the `{name}` header is required"
-        )));
-    };
-    let value = raw
-        .to_str()
-        .ok()
-        .and_then(decode_header_value)
-        .ok_or_else(|| McpError::HeaderMismatch(format!("the `{name}` header is malformed")))?;
-    if value != body {
-        return Err(McpError::HeaderMismatch(format!(
-            "the `{name}` header does not match the body"
-        )));
-    }
-    Ok(())
 }
 
 fn decode_cursor(c: &str) -> Result<String, McpError> {

@@ -36,6 +36,10 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = [
     LEGACY_VERSIONS[2],
 ];
 
+/// `_meta` keys of a 2026-07-28 request: its protocol version and its client's capabilities.
+pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
 /// The revision a request declares (2026-07-28), or its session's (2025 revisions).
 pub const PROTOCOL_VERSION_HEADER: http::HeaderName =
     http::HeaderName::from_static("mcp-protocol-version");

@@ -14,11 +14,10 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 use super::back::relay::RetryInput;
+use super::{META_CAPABILITIES, META_VERSION};
 use crate::one_pass::{once, read, unknown, Text};
 
-/// `_meta` members the front reads of a request.
-const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` members the front reads of a request, besides the version and capabilities.
 const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 const META_PROGRESS: &str = "progressToken";
 const META_IDEMPOTENCY_KEY: &str = crate::front::MCP_IDEMPOTENCY_KEY;
