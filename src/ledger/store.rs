@@ -160,56 +160,70 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
 
 /// The chain's head: the last row's seq and hash.
 pub fn head(conn: &Connection) -> Result<(u64, String), StoreError> {
-    Ok(conn.query_row(
-        "SELECT head_seq, head_hash FROM chain WHERE id = 1",
-        [],
-        |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
-    )?)
+    Ok(conn
+        .prepare_cached("SELECT head_seq, head_hash FROM chain WHERE id = 1")?
+        .query_row([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))?)
 }
 
 /// Append `entries` in one transaction, chained after the head. Returns the new head seq.
+///
+/// Every statement of a batch, `BEGIN` and `COMMIT` included, is a cached one: a batch parses
+/// no SQL (at a low rate a batch is a row or two, and parsing its five statements cost more
+/// than the rows).
 pub fn append(conn: &mut Connection, entries: &[Entry]) -> Result<u64, StoreError> {
-    let tx = conn.transaction()?;
-    let (mut seq, mut prev) = head(&tx)?;
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO invocations (seq, side, call_id, receipt_id, tool, consumer, provider,
-                input_hash, output_hash, status, error_code, started_at, ended_at, duration_ms,
-                receipt, charge, prev_hash, row_hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
-        )?;
-        for e in entries {
-            seq += 1;
-            let hash = row_hash(seq, e, &prev);
-            insert.execute(params![
-                seq as i64,
-                e.side,
-                e.call_id,
-                e.receipt_id,
-                e.tool,
-                e.consumer,
-                e.provider,
-                e.input_hash,
-                e.output_hash,
-                e.status,
-                e.error_code,
-                e.started_at as i64,
-                e.ended_at as i64,
-                e.duration_ms as i64,
-                e.receipt,
-                e.charge.map(|c| c as i64),
-                prev,
-                hash,
-            ])?;
-            prev = hash;
+    // IMMEDIATE: the write lock is taken before the head is read, so a second writer (another
+    // process on the same file) waits instead of chaining after the same head.
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    match append_rows(conn, entries) {
+        Ok(seq) => {
+            conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(seq)
+        }
+        Err(e) => {
+            // The batch is not written; the error that stopped it is the one reported.
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
         }
     }
-    tx.execute(
-        "UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1",
-        params![seq as i64, prev],
+}
+
+/// The rows, the new head and the spend of one batch, inside [`append`]'s transaction.
+fn append_rows(conn: &Connection, entries: &[Entry]) -> Result<u64, StoreError> {
+    let (mut seq, mut prev) = head(conn)?;
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO invocations (seq, side, call_id, receipt_id, tool, consumer, provider,
+            input_hash, output_hash, status, error_code, started_at, ended_at, duration_ms,
+            receipt, charge, prev_hash, row_hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?;
-    add_spend(&tx, entries)?;
-    tx.commit()?;
+    for e in entries {
+        seq += 1;
+        let hash = row_hash(seq, e, &prev);
+        insert.execute(params![
+            seq as i64,
+            e.side,
+            e.call_id,
+            e.receipt_id,
+            e.tool,
+            e.consumer,
+            e.provider,
+            e.input_hash,
+            e.output_hash,
+            e.status,
+            e.error_code,
+            e.started_at as i64,
+            e.ended_at as i64,
+            e.duration_ms as i64,
+            e.receipt,
+            e.charge.map(|c| c as i64),
+            prev,
+            hash,
+        ])?;
+        prev = hash;
+    }
+    conn.prepare_cached("UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1")?
+        .execute(params![seq as i64, prev])?;
+    add_spend(conn, entries)?;
     Ok(seq)
 }
 
@@ -219,8 +233,8 @@ pub fn day_of(unix_ms: u64) -> u64 {
 }
 
 /// What each consumer was charged, in total and per UTC day, kept with the rows.
-fn add_spend(tx: &rusqlite::Transaction<'_>, entries: &[Entry]) -> Result<(), StoreError> {
-    let mut upsert = tx.prepare_cached(
+fn add_spend(conn: &Connection, entries: &[Entry]) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
         "INSERT INTO spend (consumer, period, amount) VALUES (?1, ?2, ?3)
          ON CONFLICT (consumer, period) DO UPDATE SET amount = amount + excluded.amount",
     )?;

@@ -87,6 +87,32 @@ fn an_edited_deleted_or_truncated_row_is_found() {
 }
 
 #[test]
+fn a_batch_that_fails_is_not_written_and_the_next_one_is() {
+    let (_d, mut conn) = ledger_with(3);
+    // A stray row where the batch's second row goes: the batch fails at that row.
+    conn.execute_batch(
+        "INSERT INTO invocations SELECT seq + 2, side, call_id, receipt_id, tool, consumer,
+            provider, input_hash, output_hash, status, error_code, started_at, ended_at,
+            duration_ms, receipt, charge, prev_hash, row_hash FROM invocations WHERE seq = 3",
+    )
+    .unwrap();
+    assert!(append(&mut conn, &[entry(4), entry(5)]).is_err());
+    // Nothing of it stayed: not its first row, not the head.
+    let rows: i64 = conn
+        .query_row("SELECT COUNT(*) FROM invocations WHERE seq = 4", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(rows, 0);
+    assert_eq!(head(&conn).unwrap().0, 3);
+    // The transaction was closed: once the stray row is gone, batches are written again.
+    conn.execute("DELETE FROM invocations WHERE seq = 5", [])
+        .unwrap();
+    assert_eq!(append(&mut conn, &[entry(4), entry(5)]).unwrap(), 5);
+    assert_eq!(verify(&conn).unwrap(), Ok(5));
+}
+
+#[test]
 fn retention_keeps_the_chain_verifiable() {
     let (_d, mut conn) = ledger_with(10);
     // By count: the 4 newest stay.
