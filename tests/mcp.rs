@@ -2,39 +2,15 @@
 
 mod common;
 
-use carapace::client::{Client, Reply};
-use carapace::server::Running;
-use common::mcp::{modern, modern_body, MODERN};
+use common::mcp::{error_code, front_yaml, modern, modern_body, post, start_front, MODERN};
 use common::Env;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
-fn mcp_yaml(env: &Env, extra_front: &str, extra: &str) -> String {
-    env.tools_yaml(extra).replace(
-        "front: { protocol: tools-v1 }",
-        &format!("front: {{ protocol: mcp{extra_front} }}"),
-    )
-}
-
-async fn send(client: &Client, body: &Value, headers: &[(&str, String)]) -> Reply {
-    let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    client.post_json("/mcp", &h, body).await.unwrap()
-}
-
-fn error_code(r: &Reply) -> i64 {
-    r.json()["error"]["code"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("{:?}", r.json()))
-}
-
-async fn start(env: &Env, front: &str) -> Running {
-    env.start(&mcp_yaml(env, front, "")).await
-}
-
 #[tokio::test]
 async fn a_modern_client_discovers_lists_and_calls() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let gw = env.gateway(&r);
 
     let d = modern(&gw, &modern_body(1, "server/discover", json!({}))).await;
@@ -81,7 +57,7 @@ async fn a_modern_client_discovers_lists_and_calls() {
 #[tokio::test]
 async fn bad_arguments_come_back_as_a_tool_error_and_never_reach_the_app() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let gw = env.gateway(&r);
     let call = modern_body(
         1,
@@ -115,7 +91,7 @@ async fn bad_arguments_come_back_as_a_tool_error_and_never_reach_the_app() {
 #[tokio::test]
 async fn headers_must_agree_with_the_body_and_metadata_is_required() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let gw = env.gateway(&r);
     let call = modern_body(
         1,
@@ -130,11 +106,11 @@ async fn headers_must_agree_with_the_body_and_metadata_is_required() {
         ]
     };
     // The header names another tool than the body: refused, nothing forwarded.
-    let mismatch = send(&gw, &call, &h("memory.query")).await;
+    let mismatch = post(&gw, &call, &h("memory.query")).await;
     assert_eq!(mismatch.status, StatusCode::BAD_REQUEST);
     assert_eq!(error_code(&mismatch), -32020);
     // The base64 form of the right name is the right name.
-    let encoded = send(&gw, &call, &h("=?base64?bWVtb3J5LmFwcGVuZA==?=")).await;
+    let encoded = post(&gw, &call, &h("=?base64?bWVtb3J5LmFwcGVuZA==?=")).await;
     assert_eq!(
         encoded.json()["result"]["isError"],
         false,
@@ -142,19 +118,19 @@ async fn headers_must_agree_with_the_body_and_metadata_is_required() {
         encoded.json()
     );
     // A missing Mcp-Method.
-    let no_method = send(&gw, &call, &[("mcp-protocol-version", MODERN.to_string())]).await;
+    let no_method = post(&gw, &call, &[("mcp-protocol-version", MODERN.to_string())]).await;
     assert_eq!(error_code(&no_method), -32020);
     // The version header disagrees with `_meta`.
     let mut v = h("memory.append");
     v[0].1 = "2025-11-25".into();
-    assert_eq!(error_code(&send(&gw, &call, &v).await), -32020);
+    assert_eq!(error_code(&post(&gw, &call, &v).await), -32020);
     // No client capabilities.
     let mut bare = call.clone();
     bare["params"]["_meta"]
         .as_object_mut()
         .unwrap()
         .remove("io.modelcontextprotocol/clientCapabilities");
-    let missing = send(&gw, &bare, &h("memory.append")).await;
+    let missing = post(&gw, &bare, &h("memory.append")).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(error_code(&missing), -32602);
     // An unsupported version, with the supported list.
@@ -162,7 +138,7 @@ async fn headers_must_agree_with_the_body_and_metadata_is_required() {
     old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("1900-01-01");
     let mut hv = h("memory.append");
     hv[0].1 = "1900-01-01".into();
-    let unsupported = send(&gw, &old, &hv).await;
+    let unsupported = post(&gw, &old, &hv).await;
     assert_eq!(unsupported.status, StatusCode::BAD_REQUEST);
     assert_eq!(error_code(&unsupported), -32022);
     assert_eq!(
@@ -184,7 +160,7 @@ async fn headers_must_agree_with_the_body_and_metadata_is_required() {
 #[tokio::test]
 async fn initialize_and_ping_do_not_exist_in_2026_07_28_but_ping_does_in_a_session() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let gw = env.gateway(&r);
     for method in ["initialize", "ping"] {
         let removed = modern(&gw, &modern_body(1, method, json!({}))).await;
@@ -195,10 +171,10 @@ async fn initialize_and_ping_do_not_exist_in_2026_07_28_but_ping_does_in_a_sessi
     }
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}}});
-    let i = send(&gw, &init, &[]).await;
+    let i = post(&gw, &init, &[]).await;
     let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
-    let p = send(&gw, &ping, &[("mcp-session-id", session)]).await;
+    let p = post(&gw, &ping, &[("mcp-session-id", session)]).await;
     assert_eq!(p.status, StatusCode::OK);
     assert_eq!(p.json()["result"], json!({}));
 }
@@ -206,12 +182,12 @@ async fn initialize_and_ping_do_not_exist_in_2026_07_28_but_ping_does_in_a_sessi
 #[tokio::test]
 async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let gw = env.gateway(&r);
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "t", "version": "1"}}});
-    let i = send(&gw, &init, &[]).await;
+    let i = post(&gw, &init, &[]).await;
     assert_eq!(i.json()["result"]["protocolVersion"], "2025-06-18");
     assert_eq!(i.json()["result"]["serverInfo"]["name"], "carapace");
     let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
@@ -223,12 +199,12 @@ async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
     };
     let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     assert_eq!(
-        send(&gw, &note, &in_session("2025-06-18")).await.status,
+        post(&gw, &note, &in_session("2025-06-18")).await.status,
         StatusCode::ACCEPTED
     );
 
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
-    let l = send(&gw, &list, &in_session("2025-06-18")).await;
+    let l = post(&gw, &list, &in_session("2025-06-18")).await;
     assert!(l.json()["result"]["tools"].as_array().unwrap().len() >= 2);
     assert!(
         l.json()["result"].get("ttlMs").is_none(),
@@ -237,32 +213,32 @@ async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
 
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "memory.append", "arguments": {"text": "hi"}}});
-    let c = send(&gw, &call, &in_session("2025-06-18")).await;
+    let c = post(&gw, &call, &in_session("2025-06-18")).await;
     assert_eq!(c.json()["result"]["isError"], false, "{:?}", c.json());
     assert!(c.json()["result"].get("resultType").is_none());
 
     // Another handshake revision in the header is served at the session's (the SDKs send
     // 2025-03-26 there); one carapace does not serve is refused. No session at all; a forged one.
-    let other = send(&gw, &call, &in_session("2025-11-25")).await;
+    let other = post(&gw, &call, &in_session("2025-11-25")).await;
     assert_eq!(
         other.json()["result"]["isError"],
         false,
         "{:?}",
         other.json()
     );
-    let wrong = send(&gw, &call, &in_session("2024-11-05")).await;
+    let wrong = post(&gw, &call, &in_session("2024-11-05")).await;
     assert_eq!(wrong.status, StatusCode::BAD_REQUEST);
-    let none = send(&gw, &call, &[]).await;
+    let none = post(&gw, &call, &[]).await;
     assert_eq!(none.status, StatusCode::BAD_REQUEST);
-    let forged = send(&gw, &call, &[("mcp-session-id", format!("{session}x"))]).await;
+    let forged = post(&gw, &call, &[("mcp-session-id", format!("{session}x"))]).await;
     assert_eq!(forged.status, StatusCode::NOT_FOUND);
     // Someone else (the local socket) cannot use it.
-    let other = send(&env.local(&r), &call, &in_session("2025-06-18")).await;
+    let other = post(&env.local(&r), &call, &in_session("2025-06-18")).await;
     assert_eq!(other.status, StatusCode::NOT_FOUND);
 
     // Batches belong to 2025-03-26 only.
     let batch = json!([list, call]);
-    let b = send(&gw, &batch, &in_session("2025-06-18")).await;
+    let b = post(&gw, &batch, &in_session("2025-06-18")).await;
     assert_eq!(b.status, StatusCode::BAD_REQUEST);
     assert_eq!(error_code(&b), -32600);
     assert_eq!(b.json()["id"], Value::Null);
@@ -278,7 +254,7 @@ async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
         .await
         .unwrap();
     assert_eq!(end.status, StatusCode::OK);
-    let after = send(&gw, &call, &in_session("2025-06-18")).await;
+    let after = post(&gw, &call, &in_session("2025-06-18")).await;
     assert_eq!(after.status, StatusCode::NOT_FOUND);
     assert_eq!(env.app.received().len(), 2, "the two calls in the session");
 
@@ -290,10 +266,10 @@ async fn a_legacy_client_initializes_a_session_and_calls_in_it() {
 #[tokio::test]
 async fn an_unknown_version_in_initialize_gets_the_newest_handshake_version() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let init = json!({"jsonrpc": "2.0", "id": "a", "method": "initialize", "params": {
         "protocolVersion": "2024-01-01", "capabilities": {}}});
-    let i = send(&env.local(&r), &init, &[]).await;
+    let i = post(&env.local(&r), &init, &[]).await;
     assert_eq!(i.json()["result"]["protocolVersion"], "2025-11-25");
     assert_eq!(i.json()["id"], "a");
 }
@@ -301,14 +277,14 @@ async fn an_unknown_version_in_initialize_gets_the_newest_handshake_version() {
 #[tokio::test]
 async fn origins_not_allowed_are_refused_and_pages_follow_cursors() {
     let env = Env::new().await;
-    let r = start(
+    let r = start_front(
         &env,
         r#", mcp: { allowed_origins: ["https://agent.example"], page_size: 1 }"#,
     )
     .await;
     let gw = env.gateway(&r);
     let list = modern_body(1, "tools/list", json!({}));
-    let bad = send(
+    let bad = post(
         &gw,
         &list,
         &[
@@ -351,19 +327,19 @@ async fn two_replicas_sharing_the_session_key_serve_one_session() {
     let key = env.path().join("session.key");
     std::fs::write(&key, [7u8; 32]).unwrap();
     let front = format!(", mcp: {{ session_key: {{ file: {} }} }}", key.display());
-    let a = env.start(&mcp_yaml(&env, &front, "")).await;
-    let second = mcp_yaml(&env, &front, "")
+    let a = env.start(&front_yaml(&env, &front, "")).await;
+    let second = front_yaml(&env, &front, "")
         .replace("/state", "/state_b")
         .replace("/tools.sock", "/tools_b.sock");
     let b = env.start(&second).await;
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}}});
-    let i = send(&env.gateway(&a), &init, &[]).await;
+    let i = post(&env.gateway(&a), &init, &[]).await;
     let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
     for (n, replica) in [&b, &a, &b].into_iter().enumerate() {
         let call = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
             "params": {"name": "memory.append", "arguments": {"text": format!("{n}")}}});
-        let c = send(
+        let c = post(
             &env.gateway(replica),
             &call,
             &[("mcp-session-id", session.clone())],
@@ -380,7 +356,7 @@ async fn two_replicas_sharing_the_session_key_serve_one_session() {
 #[tokio::test]
 async fn the_official_python_sdk_lists_and_calls_in_every_era() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let sock = r.unix_path.clone().unwrap();
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mcp_python_client.py");
@@ -435,197 +411,6 @@ async fn the_official_python_sdk_lists_and_calls_in_every_era() {
     );
 }
 
-/// 2026-07-28: closing the response stream cancels the request. The caller goes away during a
-/// slow `tools/call`; the request to the app is dropped.
-#[tokio::test]
-async fn closing_the_connection_during_a_call_drops_it_upstream() {
-    use tokio::io::AsyncWriteExt;
-    let env = Env::new().await;
-    let r = start(&env, "").await;
-    let body = modern_body(
-        1,
-        "tools/call",
-        json!({"name": "memory.query", "arguments": {"query": "x", "delay_ms": 4000}}),
-    )
-    .to_string();
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: memory.query\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut s = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
-        .await
-        .unwrap();
-    s.write_all(request.as_bytes()).await.unwrap();
-    common::wait_until(|| env.app.received().len() == 1).await;
-    drop(s);
-    common::wait_until(|| env.app.abandoned() == 1).await;
-}
-
-/// Older eras: `notifications/cancelled` naming a call in flight ends it, upstream too.
-#[tokio::test]
-async fn a_cancelled_notification_drops_the_call_in_flight() {
-    let env = Env::new().await;
-    let r = start(&env, "").await;
-    let gw = env.gateway(&r);
-    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
-    let i = send(&gw, &init, &[]).await;
-    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
-    let h = vec![("mcp-session-id", session)];
-    let slow = json!({"jsonrpc": "2.0", "id": "slow-1", "method": "tools/call",
-        "params": {"name": "memory.query", "arguments": {"query": "x", "delay_ms": 4000}}});
-    let call = tokio::spawn({
-        let (gw, h) = (gw.clone(), h.clone());
-        async move { send(&gw, &slow, &h).await }
-    });
-    common::wait_until(|| env.app.received().len() == 1).await;
-    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-        "params": {"requestId": "slow-1", "reason": "user"}});
-    assert_eq!(send(&gw, &cancel, &h).await.status, StatusCode::ACCEPTED);
-    let answer = call.await.unwrap();
-    assert_eq!(answer.json()["id"], "slow-1");
-    assert!(answer.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("cancelled"));
-    common::wait_until(|| env.app.abandoned() == 1).await;
-}
-
-/// A 2026-07-28 `tools/call` to a switched-off tool is refused from its headers, before the
-/// body is read (here the body never comes); an older-era call gets the refusal as a tool
-/// result from the call stage.
-#[tokio::test]
-async fn a_kill_switched_tool_is_refused_from_the_headers() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let env = Env::new().await;
-    let r = env
-        .start(&mcp_yaml(
-            &env,
-            "",
-            "kill_switch: { tools: [memory.append] }",
-        ))
-        .await;
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: memory.append\r\n\
-         content-length: 1000\r\n\r\n"
-    );
-    let mut s = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
-        .await
-        .unwrap();
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = vec![0u8; 4096];
-    let n = tokio::time::timeout(std::time::Duration::from_secs(3), s.read(&mut answer))
-        .await
-        .expect("answered without waiting for the body")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
-    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-    assert!(answer.contains(r#""id":null"#), "{answer}");
-    assert!(answer.contains("DEPENDENCY_UNAVAILABLE"), "{answer}");
-
-    // The older era: the call stage answers, as a tool result a model can read.
-    let gw = env.gateway(&r);
-    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
-    let i = send(&gw, &init, &[]).await;
-    let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
-    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "memory.append", "arguments": {"text": "x"}}});
-    let c = send(&gw, &call, &[("mcp-session-id", session)]).await;
-    assert_eq!(c.json()["result"]["isError"], true, "{:?}", c.json());
-    assert_eq!(
-        c.json()["result"]["_meta"]["dev.carapace/error"]["code"],
-        "DEPENDENCY_UNAVAILABLE"
-    );
-    assert!(env.app.received().is_empty());
-}
-
-/// A 2026-07-28 `tools/call` takes its per-tool rate-limit cell from the headers: the first
-/// call is counted once (a burst of one lets it through), the next is refused before its body
-/// is read, and an older-era call draws on the same bucket.
-#[tokio::test]
-async fn a_tool_over_its_rate_limit_is_refused_from_the_headers_and_counted_once() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let env = Env::new().await;
-    let r = env
-        .start(&mcp_yaml(
-            &env,
-            "",
-            "rate_limits: { tools: { memory.append: { per_minute: 1, burst: 1 } } }",
-        ))
-        .await;
-    let gw = env.gateway(&r);
-    let call = modern_body(
-        1,
-        "tools/call",
-        json!({"name": "memory.append", "arguments": {"text": "once"}}),
-    );
-    let first = modern(&gw, &call).await;
-    assert_eq!(
-        first.json()["result"]["isError"],
-        false,
-        "{:?}",
-        first.json()
-    );
-    assert_eq!(env.app.received().len(), 1);
-
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: memory.append\r\n\
-         content-length: 1000\r\n\r\n"
-    );
-    let mut s = tokio::net::UnixStream::connect(r.unix_path.clone().unwrap())
-        .await
-        .unwrap();
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = vec![0u8; 4096];
-    let n = tokio::time::timeout(std::time::Duration::from_secs(3), s.read(&mut answer))
-        .await
-        .expect("answered without waiting for the body")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
-    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
-    assert!(
-        answer.to_ascii_lowercase().contains("retry-after:"),
-        "{answer}"
-    );
-    assert!(answer.contains(r#""id":null"#), "{answer}");
-    assert!(answer.contains("RATE_LIMITED"), "{answer}");
-
-    // Another tool has its own bucket.
-    let other = modern_body(
-        2,
-        "tools/call",
-        json!({"name": "memory.query", "arguments": {"query": "once"}}),
-    );
-    assert_eq!(modern(&gw, &other).await.json()["result"]["isError"], false);
-
-    // The older era meets the same bucket in the call stage.
-    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
-    let session = send(&gw, &init, &[]).await.headers["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    let legacy = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-        "params": {"name": "memory.append", "arguments": {"text": "again"}}});
-    let c = send(&gw, &legacy, &[("mcp-session-id", session)]).await;
-    assert_eq!(
-        c.json()["result"]["_meta"]["dev.carapace/error"]["code"],
-        "RATE_LIMITED",
-        "{:?}",
-        c.json()
-    );
-    assert_eq!(
-        env.app.received().len(),
-        2,
-        "only the first append and the query"
-    );
-}
-
 /// The MCP front's configuration is checked before anything starts.
 #[tokio::test]
 async fn mcp_configuration_mistakes_are_refused() {
@@ -641,35 +426,35 @@ async fn mcp_configuration_mistakes_are_refused() {
             "/front/mcp",
         ),
         (
-            mcp_yaml(&env, "", "").replace(
+            front_yaml(&env, "", "").replace(
                 "app: { protocol: tools-v1,",
                 "app: { protocol: tools-v1, command: [node],",
             ),
             "/app/command",
         ),
         (
-            mcp_yaml(&env, "", "").replace(
+            front_yaml(&env, "", "").replace(
                 "app: { protocol: tools-v1,",
                 "app: { protocol: mcp, command: [node],",
             ),
             "/app/address",
         ),
         (
-            mcp_yaml(&env, "", "").replace(
+            front_yaml(&env, "", "").replace(
                 "app: { protocol: tools-v1,",
                 "app: { protocol: tools-v1, env: { A: b },",
             ),
             "/app/env",
         ),
         (
-            mcp_yaml(&env, "", "").replace(
+            front_yaml(&env, "", "").replace(
                 "app: { protocol: tools-v1,",
                 "app: { protocol: tools-v1, mcp: { path: /mcp },",
             ),
             "/app/mcp",
         ),
         (
-            mcp_yaml(
+            front_yaml(
                 &env,
                 &format!(
                     ", mcp: {{ session_key: {{ file: {} }} }}",
@@ -680,11 +465,11 @@ async fn mcp_configuration_mistakes_are_refused() {
             "/front/mcp/session_key",
         ),
         (
-            mcp_yaml(&env, ", mcp: { path: mcp }", ""),
+            front_yaml(&env, ", mcp: { path: mcp }", ""),
             "/front/mcp/path",
         ),
         (
-            mcp_yaml(&env, ", mcp: { page_size: 0 }", ""),
+            front_yaml(&env, ", mcp: { page_size: 0 }", ""),
             "/front/mcp/page_size",
         ),
     ];
@@ -706,7 +491,7 @@ async fn mcp_configuration_mistakes_are_refused() {
 #[tokio::test]
 async fn a_call_gets_the_same_answer_whichever_way_its_body_is_read() {
     let env = Env::new().await;
-    let r = start(&env, "").await;
+    let r = start_front(&env, "").await;
     let gw = env.gateway(&r);
     let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
     let bodies = [

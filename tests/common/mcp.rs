@@ -137,3 +137,30 @@ pub async fn run_python(script: &str, r: &Running, args: &[&str]) -> Value {
     );
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
+
+/// carapace's MCP front (`front: { protocol: mcp<extra_front> }`) over the memory app's
+/// tools-v1 back; `extra` as for [`Env::tools_yaml`].
+pub fn front_yaml(env: &Env, extra_front: &str, extra: &str) -> String {
+    env.tools_yaml(extra).replace(
+        "front: { protocol: tools-v1 }",
+        &format!("front: {{ protocol: mcp{extra_front} }}"),
+    )
+}
+
+/// carapace's MCP front over the memory app, started.
+pub async fn start_front(env: &Env, extra_front: &str) -> Running {
+    env.start(&front_yaml(env, extra_front, "")).await
+}
+
+/// A JSON-RPC message `POST`ed to `/mcp` with `headers`.
+pub async fn post(client: &Client, body: &Value, headers: &[(&str, String)]) -> Reply {
+    let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    client.post_json("/mcp", &h, body).await.unwrap()
+}
+
+/// The JSON-RPC error code of an answer (which must be an error).
+pub fn error_code(r: &Reply) -> i64 {
+    r.json()["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{:?}", r.json()))
+}
