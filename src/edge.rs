@@ -170,7 +170,8 @@ where
                     let span = tracing::info_span!(
                         "call",
                         request_id = id,
-                        method = %req.method(),
+                        // A `str`, not `Display`: formatted without the `fmt` machinery.
+                        method = req.method().as_str(),
                         path = req.uri().path(),
                         tool = tracing::field::Empty,
                         context_trace_id = tracing::field::Empty,

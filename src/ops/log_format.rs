@@ -67,16 +67,24 @@ impl Visit for TextVisitor<'_> {
             return self.default_visitor(|v| v.record_str(field, value));
         }
         let pad = !std::mem::replace(&mut self.is_empty, false);
-        let w = &mut self.writer;
-        self.result = (|| {
-            if pad {
-                w.write_char(' ')?;
+        let parts: [&str; 5] = [if pad { " " } else { "" }, name, "=\"", value, "\""];
+        // ` name="value"` in one write when it fits a small buffer, as a call's span fields do:
+        // each write into the span's text is a call through `dyn Write` and may grow it.
+        let mut buf = [0u8; 192];
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.result = match buf.get_mut(..len) {
+            Some(out) => {
+                let mut at = 0;
+                for p in parts {
+                    out[at..at + p.len()].copy_from_slice(p.as_bytes());
+                    at += p.len();
+                }
+                // Whole `str`s end to end: still UTF-8.
+                self.writer
+                    .write_str(std::str::from_utf8(out).expect("UTF-8 pieces"))
             }
-            w.write_str(name)?;
-            w.write_str("=\"")?;
-            w.write_str(value)?;
-            w.write_char('"')
-        })();
+            None => parts.iter().try_for_each(|p| self.writer.write_str(p)),
+        };
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
@@ -152,7 +160,10 @@ mod tests {
             );
             let _in = span.enter();
             span.record("tool", "memory.query");
+            // Longer than the buffer a plain field is written through.
+            let long = "a long plain value ".repeat(20);
             for value in [
+                long.as_str(),
                 "",
                 "plain text",
                 "a \"quoted\" one",
