@@ -279,6 +279,19 @@ mod tests {
         for body in &left {
             assert_eq!(read_tools_call(body.as_bytes()), None, "{body}");
         }
+        // Text beyond ASCII is read; a body that is not UTF-8 is left to the general path, which
+        // refuses it too.
+        let unicode = call(r#""name":"écho","arguments":{"q":"日本 ünï"}"#);
+        assert!(read_tools_call(unicode.as_bytes()).is_some());
+        assert_eq!(
+            read_tools_call(unicode.as_bytes()),
+            read_tools_call_general(unicode.as_bytes())
+        );
+        let mut broken = call(r#""name":"echo","arguments":{"q":"~"}"#).into_bytes();
+        let at = broken.iter().position(|&b| b == b'~').unwrap();
+        broken[at] = 0xff;
+        assert_eq!(read_tools_call(&broken), None);
+        assert_eq!(read_tools_call_general(&broken), None);
         // What the reader gives, member by member.
         let body = call(&format!(
             r#""name":"echo","arguments":{{"q":1}},"requestState":"s",{MODERN_META}"#
