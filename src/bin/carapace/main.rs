@@ -1,6 +1,7 @@
 //! The `carapace` command.
 
 mod admin;
+mod allocator;
 mod pair;
 mod records;
 mod serve;
@@ -16,7 +17,7 @@ use pair::{PairCommand, PairTransport};
 /// mimalloc: fewer instructions per allocation than the system allocator on the request path,
 /// and freed memory goes back to the system (see BENCHMARKS.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
 
 /// Exit code for a configuration that does not validate (sysexits EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
