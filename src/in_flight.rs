@@ -1,7 +1,7 @@
 //! Calls in flight that their caller may cancel: a tools-v1 `POST /v1/tools/cancel`, an MCP
 //! `notifications/cancelled`. A cancelled call is dropped, and with it its request to the app.
 
-use std::collections::HashMap;
+use std::collections::{hash_map, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -56,10 +56,12 @@ struct Entry<'a> {
 
 impl Drop for Entry<'_> {
     fn drop(&mut self) {
-        let mut table = self.table.lock();
-        // Only its own entry: a newer call under the same name keeps its place.
-        if table.get(&self.key).is_some_and(oneshot::Sender::is_closed) {
-            table.remove(&self.key);
+        // Only its own entry: a newer call under the same name keeps its place. One lookup:
+        // the entry is found by the key it was inserted with.
+        if let hash_map::Entry::Occupied(e) = self.table.lock().entry(self.key.clone()) {
+            if e.get().is_closed() {
+                e.remove();
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! histograms, and gauges for the stores and the paired peers' certificates.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,15 +30,18 @@ struct LatencyLabels {
     tool: String,
 }
 
+/// The label set of a call's two series: front, tool, outcome and reason.
+type CallLabels = (&'static str, String, &'static str, &'static str);
+
+/// A call's request counter and latency histogram, by label set: one lookup per call instead of
+/// one in each family (the labels are the configuration's tools and fixed codes, so a hash
+/// seeded per process is enough; the families still hold and export every series).
+type CallSeries = HashMap<CallLabels, (Counter, Histogram), foldhash::fast::RandomState>;
+
 thread_local! {
-    /// The label sets [`Metrics::observe`] looks its series up with, reused: a family takes
+    /// The label set [`Metrics::observe`] looks its series up with, reused: the table takes
     /// its own copy only the first time it sees a set, so a call allocates none.
-    static LABELS: RefCell<(RequestLabels, LatencyLabels)> = const {
-        RefCell::new((
-            RequestLabels { front: "", tool: String::new(), outcome: "", reason: "" },
-            LatencyLabels { front: "", tool: String::new() },
-        ))
-    };
+    static LABELS: RefCell<CallLabels> = const { RefCell::new(("", String::new(), "", "")) };
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -82,6 +85,8 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
+    /// The two series of each call label set seen, shared with `requests` and `latency`.
+    calls: Mutex<CallSeries>,
     reloads: Family<ResultLabels, Counter>,
     worker_connections: Family<WorkerLabels, Counter>,
     discoveries: Family<ResultLabels, Counter>,
@@ -207,6 +212,7 @@ impl Default for Metrics {
             registry,
             requests,
             latency,
+            calls: Mutex::default(),
             reloads,
             worker_connections,
             discoveries,
@@ -241,19 +247,34 @@ impl Metrics {
     ) {
         let front = front_label(front);
         let tool = tool.unwrap_or("");
-        LABELS.with_borrow_mut(|(requests, latency)| {
-            requests.front = front;
-            requests.tool.clear();
-            requests.tool.push_str(tool);
-            (requests.outcome, requests.reason) = (outcome, reason);
-            self.requests.get_or_create(requests).inc();
-            latency.front = front;
-            latency.tool.clear();
-            latency.tool.push_str(tool);
-            self.latency
-                .get_or_create(latency)
-                .observe(took.as_secs_f64());
+        LABELS.with_borrow_mut(|key| {
+            key.1.clear();
+            key.1.push_str(tool);
+            (key.0, key.2, key.3) = (front, outcome, reason);
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            let (count, latency) = match calls.get(&*key) {
+                Some(series) => series,
+                None => {
+                    let series = self.series(key);
+                    calls.entry(key.clone()).or_insert(series)
+                }
+            };
+            count.inc();
+            latency.observe(took.as_secs_f64());
         });
+    }
+
+    /// The families' series for `labels`, created when new.
+    fn series(&self, (front, tool, outcome, reason): &CallLabels) -> (Counter, Histogram) {
+        let (front, tool) = (*front, tool.clone());
+        let count = self.requests.get_or_create(&RequestLabels {
+            front,
+            tool: tool.clone(),
+            outcome,
+            reason,
+        });
+        let latency = self.latency.get_or_create(&LatencyLabels { front, tool });
+        (count.clone(), latency.clone())
     }
 
     /// The circuit of `provider` is open, or not.

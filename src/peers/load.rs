@@ -1,6 +1,5 @@
 //! Reading and checking the peer file into an indexed snapshot.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,7 +8,7 @@ use carapace_filters::call::Principal;
 use sha2::{Digest, Sha256};
 
 use super::record::{PeerFile, PeerRecord};
-use super::{PeerStoreError, RESERVED_IDS};
+use super::{PeerStoreError, Table, RESERVED_IDS};
 use crate::pairing::wire::GoTime;
 
 /// A record with the principal it makes and its certificate's end of validity (Unix ms).
@@ -17,9 +16,9 @@ type Entry = Arc<(PeerRecord, Arc<Principal>, Option<i64>)>;
 
 #[derive(Debug, Default)]
 pub(super) struct Snapshot {
-    pub(super) by_fingerprint: HashMap<String, Entry>,
+    pub(super) by_fingerprint: Table<String, Entry>,
     /// Records that pin a CA, by (CA fingerprint, gateway id).
-    pub(super) by_ca: HashMap<(String, String), Entry>,
+    pub(super) by_ca: Table<(String, String), Entry>,
     pub(super) all: Vec<Entry>,
     /// SHA-256 of the file's bytes (`None`: no file), to notice every change.
     pub(super) digest: Option<[u8; 32]>,
@@ -48,8 +47,8 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreErro
             message: format!("unsupported version {}", file.version),
         });
     }
-    let mut by_fingerprint = HashMap::new();
-    let mut by_ca = HashMap::new();
+    let mut by_fingerprint = Table::default();
+    let mut by_ca = Table::default();
     let mut all = Vec::new();
     let valid_fp = |fp: &str| {
         fp.strip_prefix("sha256:")

@@ -20,6 +20,10 @@ use carapace_filters::signature::UnixClock;
 use load::{parse, read, Snapshot};
 use seen::SeenLog;
 
+/// The store's tables, looked up on every call: their keys are the store's own records, not a
+/// caller's input, so a hash seeded per process is enough.
+type Table<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 mod record;
 pub use record::{PeerFile, PeerRecord};
 mod directory;

@@ -1,11 +1,11 @@
 //! When peers were last seen, and their certificates' remaining days.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use carapace_filters::call::Principal;
 
 use super::{
-    lock, PeerStore, PeerStoreError, ACTIVE, DAY_MS, EXPIRY_WARNING_DAYS,
+    lock, PeerStore, PeerStoreError, Table, ACTIVE, DAY_MS, EXPIRY_WARNING_DAYS,
     EXPIRY_WARNING_INTERVAL_MS, SEEN_WRITE_INTERVAL_MS,
 };
 use crate::pairing::wire::GoTime;
@@ -14,9 +14,9 @@ use crate::pairing::wire::GoTime;
 #[derive(Debug, Default)]
 pub(super) struct SeenLog {
     /// Latest accepted call per `component_id` (Unix ms).
-    seen: HashMap<String, u64>,
+    seen: Table<String, u64>,
     /// Per `component_id`: when its `last_seen_at` was last written, and the value written.
-    written: HashMap<String, (u64, u64)>,
+    written: Table<String, (u64, u64)>,
 }
 /// `ms` (Unix) as RFC 3339 in UTC.
 fn rfc3339_ms(ms: u64) -> Option<String> {
