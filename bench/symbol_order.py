@@ -69,12 +69,8 @@ def profile(name, port):
 
 
 def check(binary):
-    with open(ORDER) as f:
-        wanted = [line.strip() for line in f if line.strip()]
-    have = symbols(binary)
-    found = sum(1 for s in wanted if s in have)
-    print(f"{found} of the {len(wanted)} ordered symbols are in {binary} "
-          f"({100 * found / max(len(wanted), 1):.0f}%)")
+    """link/check-order.sh: how many of the ordered symbols `binary` has."""
+    subprocess.run([os.path.join(c.ROOT, "link", "check-order.sh"), binary], check=True)
 
 
 def main():
