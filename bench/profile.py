@@ -21,9 +21,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
 
-# mimalloc's entry points behind Rust's global allocator (every `alloc` and `realloc`).
-ALLOC = ["mi_malloc_aligned", "mi_realloc_aligned"]
-
 
 def sampling(dwarf, allocations):
     """`perf record`'s options: CPU samples, or every allocation (an uprobe on the
@@ -31,9 +28,10 @@ def sampling(dwarf, allocations):
     if allocations:
         subprocess.run(["perf", "probe", "-q", "-d", "probe_carapace:*"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        entries = c.allocator_entries(c.CARAPACE)
         subprocess.run(["perf", "probe", "-q", "-x", c.CARAPACE,
-                        *[a for f in ALLOC for a in ("-a", f)]], check=True)
-        return [*[a for f in ALLOC for a in ("-e", f"probe_carapace:{f}")], "-c", "1",
+                        *[a for f in entries for a in ("-a", f)]], check=True)
+        return [*[a for f in entries for a in ("-e", f"probe_carapace:{f}")], "-c", "1",
                 "--call-graph", "dwarf,8192"]
     if dwarf:
         return ["--call-graph", "dwarf,16384", "-F", "499"]

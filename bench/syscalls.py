@@ -35,8 +35,6 @@ EVENTS = ["raw_syscalls:sys_enter", "context-switches",
 LOADS = [("saturation", ["--mode", "closed", "--connections", "32"]),
          ("3000/s", ["--mode", "rate", "--rate", "3000", "--connections", "32"])]
 ALLOCATION_LOADS = [("300/s", ["--mode", "rate", "--rate", "300", "--connections", "4"])]
-# mimalloc's entry points behind Rust's global allocator: every `alloc` and `realloc`.
-ALLOCATORS = ["mi_malloc_aligned", "mi_realloc_aligned"]
 
 
 def allocation_probes(binaries):
@@ -45,8 +43,8 @@ def allocation_probes(binaries):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = []
     for i, binary in enumerate(binaries):
-        for func in ALLOCATORS:
-            event = f"alloc:{func.split('_')[1]}{i}"
+        for func in c.allocator_entries(binary):
+            event = f"alloc:{func.removeprefix('mi_')}{i}"
             subprocess.run(["perf", "probe", "-q", "-x", binary, "-a", f"{event}={func}"],
                            check=True)
             events.append(event)
