@@ -1,6 +1,7 @@
 //! The pooled HTTP client to the app, over loopback TCP or a Unix socket (and to peers and
 //! catalogs over TLS).
 
+mod exchange;
 mod pool;
 
 pub use pool::AppBody;
@@ -306,6 +307,9 @@ impl AppClient {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<AppResponse, Rejection> {
+        if self.signer.is_none() {
+            return self.exchange(method, path, headers, body).await;
+        }
         let open = self.open(method, path, headers, body).await?;
         let body = open
             .body
@@ -317,6 +321,40 @@ impl AppClient {
             status: open.status,
             headers: open.headers,
             body,
+        })
+    }
+
+    /// An unsigned request whose answer is read whole: one exchange carapace drives itself
+    /// (`exchange.rs`).
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<AppResponse, Rejection> {
+        // Written into the request line as it is: visible ASCII only (no space, CR or LF).
+        if !path.starts_with('/') || !path.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+            return Err(Rejection::Internal(format!(
+                "not an origin-form path: {path}"
+            )));
+        }
+        let request = exchange::request_bytes(&method, path, &self.host, &headers, &body);
+        let answer = self
+            .pools
+            .exchange(&request, &method, self.max_response_bytes)
+            .await
+            .map_err(|e| match e {
+                pool::Failure::Unsent(e) => Rejection::AppUnavailable(e),
+                pool::Failure::Sent(e) => {
+                    Rejection::AppInvalid(format!("after the request was sent: {e}"))
+                }
+                pool::Failure::TooLarge(e) => Rejection::AppInvalid(format!("reading answer: {e}")),
+            })?;
+        Ok(AppResponse {
+            status: answer.status,
+            headers: answer.headers,
+            body: answer.body,
         })
     }
 
@@ -353,7 +391,7 @@ impl AppClient {
         }
         let (resp, lease) = self.pools.send(req).await.map_err(|e| match e {
             pool::Failure::Unsent(e) => Rejection::AppUnavailable(e),
-            pool::Failure::Sent(e) => {
+            pool::Failure::Sent(e) | pool::Failure::TooLarge(e) => {
                 Rejection::AppInvalid(format!("after the request was sent: {e}"))
             }
         })?;

@@ -18,6 +18,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
+use super::exchange::{self, Answer, Conn, ExchangeError};
 use super::{AppConnector, AppStream};
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -28,6 +29,8 @@ pub(super) enum Failure {
     Unsent(String),
     /// The request was (or may have been) written: the app may have acted on it.
     Sent(String),
+    /// The answer is larger than allowed.
+    TooLarge(String),
 }
 
 /// One idle connection.
@@ -36,11 +39,18 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections of one worker (its lock is only ever taken on that worker's thread,
-/// so it is never contended).
+/// One idle connection of the exchanges carapace drives itself (`exchange.rs`).
+struct IdleConn {
+    conn: Conn,
+    since: Instant,
+}
+
+/// The idle connections of one worker (its locks are only ever taken on that worker's thread,
+/// so they are never contended).
 #[derive(Default)]
 struct Pool {
     idle: Mutex<Vec<Idle>>,
+    idle_conns: Mutex<Vec<IdleConn>>,
     /// A sweeper closes this pool's connections idle past the timeout.
     sweeping: AtomicBool,
 }
@@ -121,6 +131,62 @@ impl Pools {
         }
     }
 
+    /// One exchange driven in the calling task (`exchange.rs`), on this worker's most recently
+    /// used idle connection that is still open, or a new one.
+    pub(super) async fn exchange(
+        self: &Arc<Self>,
+        request: &[u8],
+        method: &http::Method,
+        max: usize,
+    ) -> Result<Answer, Failure> {
+        let home = self.home();
+        let mut conn = match self.checkout_conn(home) {
+            Some(c) => c,
+            None => Conn::new(
+                self.connector
+                    .connect()
+                    .await
+                    .map_err(|e| Failure::Unsent(error_chain(&e)))?,
+            ),
+        };
+        let answer = exchange::exchange(&mut conn, request, method, max)
+            .await
+            .map_err(|e| match e {
+                ExchangeError::TooLarge(_) => Failure::TooLarge(e.to_string()),
+                e => Failure::Sent(e.to_string()),
+            })?;
+        if answer.reusable {
+            self.checkin_conn(home, conn);
+        }
+        Ok(answer)
+    }
+
+    fn checkout_conn(&self, home: usize) -> Option<Conn> {
+        let mut idle = lock(&self.per_worker[home].idle_conns);
+        while let Some(IdleConn { mut conn, since }) = idle.pop() {
+            if since.elapsed() < self.idle_timeout && !conn.is_closed() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn checkin_conn(self: &Arc<Self>, home: usize, conn: Conn) {
+        let pool = &self.per_worker[home];
+        let mut idle = lock(&pool.idle_conns);
+        if idle.len() >= self.max_idle {
+            return;
+        }
+        idle.push(IdleConn {
+            conn,
+            since: Instant::now(),
+        });
+        drop(idle);
+        if !pool.sweeping.swap(true, Ordering::AcqRel) {
+            tokio::spawn(sweep(self.clone(), home));
+        }
+    }
+
     /// A new connection on this worker, its task spawned here.
     async fn connect(&self) -> Result<Sender, Failure> {
         let stream: AppStream = self
@@ -170,19 +236,22 @@ async fn sweep(pools: Arc<Pools>, home: usize) {
     let pool = &pools.per_worker[home];
     loop {
         tokio::time::sleep(pools.idle_timeout).await;
-        let mut idle = lock(&pool.idle);
         // Oldest first: connections are given back in the order they were used.
+        let mut idle = lock(&pool.idle);
         let stale = idle.partition_point(|i| i.since.elapsed() >= pools.idle_timeout);
         idle.drain(..stale);
         idle.retain(|i| !i.sender.is_closed());
-        if idle.is_empty() {
+        let mut conns = lock(&pool.idle_conns);
+        let stale = conns.partition_point(|i| i.since.elapsed() >= pools.idle_timeout);
+        conns.drain(..stale);
+        if idle.is_empty() && conns.is_empty() {
             pool.sweeping.store(false, Ordering::Release);
             return;
         }
     }
 }
 
-fn lock(m: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+fn lock<T>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

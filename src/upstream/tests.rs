@@ -146,3 +146,137 @@ async fn an_unreachable_app_is_unavailable_and_a_broken_answer_is_invalid() {
         "{e:?}"
     );
 }
+
+/// An app that answers each request it reads with the next of `answers`, written as it is,
+/// and closes the connection after an answer ending in `Connection: close`; the requests'
+/// bytes and the connections accepted are counted.
+async fn raw_app(
+    answers: Vec<&'static [u8]>,
+) -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    Arc<std::sync::Mutex<Vec<u8>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (count, log) = (accepted.clone(), seen.clone());
+    let answers = Arc::new(std::sync::Mutex::new(answers.into_iter()));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (answers, log) = (answers.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    log.lock().unwrap().extend_from_slice(&buf[..n]);
+                    let Some(answer) = answers.lock().unwrap().next() else {
+                        return;
+                    };
+                    s.write_all(answer).await.unwrap();
+                    if answer.windows(17).any(|w| w == b"Connection: close") {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted, seen)
+}
+
+#[tokio::test]
+async fn chunked_and_informational_answers_are_read_and_the_connection_kept() {
+    let (addr, accepted, _) = raw_app(vec![
+        b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: 1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+    ])
+    .await;
+    let c = client(addr, 8, 90);
+    let r = get(&c, "/").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "hello world");
+    assert_eq!(get(&c, "/").await.body, "ok");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn answers_delimited_by_the_close_or_saying_close_are_not_reused() {
+    let (addr, accepted, _) = raw_app(vec![
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\nConnection: close\r\n\r\na",
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nc",
+    ])
+    .await;
+    let c = client(addr, 8, 90);
+    assert_eq!(get(&c, "/").await.body, "a");
+    assert_eq!(get(&c, "/").await.body, "to the end");
+    assert_eq!(get(&c, "/").await.body, "c");
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn answers_over_the_limit_or_malformed_are_invalid() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1fffff\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"NOT HTTP\r\n\r\n",
+    ] {
+        let (addr, _, _) = raw_app(vec![answer]).await;
+        let e = client(addr, 8, 90)
+            .send(Method::GET, "/", http::HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, carapace_filters::Rejection::AppInvalid(_)),
+            "{e:?} for {}",
+            String::from_utf8_lossy(answer)
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_request_has_one_host_and_one_length_set_by_carapace() {
+    let (addr, _, seen) = raw_app(vec![b"HTTP/1.1 204 No Content\r\n\r\n"]).await;
+    let c = client(addr, 8, 90);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("host", "evil.example".parse().unwrap());
+    headers.insert("content-length", "99".parse().unwrap());
+    headers.insert("transfer-encoding", "chunked".parse().unwrap());
+    headers.insert("x-carapace-peer-id", "p1".parse().unwrap());
+    let r = c
+        .send(Method::POST, "/run?a=1", headers, Bytes::from_static(b"{}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let request = String::from_utf8(seen.lock().unwrap().clone()).unwrap();
+    assert_eq!(
+        request,
+        format!(
+            "POST /run?a=1 HTTP/1.1\r\nhost: {addr}\r\nx-carapace-peer-id: p1\r\ncontent-length: 2\r\n\r\n{{}}"
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_path_that_would_change_the_request_line_is_refused_unsent() {
+    let (addr, accepted, _) = raw_app(vec![]).await;
+    let c = client(addr, 8, 90);
+    for path in ["/a b", "/a\r\nx: y", "run"] {
+        let e = c
+            .send(Method::GET, path, http::HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, carapace_filters::Rejection::Internal(_)),
+            "{e:?}"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,334 @@
+//! One HTTP/1.1 exchange on a pooled connection, driven in the calling task: the request's
+//! head and body written with one write, the answer's head parsed with `httparse` and its
+//! body read whole (length, chunked, or to the connection's end), bounded.
+//!
+//! This is the path of every unsigned request whose answer is read whole (the tools-v1 and
+//! skill-v1 backs); a request that is signed, or whose answer streams, goes through hyper's
+//! connection (see `pool.rs`). Doing the exchange here saves the connection task, the
+//! channel between it and the call, and hyper's request and answer types.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+
+use super::AppStream;
+
+/// The most header lines an answer may have (hyper's default).
+const MAX_HEADERS: usize = 100;
+/// The longest answer head accepted.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// A connection with the bytes read from it and not used yet.
+pub(super) struct Conn {
+    pub(super) stream: AppStream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    pub(super) fn new(stream: AppStream) -> Conn {
+        Conn {
+            stream,
+            buf: BytesMut::with_capacity(8 * 1024),
+        }
+    }
+
+    /// Whether the other side closed (or wrote without being asked): checked, without
+    /// waiting, before an idle connection is used again.
+    pub(super) fn is_closed(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        !matches!(
+            Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf),
+            Poll::Pending
+        )
+    }
+}
+
+/// An answer read whole.
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    /// The connection can take another request.
+    pub(super) reusable: bool,
+}
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ExchangeError {
+    /// Writing the request failed: it may have reached the app in part.
+    #[error("writing the request: {0}")]
+    Write(io::Error),
+    /// The connection ended before a byte of the answer arrived.
+    #[error("the connection closed before an answer")]
+    NoAnswer,
+    #[error("reading the answer: {0}")]
+    Read(io::Error),
+    #[error("the answer is not HTTP/1.1: {0}")]
+    Malformed(String),
+    #[error("the answer is larger than {0} bytes")]
+    TooLarge(usize),
+}
+
+/// The request's bytes: origin-form request line, `Host`, the given headers (except the
+/// framing ones, which are carapace's), `Content-Length`, the body.
+pub(super) fn request_bytes(
+    method: &Method,
+    path: &str,
+    host: &HeaderValue,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128 + headers.len() * 48 + body.len());
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == http::header::HOST
+            || name == http::header::CONTENT_LENGTH
+            || name == http::header::TRANSFER_ENCODING
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(body.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// Write `request` on `conn` and read the answer to a request of `method`, its body at most
+/// `max` bytes.
+pub(super) async fn exchange(
+    conn: &mut Conn,
+    request: &[u8],
+    method: &Method,
+    max: usize,
+) -> Result<Answer, ExchangeError> {
+    conn.stream
+        .write_all(request)
+        .await
+        .map_err(ExchangeError::Write)?;
+    conn.buf.clear();
+    let head = loop {
+        if let Some(head) = parse_head(&mut conn.buf)? {
+            break head;
+        }
+        if conn.buf.len() > MAX_HEAD_BYTES {
+            return Err(ExchangeError::Malformed("answer head too large".into()));
+        }
+        if fill(conn).await? == 0 {
+            return Err(if conn.buf.is_empty() {
+                ExchangeError::NoAnswer
+            } else {
+                ExchangeError::Malformed("the connection closed in the answer's head".into())
+            });
+        }
+    };
+    let bodiless = *method == Method::HEAD
+        || head.status == StatusCode::NO_CONTENT
+        || head.status == StatusCode::NOT_MODIFIED;
+    let (body, framed) = if bodiless {
+        (Bytes::new(), true)
+    } else if head.chunked {
+        (read_chunked(conn, max).await?, true)
+    } else if let Some(len) = head.length {
+        (read_length(conn, len, max).await?, true)
+    } else {
+        (read_to_end(conn, max).await?, false)
+    };
+    Ok(Answer {
+        status: head.status,
+        headers: head.headers,
+        body,
+        reusable: framed && head.keep_alive && conn.buf.is_empty(),
+    })
+}
+
+/// An answer's head, parsed.
+struct Head {
+    status: StatusCode,
+    headers: HeaderMap,
+    length: Option<usize>,
+    chunked: bool,
+    keep_alive: bool,
+}
+
+async fn fill(conn: &mut Conn) -> Result<usize, ExchangeError> {
+    conn.buf.reserve(4 * 1024);
+    conn.stream
+        .read_buf(&mut conn.buf)
+        .await
+        .map_err(ExchangeError::Read)
+}
+
+/// The final (non-1xx) head at the start of `buf`, removed from it; `None` while incomplete.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ExchangeError> {
+    loop {
+        let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut lines);
+        let len = match resp.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(ExchangeError::Malformed(e.to_string())),
+        };
+        let code = resp.code.unwrap_or(0);
+        let status =
+            StatusCode::from_u16(code).map_err(|e| ExchangeError::Malformed(e.to_string()))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(ExchangeError::Malformed(
+                "an upgrade was not asked for".into(),
+            ));
+        }
+        if status.is_informational() {
+            let _ = buf.split_to(len);
+            continue;
+        }
+        let mut head = Head {
+            status,
+            headers: HeaderMap::with_capacity(resp.headers.len()),
+            length: None,
+            chunked: false,
+            // HTTP/1.0 answers end their connection.
+            keep_alive: resp.version == Some(1),
+        };
+        for line in resp.headers.iter() {
+            let name = HeaderName::from_bytes(line.name.as_bytes())
+                .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
+            let value = HeaderValue::from_bytes(line.value)
+                .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
+            framing(&mut head, &name, &value)?;
+            head.headers.append(name, value);
+        }
+        let _ = buf.split_to(len);
+        return Ok(Some(head));
+    }
+}
+
+/// What `Content-Length`, `Transfer-Encoding` and `Connection` say about the body and the
+/// connection (RFC 9112 section 6).
+fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<(), ExchangeError> {
+    let text = || {
+        value
+            .to_str()
+            .map_err(|_| ExchangeError::Malformed(format!("{name} is not text")))
+    };
+    if name == http::header::CONTENT_LENGTH {
+        let len: usize = text()?
+            .trim()
+            .parse()
+            .map_err(|_| ExchangeError::Malformed("invalid content-length".into()))?;
+        if head.length.is_some_and(|l| l != len) {
+            return Err(ExchangeError::Malformed(
+                "conflicting content-length".into(),
+            ));
+        }
+        head.length = Some(len);
+    } else if name == http::header::TRANSFER_ENCODING {
+        let last = text()?.rsplit(',').next().unwrap_or("").trim();
+        head.chunked = last.eq_ignore_ascii_case("chunked");
+        if !head.chunked {
+            // Delimited by the connection's end.
+            head.keep_alive = false;
+        }
+    } else if name == http::header::CONNECTION {
+        for token in text()?.split(',').map(str::trim) {
+            if token.eq_ignore_ascii_case("close") {
+                head.keep_alive = false;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn read_length(conn: &mut Conn, len: usize, max: usize) -> Result<Bytes, ExchangeError> {
+    if len > max {
+        return Err(ExchangeError::TooLarge(max));
+    }
+    while conn.buf.len() < len {
+        if fill(conn).await? == 0 {
+            return Err(ExchangeError::Malformed(
+                "the connection closed in the answer's body".into(),
+            ));
+        }
+    }
+    Ok(conn.buf.split_to(len).freeze())
+}
+
+async fn read_to_end(conn: &mut Conn, max: usize) -> Result<Bytes, ExchangeError> {
+    while fill(conn).await? != 0 {
+        if conn.buf.len() > max {
+            return Err(ExchangeError::TooLarge(max));
+        }
+    }
+    Ok(conn.buf.split().freeze())
+}
+
+async fn read_chunked(conn: &mut Conn, max: usize) -> Result<Bytes, ExchangeError> {
+    let mut body = BytesMut::new();
+    loop {
+        let (at, size) = loop {
+            match httparse::parse_chunk_size(&conn.buf) {
+                Ok(httparse::Status::Complete((at, size))) => break (at, size),
+                Ok(httparse::Status::Partial) => more(conn).await?,
+                Err(_) => return Err(ExchangeError::Malformed("invalid chunk size".into())),
+            }
+        };
+        let size = usize::try_from(size).map_err(|_| ExchangeError::TooLarge(max))?;
+        if size == 0 {
+            let _ = conn.buf.split_to(at);
+            skip_trailers(conn).await?;
+            return Ok(body.freeze());
+        }
+        if body.len() + size > max {
+            return Err(ExchangeError::TooLarge(max));
+        }
+        while conn.buf.len() < at + size + 2 {
+            more(conn).await?;
+        }
+        let _ = conn.buf.split_to(at);
+        body.extend_from_slice(&conn.buf.split_to(size));
+        if conn.buf.split_to(2).as_ref() != b"\r\n" {
+            return Err(ExchangeError::Malformed("a chunk without its CRLF".into()));
+        }
+    }
+}
+
+/// The trailer section after the last chunk, up to its empty line.
+async fn skip_trailers(conn: &mut Conn) -> Result<(), ExchangeError> {
+    loop {
+        if let Some(end) = conn.buf.windows(2).position(|w| w == b"\r\n") {
+            let _ = conn.buf.split_to(end + 2);
+            if end == 0 {
+                return Ok(());
+            }
+            continue;
+        }
+        if conn.buf.len() > MAX_HEAD_BYTES {
+            return Err(ExchangeError::Malformed("trailers too large".into()));
+        }
+        more(conn).await?;
+    }
+}
+
+async fn more(conn: &mut Conn) -> Result<(), ExchangeError> {
+    if fill(conn).await? == 0 {
+        return Err(ExchangeError::Malformed(
+            "the connection closed in the answer's body".into(),
+        ));
+    }
+    Ok(())
+}
