@@ -122,6 +122,8 @@ pub(super) async fn exchange(
         .write_all(request)
         .await
         .map_err(ExchangeError::Write)?;
+    // A TLS stream may hold records back until flushed.
+    conn.stream.flush().await.map_err(ExchangeError::Write)?;
     conn.buf.clear();
     let head = loop {
         if let Some(head) = parse_head(&mut conn.buf)? {
@@ -145,6 +147,8 @@ pub(super) async fn exchange(
         (Bytes::new(), true)
     } else if head.chunked {
         (read_chunked(conn, max).await?, true)
+    } else if head.encoded {
+        (read_to_end(conn, max).await?, false)
     } else if let Some(len) = head.length {
         (read_length(conn, len, max).await?, true)
     } else {
@@ -163,6 +167,8 @@ struct Head {
     status: StatusCode,
     headers: HeaderMap,
     length: Option<usize>,
+    /// A `Transfer-Encoding` was given; `chunked` when its last coding is chunked.
+    encoded: bool,
     chunked: bool,
     keep_alive: bool,
 }
@@ -201,6 +207,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ExchangeError> {
             status,
             headers: HeaderMap::with_capacity(resp.headers.len()),
             length: None,
+            encoded: false,
             chunked: false,
             // HTTP/1.0 answers end their connection.
             keep_alive: resp.version == Some(1),
@@ -212,6 +219,12 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ExchangeError> {
                 .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
             framing(&mut head, &name, &value)?;
             head.headers.append(name, value);
+        }
+        if head.encoded && head.length.is_some() {
+            // RFC 9112 section 6.3: a sign of response splitting; refused.
+            return Err(ExchangeError::Malformed(
+                "both transfer-encoding and content-length".into(),
+            ));
         }
         let _ = buf.split_to(len);
         return Ok(Some(head));
@@ -227,10 +240,13 @@ fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<()
             .map_err(|_| ExchangeError::Malformed(format!("{name} is not text")))
     };
     if name == http::header::CONTENT_LENGTH {
-        let len: usize = text()?
-            .trim()
-            .parse()
-            .map_err(|_| ExchangeError::Malformed("invalid content-length".into()))?;
+        let digits = text()?.trim();
+        let len: usize = digits
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| digits.parse().ok())
+            .flatten()
+            .ok_or_else(|| ExchangeError::Malformed("invalid content-length".into()))?;
         if head.length.is_some_and(|l| l != len) {
             return Err(ExchangeError::Malformed(
                 "conflicting content-length".into(),
@@ -239,6 +255,7 @@ fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<()
         head.length = Some(len);
     } else if name == http::header::TRANSFER_ENCODING {
         let last = text()?.rsplit(',').next().unwrap_or("").trim();
+        head.encoded = true;
         head.chunked = last.eq_ignore_ascii_case("chunked");
         if !head.chunked {
             // Delimited by the connection's end.
@@ -293,7 +310,8 @@ async fn read_chunked(conn: &mut Conn, max: usize) -> Result<Bytes, ExchangeErro
             skip_trailers(conn).await?;
             return Ok(body.freeze());
         }
-        if body.len() + size > max {
+        // `body` is never over `max`, so this cannot overflow.
+        if size > max - body.len() {
             return Err(ExchangeError::TooLarge(max));
         }
         while conn.buf.len() < at + size + 2 {

@@ -225,6 +225,10 @@ async fn answers_over_the_limit_or_malformed_are_invalid() {
         &b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n"[..],
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1fffff\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nffffffffffffffff\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
         b"NOT HTTP\r\n\r\n",
     ] {
