@@ -35,6 +35,7 @@ if [ ${#targets[@]} -eq 0 ]; then
     eat_openapi
     caller_tools
     receipt
+    app_answer
   )
 fi
 

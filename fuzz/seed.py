@@ -5,12 +5,12 @@ vectors (../shared/vectors/ beside this checkout) and the example configurations
 Usage: python3 fuzz/seed.py [VECTORS_DIR]
 
 Each seed is one file named by the SHA-1 of its bytes (as libFuzzer names corpus entries), so
-running the script twice gives the same files. The corpus directories are emptied first.
+running the script twice gives the same files. The seeds written before are removed first;
+regression inputs kept beside them (`crash-*`) stay.
 """
 
 import hashlib
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -278,6 +278,23 @@ def receipt():
     yield "v1.e30." + enc(bytes(64))
 
 
+def app_answer():
+    # The first byte is the read size (0: whole), the second the body bound in units of 16.
+    answers = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n"
+        b'{"ok":true}',
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nconnection: close\r\n\r\nto the end",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\nfail",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+    ]
+    for i, answer in enumerate(answers):
+        yield bytes([i % 3 * 5, 8]) + answer
+
+
 TARGETS = {
     "tools_v1_request": tools_v1_request,
     "skill_v1_request": skill_v1_request,
@@ -296,6 +313,7 @@ TARGETS = {
     "eat_openapi": eat_openapi,
     "caller_tools": caller_tools,
     "receipt": receipt,
+    "app_answer": app_answer,
 }
 
 
@@ -303,8 +321,11 @@ def main():
     total = 0
     for target, seeds in TARGETS.items():
         out = CORPUS / target
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
+        # Regression inputs kept beside the seeds (crash-*, named by libFuzzer) stay.
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.iterdir():
+            if len(old.name) == 40 and all(c in "0123456789abcdef" for c in old.name):
+                old.unlink()
         for seed in seeds():
             data = seed if isinstance(seed, bytes) else seed.encode("utf-8")
             (out / hashlib.sha1(data).hexdigest()).write_bytes(data)

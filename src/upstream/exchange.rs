@@ -7,13 +7,14 @@
 //! connection (see `pool.rs`). Doing the exchange here saves the connection task, the
 //! channel between it and the call, and hyper's request and answer types.
 
-use std::io;
+use std::future::Future;
+use std::io::{self, Write as _};
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::AppStream;
 
@@ -23,13 +24,13 @@ const MAX_HEADERS: usize = 100;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// A connection with the bytes read from it and not used yet.
-pub(super) struct Conn {
-    pub(super) stream: AppStream,
+pub(super) struct Conn<S = AppStream> {
+    pub(super) stream: S,
     buf: BytesMut,
 }
 
-impl Conn {
-    pub(super) fn new(stream: AppStream) -> Conn {
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    pub(super) fn new(stream: S) -> Conn<S> {
         Conn {
             stream,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -103,17 +104,16 @@ pub(super) fn request_bytes(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(body.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
+    // Writing into a `Vec` cannot fail; the length is formatted in place.
+    let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
     out.extend_from_slice(body);
     out
 }
 
 /// Write `request` on `conn` and read the answer to a request of `method`, its body at most
 /// `max` bytes.
-pub(super) async fn exchange(
-    conn: &mut Conn,
+pub(super) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
     request: &[u8],
     method: &Method,
     max: usize,
@@ -173,7 +173,9 @@ struct Head {
     keep_alive: bool,
 }
 
-async fn fill(conn: &mut Conn) -> Result<usize, ExchangeError> {
+async fn fill<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+) -> Result<usize, ExchangeError> {
     conn.buf.reserve(4 * 1024);
     conn.stream
         .read_buf(&mut conn.buf)
@@ -271,7 +273,11 @@ fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<()
     Ok(())
 }
 
-async fn read_length(conn: &mut Conn, len: usize, max: usize) -> Result<Bytes, ExchangeError> {
+async fn read_length<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    len: usize,
+    max: usize,
+) -> Result<Bytes, ExchangeError> {
     if len > max {
         return Err(ExchangeError::TooLarge(max));
     }
@@ -285,16 +291,25 @@ async fn read_length(conn: &mut Conn, len: usize, max: usize) -> Result<Bytes, E
     Ok(conn.buf.split_to(len).freeze())
 }
 
-async fn read_to_end(conn: &mut Conn, max: usize) -> Result<Bytes, ExchangeError> {
-    while fill(conn).await? != 0 {
+async fn read_to_end<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    max: usize,
+) -> Result<Bytes, ExchangeError> {
+    // What came with the head counts too.
+    loop {
         if conn.buf.len() > max {
             return Err(ExchangeError::TooLarge(max));
         }
+        if fill(conn).await? == 0 {
+            return Ok(conn.buf.split().freeze());
+        }
     }
-    Ok(conn.buf.split().freeze())
 }
 
-async fn read_chunked(conn: &mut Conn, max: usize) -> Result<Bytes, ExchangeError> {
+async fn read_chunked<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    max: usize,
+) -> Result<Bytes, ExchangeError> {
     let mut body = BytesMut::new();
     loop {
         let (at, size) = loop {
@@ -326,7 +341,9 @@ async fn read_chunked(conn: &mut Conn, max: usize) -> Result<Bytes, ExchangeErro
 }
 
 /// The trailer section after the last chunk, up to its empty line.
-async fn skip_trailers(conn: &mut Conn) -> Result<(), ExchangeError> {
+async fn skip_trailers<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+) -> Result<(), ExchangeError> {
     loop {
         if let Some(end) = conn.buf.windows(2).position(|w| w == b"\r\n") {
             let _ = conn.buf.split_to(end + 2);
@@ -342,11 +359,73 @@ async fn skip_trailers(conn: &mut Conn) -> Result<(), ExchangeError> {
     }
 }
 
-async fn more(conn: &mut Conn) -> Result<(), ExchangeError> {
+async fn more<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<S>) -> Result<(), ExchangeError> {
     if fill(conn).await? == 0 {
         return Err(ExchangeError::Malformed(
             "the connection closed in the answer's body".into(),
         ));
     }
     Ok(())
+}
+
+/// For the fuzz target and tests: `data` read as the answer to a `GET`, delivered `step` bytes
+/// per read (0: all at once), its body at most `max` bytes; the status and the body.
+#[doc(hidden)]
+pub fn read_answer(data: &[u8], step: usize, max: usize) -> Result<(u16, Bytes), String> {
+    let script = Script {
+        data,
+        step: if step == 0 { data.len().max(1) } else { step },
+    };
+    let mut conn = Conn::new(script);
+    let exchange = std::pin::pin!(exchange(
+        &mut conn,
+        b"GET / HTTP/1.1\r\n\r\n",
+        &Method::GET,
+        max
+    ));
+    match exchange.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(answer)) => {
+            assert!(answer.body.len() <= max, "a body over the bound");
+            Ok((answer.status.as_u16(), answer.body))
+        }
+        Poll::Ready(Err(e)) => Err(e.to_string()),
+        Poll::Pending => unreachable!("a script never waits"),
+    }
+}
+
+/// A connection whose answer is given: it takes any write and reads `step` bytes at a time.
+struct Script<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl AsyncRead for Script<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let n = self.step.min(self.data.len()).min(buf.remaining());
+        buf.put_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Script<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
 }

@@ -4,6 +4,8 @@
 mod exchange;
 mod pool;
 
+#[doc(hidden)]
+pub use exchange::read_answer;
 pub use pool::AppBody;
 
 use std::io;
@@ -343,14 +345,7 @@ impl AppClient {
         let answer = self
             .pools
             .exchange(&request, &method, self.max_response_bytes)
-            .await
-            .map_err(|e| match e {
-                pool::Failure::Unsent(e) => Rejection::AppUnavailable(e),
-                pool::Failure::Sent(e) => {
-                    Rejection::AppInvalid(format!("after the request was sent: {e}"))
-                }
-                pool::Failure::TooLarge(e) => Rejection::AppInvalid(format!("reading answer: {e}")),
-            })?;
+            .await?;
         Ok(AppResponse {
             status: answer.status,
             headers: answer.headers,
@@ -389,18 +384,27 @@ impl AppClient {
                 &nonce,
             );
         }
-        let (resp, lease) = self.pools.send(req).await.map_err(|e| match e {
-            pool::Failure::Unsent(e) => Rejection::AppUnavailable(e),
-            pool::Failure::Sent(e) | pool::Failure::TooLarge(e) => {
-                Rejection::AppInvalid(format!("after the request was sent: {e}"))
-            }
-        })?;
+        let (resp, lease) = self.pools.send(req).await?;
         let (head, body) = resp.into_parts();
         Ok(OpenResponse {
             status: head.status,
             headers: head.headers,
             body: Limited::new(AppBody::new(body, lease), self.max_response_bytes),
         })
+    }
+}
+
+/// How a failed exchange reads to the caller: nothing sent means the app is unavailable;
+/// anything after the write means its answer is not one.
+impl From<pool::Failure> for Rejection {
+    fn from(failure: pool::Failure) -> Rejection {
+        match failure {
+            pool::Failure::Unsent(e) => Rejection::AppUnavailable(e),
+            pool::Failure::Sent(e) => {
+                Rejection::AppInvalid(format!("after the request was sent: {e}"))
+            }
+            pool::Failure::TooLarge(e) => Rejection::AppInvalid(format!("reading answer: {e}")),
+        }
     }
 }
 

@@ -284,3 +284,67 @@ async fn a_path_that_would_change_the_request_line_is_refused_unsent() {
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
 }
+
+/// Answers read the same whether they arrive whole or a byte at a time: every framing, the
+/// informational heads before the final one, and the trailers after the last chunk.
+#[test]
+fn answers_read_the_same_in_any_pieces() {
+    let answers: [(&[u8], u16, &[u8]); 5] = [
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+            200,
+            b"hello",
+        ),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n\
+              HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+            201,
+            b"ok",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+              3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 1\r\nx-more: 2\r\n\r\n",
+            200,
+            b"abcde",
+        ),
+        (b"HTTP/1.0 200 OK\r\n\r\nto the end", 200, b"to the end"),
+        (
+            b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
+            204,
+            b"",
+        ),
+    ];
+    for (wire, status, body) in answers {
+        for step in [0, 1, 2, 7] {
+            let (got_status, got_body) = super::read_answer(wire, step, 64).unwrap();
+            assert_eq!(
+                (got_status, got_body.as_ref()),
+                (status, body),
+                "step {step}"
+            );
+        }
+    }
+}
+
+/// Whatever the pieces, an answer over the bound or cut short is an error, never a body.
+#[test]
+fn cut_or_oversized_answers_are_errors_in_any_pieces() {
+    let answers: [&[u8]; 5] = [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 65\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n40\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhel",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-le",
+    ];
+    let oversized = [b'x'; 65];
+    let close_delimited = [b"HTTP/1.1 200 OK\r\n\r\n".as_slice(), &oversized].concat();
+    for wire in answers.into_iter().chain([close_delimited.as_slice()]) {
+        for step in [0, 1, 5] {
+            assert!(
+                super::read_answer(wire, step, 64).is_err(),
+                "{:?} at step {step}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+    }
+}
