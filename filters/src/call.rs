@@ -163,7 +163,7 @@ pub fn app_headers(call: &ToolCall) -> http::HeaderMap {
     if let Some(id) = &call.request_id {
         headers.insert(REQUEST_ID, id.clone());
     }
-    for (name, value) in &call.trace_context {
+    for (name, value) in trace_context(call) {
         headers.insert(name.clone(), value.clone());
     }
     headers.insert(
@@ -171,6 +171,53 @@ pub fn app_headers(call: &ToolCall) -> http::HeaderMap {
         http::HeaderValue::from_static("application/json"),
     );
     headers
+}
+
+/// [`app_headers`] as HTTP/1.1 header lines (`name: value` and CRLF), in the order the map
+/// holds them, written straight into `out`: an unsigned request to the app needs no map.
+pub fn write_app_headers(call: &ToolCall, out: &mut Vec<u8>) {
+    let mut line = |name: &http::HeaderName, value: &[u8]| {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    };
+    let names = [
+        crate::identity::PEER_ID,
+        crate::identity::PEER_TYPE,
+        crate::identity::PEER_FINGERPRINT,
+    ];
+    let values = call.principal.identity_values.of(&call.principal);
+    for (name, value) in names.iter().zip(&values) {
+        if let Some(v) = value {
+            line(name, v.as_bytes());
+        }
+    }
+    if let Some(id) = &call.request_id {
+        line(&REQUEST_ID, id.as_bytes());
+    }
+    for (name, value) in trace_context(call) {
+        line(name, value.as_bytes());
+    }
+    line(&http::header::CONTENT_TYPE, b"application/json");
+}
+
+/// The call's trace context headers (`traceparent`, `tracestate`), each name once (the last
+/// value given), and never one of the headers carapace sets itself.
+fn trace_context(call: &ToolCall) -> impl Iterator<Item = &(http::HeaderName, http::HeaderValue)> {
+    let ours = |n: &http::HeaderName| {
+        n.as_str().starts_with(crate::identity::HEADER_PREFIX)
+            || *n == REQUEST_ID
+            || *n == http::header::CONTENT_TYPE
+            || *n == http::header::HOST
+            || *n == http::header::CONTENT_LENGTH
+            || *n == http::header::TRANSFER_ENCODING
+    };
+    let all = &call.trace_context;
+    all.iter()
+        .enumerate()
+        .filter(move |(i, (n, _))| !ours(n) && !all[i + 1..].iter().any(|(m, _)| m == n))
+        .map(|(_, h)| h)
 }
 
 /// Room for an app request's headers: three identity headers, request id, two trace context
@@ -255,5 +302,89 @@ pub(crate) mod testing {
             extensions: Default::default(),
             credential: Credential::None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{call, tool};
+    use super::*;
+    use http::{HeaderName, HeaderValue};
+
+    /// The header lines `app_headers`' map would be written as.
+    fn lines_of(map: &http::HeaderMap) -> String {
+        map.iter()
+            .map(|(n, v)| format!("{n}: {}\r\n", v.to_str().unwrap()))
+            .collect()
+    }
+
+    fn written(c: &ToolCall) -> String {
+        let mut out = Vec::new();
+        write_app_headers(c, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_written_headers_are_the_maps_in_its_order() {
+        let mut c = call(tool("t", 1_000, 5_000), None);
+        assert_eq!(written(&c), lines_of(&app_headers(&c)));
+        assert_eq!(
+            written(&c),
+            "x-carapace-peer-id: local\r\nx-carapace-peer-type: local\r\n\
+             content-type: application/json\r\n"
+        );
+        c.principal = Arc::new(Principal {
+            id: "gw-1".into(),
+            kind: "gateway".into(),
+            fingerprint: Some("sha256:ab".into()),
+            ..Principal::local()
+        });
+        c.request_id = Some(HeaderValue::from_static("req-7"));
+        let tp = HeaderName::from_static("traceparent");
+        let ts = HeaderName::from_static("tracestate");
+        c.trace_context = vec![
+            (tp.clone(), HeaderValue::from_static("00-old")),
+            (ts, HeaderValue::from_static("k=v")),
+            (tp, HeaderValue::from_static("00-new")),
+        ];
+        assert_eq!(written(&c), lines_of(&app_headers(&c)));
+        assert_eq!(
+            written(&c),
+            "x-carapace-peer-id: gw-1\r\nx-carapace-peer-type: gateway\r\n\
+             x-carapace-peer-fingerprint: sha256:ab\r\nx-request-id: req-7\r\n\
+             tracestate: k=v\r\ntraceparent: 00-new\r\ncontent-type: application/json\r\n"
+        );
+    }
+
+    /// Trace context never carries a header carapace sets: who called, the request id, the
+    /// body's type and framing stay carapace's.
+    #[test]
+    fn trace_context_cannot_replace_carapaces_headers() {
+        let mut c = call(tool("t", 1_000, 5_000), None);
+        for name in [
+            "x-carapace-peer-id",
+            "x-request-id",
+            "content-type",
+            "content-length",
+            "host",
+            "transfer-encoding",
+        ] {
+            c.trace_context.push((
+                HeaderName::from_static(name),
+                HeaderValue::from_static("forged"),
+            ));
+        }
+        let map = app_headers(&c);
+        assert_eq!(map["x-carapace-peer-id"], "local");
+        assert_eq!(map["content-type"], "application/json");
+        for name in [
+            "x-request-id",
+            "content-length",
+            "host",
+            "transfer-encoding",
+        ] {
+            assert!(map.get(name).is_none(), "{name}");
+        }
+        assert!(!written(&c).contains("forged"));
     }
 }

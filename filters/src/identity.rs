@@ -176,7 +176,8 @@ fn repeated_message(h: &HeaderName) -> &'static str {
 pub struct IdentityValues(OnceLock<[Option<HeaderValue>; 3]>);
 
 impl IdentityValues {
-    fn of(&self, p: &Principal) -> [Option<HeaderValue>; 3] {
+    /// `x-carapace-peer-id`, `-type` and `-fingerprint`'s values for `p`.
+    pub(crate) fn of(&self, p: &Principal) -> [Option<HeaderValue>; 3] {
         let value =
             |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("invalid"));
         let made = || {

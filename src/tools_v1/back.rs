@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::{BoxFuture, Rejection};
-use http::{Method, StatusCode};
+use http::StatusCode;
 use serde_json::{json, Value};
 use tower::Service;
 
@@ -165,9 +165,8 @@ impl Service<ToolCall> for ToolsV1Back {
 /// Call a tools-v1 app (or peer) with `call` and decode its answer.
 pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
     let body = serde_json::to_vec(&encode_request(call)).expect("serializes");
-    let headers = carapace_filters::call::app_headers(call);
-    let resp = app
-        .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))
+    let (status, body) = app
+        .post_call("/v1/tools/call", call, Bytes::from(body))
         .await?;
-    decode_response(resp.status, &resp.body, call)
+    decode_response(status, &body, call)
 }

@@ -76,22 +76,32 @@ pub(super) enum ExchangeError {
     TooLarge(usize),
 }
 
-/// The request's bytes: origin-form request line, `Host`, the given headers (except the
-/// framing ones, which are carapace's), `Content-Length`, the body.
+/// The request's bytes: origin-form request line, `Host`, the header lines `headers` writes,
+/// `Content-Length`, the body.
 pub(super) fn request_bytes(
     method: &Method,
     path: &str,
     host: &HeaderValue,
-    headers: &HeaderMap,
+    headers: impl FnOnce(&mut Vec<u8>),
     body: &[u8],
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128 + headers.len() * 48 + body.len());
+    let mut out = Vec::with_capacity(512 + body.len());
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
+    headers(&mut out);
+    // Writing into a `Vec` cannot fail; the length is formatted in place.
+    let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
+    out.extend_from_slice(body);
+    out
+}
+
+/// `headers` as header lines, except the framing ones (`Host`, `Content-Length`,
+/// `Transfer-Encoding`), which are carapace's.
+pub(super) fn write_header_map(headers: &HeaderMap, out: &mut Vec<u8>) {
     for (name, value) in headers {
         if name == http::header::HOST
             || name == http::header::CONTENT_LENGTH
@@ -104,19 +114,17 @@ pub(super) fn request_bytes(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    // Writing into a `Vec` cannot fail; the length is formatted in place.
-    let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
-    out.extend_from_slice(body);
-    out
 }
 
 /// Write `request` on `conn` and read the answer to a request of `method`, its body at most
-/// `max` bytes.
+/// `max` bytes; its headers kept only with `keep_headers` (the framing ones are read either
+/// way).
 pub(super) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut Conn<S>,
     request: &[u8],
     method: &Method,
     max: usize,
+    keep_headers: bool,
 ) -> Result<Answer, ExchangeError> {
     conn.stream
         .write_all(request)
@@ -126,7 +134,7 @@ pub(super) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     conn.stream.flush().await.map_err(ExchangeError::Write)?;
     conn.buf.clear();
     let head = loop {
-        if let Some(head) = parse_head(&mut conn.buf)? {
+        if let Some(head) = parse_head(&mut conn.buf, keep_headers)? {
             break head;
         }
         if conn.buf.len() > MAX_HEAD_BYTES {
@@ -183,8 +191,9 @@ async fn fill<S: AsyncRead + AsyncWrite + Unpin>(
         .map_err(ExchangeError::Read)
 }
 
-/// The final (non-1xx) head at the start of `buf`, removed from it; `None` while incomplete.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ExchangeError> {
+/// The final (non-1xx) head at the start of `buf`, removed from it, its headers kept with
+/// `keep`; `None` while incomplete.
+fn parse_head(buf: &mut BytesMut, keep: bool) -> Result<Option<Head>, ExchangeError> {
     loop {
         let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut lines);
@@ -207,20 +216,25 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ExchangeError> {
         }
         let mut head = Head {
             status,
-            headers: HeaderMap::with_capacity(resp.headers.len()),
+            headers: HeaderMap::new(),
             length: None,
             encoded: false,
             chunked: false,
             // HTTP/1.0 answers end their connection.
             keep_alive: resp.version == Some(1),
         };
+        if keep {
+            head.headers.reserve(resp.headers.len());
+        }
         for line in resp.headers.iter() {
-            let name = HeaderName::from_bytes(line.name.as_bytes())
-                .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
-            let value = HeaderValue::from_bytes(line.value)
-                .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
-            framing(&mut head, &name, &value)?;
-            head.headers.append(name, value);
+            framing(&mut head, line.name, line.value)?;
+            if keep {
+                let name = HeaderName::from_bytes(line.name.as_bytes())
+                    .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
+                let value = HeaderValue::from_bytes(line.value)
+                    .map_err(|e| ExchangeError::Malformed(e.to_string()))?;
+                head.headers.append(name, value);
+            }
         }
         if head.encoded && head.length.is_some() {
             // RFC 9112 section 6.3: a sign of response splitting; refused.
@@ -235,13 +249,17 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ExchangeError> {
 
 /// What `Content-Length`, `Transfer-Encoding` and `Connection` say about the body and the
 /// connection (RFC 9112 section 6).
-fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<(), ExchangeError> {
+fn framing(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ExchangeError> {
+    // Visible ASCII, spaces and tabs: what `HeaderValue::to_str` accepts.
     let text = || {
         value
-            .to_str()
-            .map_err(|_| ExchangeError::Malformed(format!("{name} is not text")))
+            .iter()
+            .all(|b| *b == b'\t' || (0x20..0x7f).contains(b))
+            .then(|| std::str::from_utf8(value).ok())
+            .flatten()
+            .ok_or_else(|| ExchangeError::Malformed(format!("{name} is not text")))
     };
-    if name == http::header::CONTENT_LENGTH {
+    if name.eq_ignore_ascii_case("content-length") {
         let digits = text()?.trim();
         let len: usize = digits
             .bytes()
@@ -255,7 +273,7 @@ fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<()
             ));
         }
         head.length = Some(len);
-    } else if name == http::header::TRANSFER_ENCODING {
+    } else if name.eq_ignore_ascii_case("transfer-encoding") {
         let last = text()?.rsplit(',').next().unwrap_or("").trim();
         head.encoded = true;
         head.chunked = last.eq_ignore_ascii_case("chunked");
@@ -263,7 +281,7 @@ fn framing(head: &mut Head, name: &HeaderName, value: &HeaderValue) -> Result<()
             // Delimited by the connection's end.
             head.keep_alive = false;
         }
-    } else if name == http::header::CONNECTION {
+    } else if name.eq_ignore_ascii_case("connection") {
         for token in text()?.split(',').map(str::trim) {
             if token.eq_ignore_ascii_case("close") {
                 head.keep_alive = false;
@@ -369,9 +387,15 @@ async fn more<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<S>) -> Result<(
 }
 
 /// For the fuzz target and tests: `data` read as the answer to a `GET`, delivered `step` bytes
-/// per read (0: all at once), its body at most `max` bytes; the status and the body.
+/// per read (0: all at once), its body at most `max` bytes, its headers kept or not; the
+/// status and the body.
 #[doc(hidden)]
-pub fn read_answer(data: &[u8], step: usize, max: usize) -> Result<(u16, Bytes), String> {
+pub fn read_answer(
+    data: &[u8],
+    step: usize,
+    max: usize,
+    keep_headers: bool,
+) -> Result<(u16, Bytes), String> {
     let script = Script {
         data,
         step: if step == 0 { data.len().max(1) } else { step },
@@ -381,7 +405,8 @@ pub fn read_answer(data: &[u8], step: usize, max: usize) -> Result<(u16, Bytes),
         &mut conn,
         b"GET / HTTP/1.1\r\n\r\n",
         &Method::GET,
-        max
+        max,
+        keep_headers
     ));
     match exchange.poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(Ok(answer)) => {

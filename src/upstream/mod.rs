@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use carapace_filters::call::{write_app_headers, ToolCall};
 use carapace_filters::Rejection;
 
 use crate::config::{AppAddress, PoolConfig};
@@ -335,22 +336,50 @@ impl AppClient {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<AppResponse, Rejection> {
-        // Written into the request line as it is: visible ASCII only (no space, CR or LF).
-        if !path.starts_with('/') || !path.bytes().all(|b| (0x21..0x7f).contains(&b)) {
-            return Err(Rejection::Internal(format!(
-                "not an origin-form path: {path}"
-            )));
-        }
-        let request = exchange::request_bytes(&method, path, &self.host, &headers, &body);
+        origin_form(path)?;
+        let write_headers = |out: &mut Vec<u8>| exchange::write_header_map(&headers, out);
+        let request = exchange::request_bytes(&method, path, &self.host, write_headers, &body);
         let answer = self
             .pools
-            .exchange(&request, &method, self.max_response_bytes)
+            .exchange(&request, &method, self.max_response_bytes, true)
             .await?;
         Ok(AppResponse {
             status: answer.status,
             headers: answer.headers,
             body: answer.body,
         })
+    }
+
+    /// POST a call's JSON `body` to `path` with the call's headers
+    /// ([`carapace_filters::call::app_headers`]) and read the whole answer (bounded), for a
+    /// back that needs only its status and body. Unsigned, the headers are written straight
+    /// into the request and the answer's are not kept; signed, it is [`Self::send`].
+    pub async fn post_call(
+        &self,
+        path: &str,
+        call: &ToolCall,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), Rejection> {
+        if self.signer.is_some() {
+            let headers = carapace_filters::call::app_headers(call);
+            let resp = self.send(Method::POST, path, headers, body).await?;
+            return Ok((resp.status, resp.body));
+        }
+        use tracing::Instrument;
+        let span = tracing::debug_span!("upstream", path);
+        async {
+            origin_form(path)?;
+            let write_headers = |out: &mut Vec<u8>| write_app_headers(call, out);
+            let request =
+                exchange::request_bytes(&Method::POST, path, &self.host, write_headers, &body);
+            let answer = self
+                .pools
+                .exchange(&request, &Method::POST, self.max_response_bytes, false)
+                .await?;
+            Ok((answer.status, answer.body))
+        }
+        .instrument(span)
+        .await
     }
 
     /// Send one request and return the answer's head, with its body still to be read (bounded
@@ -391,6 +420,18 @@ impl AppClient {
             headers: head.headers,
             body: Limited::new(AppBody::new(body, lease), self.max_response_bytes),
         })
+    }
+}
+
+/// A path written into the request line as it is: origin-form, visible ASCII only (no
+/// space, CR or LF).
+fn origin_form(path: &str) -> Result<(), Rejection> {
+    if path.starts_with('/') && path.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        Ok(())
+    } else {
+        Err(Rejection::Internal(format!(
+            "not an origin-form path: {path}"
+        )))
     }
 }
 

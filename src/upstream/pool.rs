@@ -132,12 +132,14 @@ impl Pools {
     }
 
     /// One exchange driven in the calling task (`exchange.rs`), on this worker's most recently
-    /// used idle connection that is still open, or a new one.
+    /// used idle connection that is still open, or a new one; the answer's headers kept with
+    /// `keep_headers`.
     pub(super) async fn exchange(
         self: &Arc<Self>,
         request: &[u8],
         method: &http::Method,
         max: usize,
+        keep_headers: bool,
     ) -> Result<Answer, Failure> {
         let home = self.home();
         let mut conn = match self.checkout_conn(home) {
@@ -149,7 +151,7 @@ impl Pools {
                     .map_err(|e| Failure::Unsent(error_chain(&e)))?,
             ),
         };
-        let answer = exchange::exchange(&mut conn, request, method, max)
+        let answer = exchange::exchange(&mut conn, request, method, max, keep_headers)
             .await
             .map_err(|e| match e {
                 ExchangeError::TooLarge(_) => Failure::TooLarge(e.to_string()),

@@ -268,6 +268,80 @@ async fn the_request_has_one_host_and_one_length_set_by_carapace() {
     );
 }
 
+/// A call's request: carapace's headers written straight from the call, in the order a map
+/// of them would give; the answer's status and body (chunked here) read without its headers.
+#[tokio::test]
+async fn a_calls_request_carries_the_calls_headers_and_its_answer_is_read() {
+    use carapace_filters::call::{Principal, ToolCall, ToolSpec};
+    let (addr, accepted, seen) = raw_app(vec![
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-extra: 1\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nyes",
+    ])
+    .await;
+    let c = client(addr, 8, 90);
+    let call = ToolCall {
+        call_id: "c1".into(),
+        tool: Arc::new(ToolSpec {
+            name: "t".into(),
+            app_name: None,
+            definition: None,
+            description: String::new(),
+            input: carapace_filters::schema::CompiledSchema::compile(serde_json::json!({}))
+                .unwrap(),
+            output: None,
+            timeout_ms_default: 1_000,
+            timeout_ms_max: 1_000,
+            idempotent: false,
+            side_effects: false,
+        }),
+        tenant_id: None,
+        args: serde_json::json!({}),
+        context: None,
+        timeout_ms: None,
+        idempotency_key: None,
+        principal: Arc::new(Principal {
+            id: "gw".into(),
+            kind: "gateway".into(),
+            fingerprint: Some("sha256:aa".into()),
+            ..Principal::local()
+        }),
+        credential: carapace_filters::call::Credential::None,
+        request_id: Some(http::HeaderValue::from_static("r-1")),
+        trace_context: Vec::new(),
+        extensions: Default::default(),
+    };
+    let (status, body) = c
+        .post_call("/v1/tools/call", &call, Bytes::from_static(b"{}"))
+        .await
+        .unwrap();
+    assert_eq!((status, body.as_ref()), (StatusCode::OK, b"ok".as_slice()));
+    let (_, body) = c
+        .post_call("/v1/tools/call", &call, Bytes::from_static(b"[]"))
+        .await
+        .unwrap();
+    assert_eq!(body, "yes");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    let mut map = carapace_filters::call::app_headers(&call);
+    map.insert("host", addr.to_string().parse().unwrap());
+    map.insert("content-length", "2".parse().unwrap());
+    let lines: String = ["host", "x-carapace-peer-id", "x-carapace-peer-type"]
+        .into_iter()
+        .chain([
+            "x-carapace-peer-fingerprint",
+            "x-request-id",
+            "content-type",
+        ])
+        .chain(["content-length"])
+        .map(|n| format!("{n}: {}\r\n", map[n].to_str().unwrap()))
+        .collect();
+    assert_eq!(map.len(), 7);
+    let one = format!("POST /v1/tools/call HTTP/1.1\r\n{lines}\r\n");
+    assert_eq!(
+        String::from_utf8(seen.lock().unwrap().clone()).unwrap(),
+        format!("{one}{{}}{one}[]")
+    );
+}
+
 #[tokio::test]
 async fn a_path_that_would_change_the_request_line_is_refused_unsent() {
     let (addr, accepted, _) = raw_app(vec![]).await;
@@ -315,12 +389,15 @@ fn answers_read_the_same_in_any_pieces() {
         ),
     ];
     for (wire, status, body) in answers {
-        for step in [0, 1, 2, 7] {
-            let (got_status, got_body) = super::read_answer(wire, step, 64).unwrap();
+        for (step, keep) in [0, 1, 2, 7]
+            .into_iter()
+            .flat_map(|s| [(s, true), (s, false)])
+        {
+            let (got_status, got_body) = super::read_answer(wire, step, 64, keep).unwrap();
             assert_eq!(
                 (got_status, got_body.as_ref()),
                 (status, body),
-                "step {step}"
+                "step {step}, headers kept: {keep}"
             );
         }
     }
@@ -339,9 +416,9 @@ fn cut_or_oversized_answers_are_errors_in_any_pieces() {
     let oversized = [b'x'; 65];
     let close_delimited = [b"HTTP/1.1 200 OK\r\n\r\n".as_slice(), &oversized].concat();
     for wire in answers.into_iter().chain([close_delimited.as_slice()]) {
-        for step in [0, 1, 5] {
+        for (step, keep) in [0, 1, 5].into_iter().flat_map(|s| [(s, true), (s, false)]) {
             assert!(
-                super::read_answer(wire, step, 64).is_err(),
+                super::read_answer(wire, step, 64, keep).is_err(),
                 "{:?} at step {step}",
                 String::from_utf8_lossy(wire)
             );
