@@ -192,44 +192,62 @@ impl Slot {
     /// [`HeadWatch`]) and was not complete within `head`. A head that begins while this
     /// waits is noticed at the next check, at most `head` later: slow heads are closed
     /// within twice `head`, with no wake-up per request.
-    pub async fn closing(&self, first: Duration, idle: Duration, head: Duration) {
-        let a = &self.activity;
+    ///
+    /// The future holds what it watches, not the slot: it can run in a task of its own.
+    pub fn closing(
+        &self,
+        first: Duration,
+        idle: Duration,
+        head: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let activity = self.activity.clone();
         let epoch = self.table.epoch;
-        loop {
-            let last = a.last_active_ms.load(Ordering::Acquire);
-            let allowed = if a.served.load(Ordering::Acquire) {
-                idle
-            } else {
-                first
-            };
-            let idle_deadline = epoch + Duration::from_millis(last) + allowed;
-            let head_at = a.head_started_ms.load(Ordering::Acquire);
-            let check = match head_at {
-                NO_HEAD => Instant::now() + head,
-                at => epoch + Duration::from_millis(at) + head,
-            };
+        async move { watch_closing(&activity, epoch, first, idle, head).await }
+    }
+}
+
+/// [`Slot::closing`].
+async fn watch_closing(
+    a: &Activity,
+    epoch: Instant,
+    first: Duration,
+    idle: Duration,
+    head: Duration,
+) {
+    loop {
+        let last = a.last_active_ms.load(Ordering::Acquire);
+        let allowed = if a.served.load(Ordering::Acquire) {
+            idle
+        } else {
+            first
+        };
+        let idle_deadline = epoch + Duration::from_millis(last) + allowed;
+        let head_at = a.head_started_ms.load(Ordering::Acquire);
+        let check = match head_at {
+            NO_HEAD => Instant::now() + head,
+            at => epoch + Duration::from_millis(at) + head,
+        };
+        tokio::select! {
+            _ = a.close.notified() => return,
+            _ = a.ended.notified() => continue,
+            _ = tokio::time::sleep_until(idle_deadline.min(check)) => {}
+        }
+        let busy = a.in_flight.load(Ordering::Acquire) > 0;
+        let head_now = a.head_started_ms.load(Ordering::Acquire);
+        let head_late =
+            head_now != NO_HEAD && epoch + Duration::from_millis(head_now) + head <= Instant::now();
+        if !busy && head_late {
+            return;
+        }
+        let idle_over = Instant::now() >= idle_deadline;
+        if !busy && idle_over && a.last_active_ms.load(Ordering::Acquire) == last {
+            return;
+        }
+        if busy {
+            // A long call: the clock starts again when it ends.
             tokio::select! {
                 _ = a.close.notified() => return,
-                _ = a.ended.notified() => continue,
-                _ = tokio::time::sleep_until(idle_deadline.min(check)) => {}
-            }
-            let busy = a.in_flight.load(Ordering::Acquire) > 0;
-            let head_now = a.head_started_ms.load(Ordering::Acquire);
-            let head_late = head_now != NO_HEAD
-                && epoch + Duration::from_millis(head_now) + head <= Instant::now();
-            if !busy && head_late {
-                return;
-            }
-            let idle_over = Instant::now() >= idle_deadline;
-            if !busy && idle_over && a.last_active_ms.load(Ordering::Acquire) == last {
-                return;
-            }
-            if busy {
-                // A long call: the clock starts again when it ends.
-                tokio::select! {
-                    _ = a.close.notified() => return,
-                    _ = wait_idle(a) => {}
-                }
+                _ = wait_idle(a) => {}
             }
         }
     }

@@ -166,16 +166,25 @@ async fn serve_connection<IO>(
     } else {
         lifetime.idle
     };
+    // The watch runs in a task of its own, so that the connection's many wake-ups poll only a
+    // channel, not its timer and notifications; it ends with the connection.
+    let (closed, closing) = tokio::sync::oneshot::channel::<()>();
+    let watch = slot.closing(lifetime.first_request, idle, lifetime.head);
+    let watch = tokio::spawn(async move {
+        watch.await;
+        let _ = closed.send(());
+    });
     tokio::select! {
         r = watcher.watch(conn) => {
             if let Err(e) = r {
                 tracing::debug!("connection ended: {e}");
             }
         }
-        _ = slot.closing(lifetime.first_request, idle, lifetime.head) => {
+        _ = closing => {
             tracing::debug!("connection closed: idle, or its place was needed");
         }
     }
+    watch.abort();
 }
 
 /// The graceful-shutdown watcher, unless shutdown has begun.
