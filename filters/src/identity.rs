@@ -82,13 +82,15 @@ pub fn repeated_credential<'a>(
         .find(|h| headers.get_all(*h).iter().nth(1).is_some())
 }
 
-/// Sets `Arc<Principal>` in the request extensions and the `x-carapace-peer-*` headers.
-/// Refuses a request that repeats a credential header ([`CREDENTIAL_HEADERS`] and the ones
-/// named with [`IdentityLayer::credential_header`]).
+/// Sets `Arc<Principal>` in the request extensions and the `x-carapace-peer-*` headers
+/// (unless [`IdentityLayer::identity_headers`] turned them off; caller-sent `x-carapace-*`
+/// headers are removed either way). Refuses a request that repeats a credential header
+/// ([`CREDENTIAL_HEADERS`] and the ones named with [`IdentityLayer::credential_header`]).
 pub struct IdentityLayer {
     directory: Arc<dyn PeerDirectory>,
     allow_anonymous: bool,
     credential_headers: Arc<[HeaderName]>,
+    set_headers: bool,
 }
 
 impl IdentityLayer {
@@ -99,7 +101,17 @@ impl IdentityLayer {
             directory,
             allow_anonymous,
             credential_headers: Arc::from([]),
+            set_headers: true,
         }
+    }
+
+    /// Whether the request carries the principal's `x-carapace-peer-*` headers on (the
+    /// default). A stack whose backs build each app request from the principal
+    /// ([`crate::call::app_headers`]) and never forward the caller's headers can turn them off;
+    /// the caller's own `x-carapace-*` headers are removed either way.
+    pub fn identity_headers(mut self, set: bool) -> Self {
+        self.set_headers = set;
+        self
     }
 
     /// Also treat `name` (a configured API key or signature header) as a credential header.
@@ -119,6 +131,7 @@ impl<S> Layer<S> for IdentityLayer {
             directory: self.directory.clone(),
             allow_anonymous: self.allow_anonymous,
             credential_headers: self.credential_headers.clone(),
+            set_headers: self.set_headers,
         }
     }
 }
@@ -130,6 +143,7 @@ pub struct Identity<S> {
     directory: Arc<dyn PeerDirectory>,
     allow_anonymous: bool,
     credential_headers: Arc<[HeaderName]>,
+    set_headers: bool,
 }
 
 impl<S> Identity<S> {
@@ -228,14 +242,7 @@ impl std::fmt::Debug for IdentityValues {
 
 /// Remove every caller-sent `x-carapace-*` header and set the ones describing `principal`.
 pub fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal) {
-    let foreign: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with(HEADER_PREFIX))
-        .cloned()
-        .collect();
-    for k in foreign {
-        headers.remove(&k);
-    }
+    remove_carapace_headers(headers);
     let [id, kind, fingerprint] = principal.identity_values.of(principal);
     for (name, value) in [
         (PEER_ID, id),
@@ -245,6 +252,18 @@ pub fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal
         if let Some(v) = value {
             headers.insert(name, v);
         }
+    }
+}
+
+/// Remove every `x-carapace-*` header: only carapace sets them.
+fn remove_carapace_headers(headers: &mut http::HeaderMap) {
+    let foreign: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with(HEADER_PREFIX))
+        .cloned()
+        .collect();
+    for k in foreign {
+        headers.remove(&k);
     }
 }
 
@@ -266,7 +285,11 @@ where
         }
         match self.principal(&req) {
             Ok(principal) => {
-                set_identity_headers(req.headers_mut(), &principal);
+                if self.set_headers {
+                    set_identity_headers(req.headers_mut(), &principal);
+                } else {
+                    remove_carapace_headers(req.headers_mut());
+                }
                 req.extensions_mut().insert(principal);
                 ReadyOr::inner(self.inner.call(req))
             }
@@ -343,6 +366,21 @@ mod tests {
             .unwrap();
         assert_eq!(h[PEER_ID], "local");
         assert!(h.get(PEER_FINGERPRINT).is_none());
+    }
+
+    /// Without identity headers the principal still goes on, and the caller's forged
+    /// `x-carapace-*` headers still never do.
+    #[tokio::test]
+    async fn without_identity_headers_the_callers_are_still_removed() {
+        let svc = IdentityLayer::new(Arc::new(OnePeer), false)
+            .identity_headers(false)
+            .layer(tower::service_fn(|req: http::Request<()>| async move {
+                let who = req.extensions().get::<Arc<Principal>>().map(|p| p.id.clone());
+                Ok::<_, Rejection>((req.headers().clone(), who))
+            }));
+        let (h, who) = svc.oneshot(req(Some(cert("sha256:aa")))).await.unwrap();
+        assert_eq!(who.as_deref(), Some("gw"));
+        assert!(h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)), "{h:?}");
     }
 
     #[test]
