@@ -375,12 +375,18 @@ mod tests {
         let svc = IdentityLayer::new(Arc::new(OnePeer), false)
             .identity_headers(false)
             .layer(tower::service_fn(|req: http::Request<()>| async move {
-                let who = req.extensions().get::<Arc<Principal>>().map(|p| p.id.clone());
+                let who = req
+                    .extensions()
+                    .get::<Arc<Principal>>()
+                    .map(|p| p.id.clone());
                 Ok::<_, Rejection>((req.headers().clone(), who))
             }));
         let (h, who) = svc.oneshot(req(Some(cert("sha256:aa")))).await.unwrap();
         assert_eq!(who.as_deref(), Some("gw"));
-        assert!(h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)), "{h:?}");
+        assert!(
+            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
+            "{h:?}"
+        );
     }
 
     #[test]
