@@ -170,10 +170,10 @@ async fn serve_connection<IO>(
     // channel, not its timer and notifications; it ends with the connection.
     let (closed, closing) = tokio::sync::oneshot::channel::<()>();
     let watch = slot.closing(lifetime.first_request, idle, lifetime.head);
-    let watch = tokio::spawn(async move {
+    let _watch = AbortOnDrop(tokio::spawn(async move {
         watch.await;
         let _ = closed.send(());
-    });
+    }));
     tokio::select! {
         r = watcher.watch(conn) => {
             if let Err(e) = r {
@@ -184,7 +184,15 @@ async fn serve_connection<IO>(
             tracing::debug!("connection closed: idle, or its place was needed");
         }
     }
-    watch.abort();
+}
+
+/// A task that ends when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The graceful-shutdown watcher, unless shutdown has begun.

@@ -20,8 +20,10 @@ use super::AppStream;
 
 /// The most header lines an answer may have (hyper's default).
 const MAX_HEADERS: usize = 100;
-/// The longest answer head accepted.
+/// The longest answer head accepted, and the longest trailer section.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// The longest chunk-size line accepted (the size and its extensions).
+const MAX_CHUNK_LINE: usize = 4 * 1024;
 
 /// A connection with the bytes read from it and not used yet.
 pub(super) struct Conn<S = AppStream> {
@@ -202,6 +204,10 @@ fn parse_head(buf: &mut BytesMut, keep: bool) -> Result<Option<Head>, ExchangeEr
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(ExchangeError::Malformed(e.to_string())),
         };
+        // The same bound whether the head came in one read or many.
+        if len > MAX_HEAD_BYTES {
+            return Err(ExchangeError::Malformed("answer head too large".into()));
+        }
         let code = resp.code.unwrap_or(0);
         let status =
             StatusCode::from_u16(code).map_err(|e| ExchangeError::Malformed(e.to_string()))?;
@@ -332,9 +338,17 @@ async fn read_chunked<S: AsyncRead + AsyncWrite + Unpin>(
     loop {
         let (at, size) = loop {
             match httparse::parse_chunk_size(&conn.buf) {
-                Ok(httparse::Status::Complete((at, size))) => break (at, size),
-                Ok(httparse::Status::Partial) => more(conn).await?,
-                Err(_) => return Err(ExchangeError::Malformed("invalid chunk size".into())),
+                // A size line starts with its size (an empty line is not a last chunk).
+                Ok(httparse::Status::Complete((at, size)))
+                    if at <= MAX_CHUNK_LINE
+                        && conn.buf.first().is_some_and(u8::is_ascii_hexdigit) =>
+                {
+                    break (at, size)
+                }
+                Ok(httparse::Status::Partial) if conn.buf.len() <= MAX_CHUNK_LINE => {
+                    more(conn).await?
+                }
+                _ => return Err(ExchangeError::Malformed("invalid chunk size".into())),
             }
         };
         let size = usize::try_from(size).map_err(|_| ExchangeError::TooLarge(max))?;
@@ -362,15 +376,20 @@ async fn read_chunked<S: AsyncRead + AsyncWrite + Unpin>(
 async fn skip_trailers<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut Conn<S>,
 ) -> Result<(), ExchangeError> {
+    let mut seen = 0;
     loop {
         if let Some(end) = conn.buf.windows(2).position(|w| w == b"\r\n") {
             let _ = conn.buf.split_to(end + 2);
             if end == 0 {
                 return Ok(());
             }
+            seen += end + 2;
+            if seen > MAX_HEAD_BYTES {
+                return Err(ExchangeError::Malformed("trailers too large".into()));
+            }
             continue;
         }
-        if conn.buf.len() > MAX_HEAD_BYTES {
+        if seen + conn.buf.len() > MAX_HEAD_BYTES {
             return Err(ExchangeError::Malformed("trailers too large".into()));
         }
         more(conn).await?;

@@ -425,3 +425,37 @@ fn cut_or_oversized_answers_are_errors_in_any_pieces() {
         }
     }
 }
+
+/// The bounds on what precedes and follows a body hold however the bytes arrive: a head over
+/// 64 KiB, a chunk-size line over 4 KiB (an endless extension), trailers over 64 KiB, and an
+/// empty size line (which would end the body early) are refused, whole or in pieces.
+#[test]
+fn heads_size_lines_and_trailers_are_bounded_in_any_pieces() {
+    let filler = "a".repeat(70 * 1024);
+    let long_head = format!("HTTP/1.1 200 OK\r\nx-big: {filler}\r\ncontent-length: 0\r\n\r\n");
+    let long_extension = format!(
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;{}\r\nx\r\n0\r\n\r\n",
+        &filler[..5 * 1024]
+    );
+    let long_trailers = format!(
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n{}\r\n",
+        "x-t: 1234567890\r\n".repeat(4_000)
+    );
+    let empty_size = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\r\nrest".to_string();
+    for wire in [long_head, long_extension, long_trailers, empty_size] {
+        for (step, keep) in [(0, true), (0, false), (1000, false), (4096, true)] {
+            assert!(
+                super::read_answer(wire.as_bytes(), step, 1 << 20, keep).is_err(),
+                "{} at step {step}",
+                &wire[..60.min(wire.len())]
+            );
+        }
+    }
+    // Within the bounds, the same shapes are read.
+    let ok =
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2;a=b\r\nok\r\n0\r\nx-t: 1\r\n\r\n";
+    assert_eq!(
+        super::read_answer(ok.as_bytes(), 1, 64, false).unwrap().1,
+        "ok"
+    );
+}
