@@ -311,7 +311,15 @@ impl AppClient {
         body: Bytes,
     ) -> Result<AppResponse, Rejection> {
         if self.signer.is_none() {
-            return self.exchange(method, path, headers, body).await;
+            let write_headers = |out: &mut Vec<u8>| exchange::write_header_map(&headers, out);
+            let answer = self
+                .exchange(&method, path, write_headers, &body, true)
+                .await?;
+            return Ok(AppResponse {
+                status: answer.status,
+                headers: answer.headers,
+                body: answer.body,
+            });
         }
         let open = self.open(method, path, headers, body).await?;
         let body = open
@@ -328,26 +336,22 @@ impl AppClient {
     }
 
     /// An unsigned request whose answer is read whole: one exchange carapace drives itself
-    /// (`exchange.rs`).
+    /// (`exchange.rs`), the header lines written by `headers`, the answer's headers kept with
+    /// `keep_headers`.
     async fn exchange(
         &self,
-        method: Method,
+        method: &Method,
         path: &str,
-        headers: http::HeaderMap,
-        body: Bytes,
-    ) -> Result<AppResponse, Rejection> {
+        headers: impl FnOnce(&mut Vec<u8>),
+        body: &[u8],
+        keep_headers: bool,
+    ) -> Result<exchange::Answer, Rejection> {
         origin_form(path)?;
-        let write_headers = |out: &mut Vec<u8>| exchange::write_header_map(&headers, out);
-        let request = exchange::request_bytes(&method, path, &self.host, write_headers, &body);
-        let answer = self
+        let request = exchange::request_bytes(method, path, &self.host, headers, body);
+        Ok(self
             .pools
-            .exchange(&request, &method, self.max_response_bytes, true)
-            .await?;
-        Ok(AppResponse {
-            status: answer.status,
-            headers: answer.headers,
-            body: answer.body,
-        })
+            .exchange(&request, method, self.max_response_bytes, keep_headers)
+            .await?)
     }
 
     /// POST a call's JSON `body` to `path` with the call's headers
@@ -367,19 +371,12 @@ impl AppClient {
         }
         use tracing::Instrument;
         let span = tracing::debug_span!("upstream", path);
-        async {
-            origin_form(path)?;
-            let write_headers = |out: &mut Vec<u8>| write_app_headers(call, out);
-            let request =
-                exchange::request_bytes(&Method::POST, path, &self.host, write_headers, &body);
-            let answer = self
-                .pools
-                .exchange(&request, &Method::POST, self.max_response_bytes, false)
-                .await?;
-            Ok((answer.status, answer.body))
-        }
-        .instrument(span)
-        .await
+        let write_headers = |out: &mut Vec<u8>| write_app_headers(call, out);
+        let answer = self
+            .exchange(&Method::POST, path, write_headers, &body, false)
+            .instrument(span)
+            .await?;
+        Ok((answer.status, answer.body))
     }
 
     /// Send one request and return the answer's head, with its body still to be read (bounded
