@@ -10,6 +10,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::TlsConfig;
 
+pub mod verified_chains;
+
 /// A TLS file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -190,7 +192,8 @@ pub fn listener_tls(
 
 /// TLS 1.3 only, ALPN `h2` and `http/1.1`, and — when client CAs are given — a client
 /// certificate chained to one of them on every connection (or, `certificate_optional`, on
-/// every connection that presents one).
+/// every connection that presents one). A chain once verified is remembered
+/// ([`verified_chains`]); the client's proof that it holds the key is checked every time.
 pub fn server_config(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -217,6 +220,7 @@ pub fn server_config(
             let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            let verifier = verified_chains::RememberingVerifier::new(verifier);
             builder
                 .with_client_cert_verifier(verifier)
                 .with_single_cert(certs, key)?

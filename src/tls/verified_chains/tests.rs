@@ -1,0 +1,172 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+
+use super::*;
+use crate::pki::Authority;
+
+/// The real verifier, counting the chains it is asked to verify.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn ClientCertVerifier>,
+    chains: AtomicUsize,
+}
+
+impl ClientCertVerifier for Counting {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.chains.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+fn verifier_of(ca: &Authority) -> (Arc<RememberingVerifier>, Arc<Counting>) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap())
+        .unwrap();
+    let webpki =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), crate::tls::provider())
+            .build()
+            .unwrap();
+    let counting = Arc::new(Counting {
+        inner: webpki,
+        chains: AtomicUsize::new(0),
+    });
+    (RememberingVerifier::new(counting.clone()), counting)
+}
+
+fn at(t: SystemTime) -> UnixTime {
+    UnixTime::since_unix_epoch(t.duration_since(SystemTime::UNIX_EPOCH).unwrap())
+}
+
+fn verify(v: &RememberingVerifier, der: &CertificateDer<'static>, now: SystemTime) -> bool {
+    v.verify_client_cert(der, &[], at(now)).is_ok()
+}
+
+#[test]
+fn a_verified_chain_is_not_verified_again_and_another_is() {
+    let ca = Authority::new("callers");
+    let (v, counting) = verifier_of(&ca);
+    let (a, b) = (ca.client("gw-a").der, ca.client("gw-b").der);
+    let now = SystemTime::now();
+    assert!(verify(&v, &a, now));
+    assert!(verify(&v, &a, now + Duration::from_secs(1)));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 1);
+    // Another certificate (same CA, same name or not) is verified on its own.
+    assert!(verify(&v, &b, now));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 2);
+    // The same certificate presented with an extra one is another chain.
+    assert!(v
+        .verify_client_cert(&a, std::slice::from_ref(&b), at(now))
+        .is_ok());
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn a_chain_that_failed_is_refused_every_time() {
+    let (ca, other) = (Authority::new("callers"), Authority::new("someone else"));
+    let (v, counting) = verifier_of(&ca);
+    let stranger = other.client("gw-a").der;
+    let now = SystemTime::now();
+    for _ in 0..3 {
+        assert!(!verify(&v, &stranger, now));
+    }
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn a_chain_is_verified_again_when_a_certificate_expires_or_the_time_is_up() {
+    let ca = Authority::new("callers");
+    let (v, counting) = verifier_of(&ca);
+    let now = SystemTime::now();
+    let expires = now + Duration::from_secs(100);
+    let short = ca
+        .client_valid("gw-a", now - Duration::from_secs(60), expires)
+        .der;
+    assert!(verify(&v, &short, now));
+    assert!(verify(&v, &short, now + Duration::from_secs(50)));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 1);
+    // Past its expiry the chain is verified again, and fails.
+    assert!(!verify(&v, &short, expires + Duration::from_secs(1)));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 2);
+
+    let long = ca.client("gw-b").der;
+    assert!(verify(&v, &long, now));
+    assert!(verify(
+        &v,
+        &long,
+        now + Duration::from_secs(REMEMBER_FOR - 1)
+    ));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 3);
+    assert!(verify(&v, &long, now + Duration::from_secs(REMEMBER_FOR)));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 4);
+    // A clock that went back does not use what was verified later.
+    assert!(verify(
+        &v,
+        &long,
+        now + Duration::from_secs(REMEMBER_FOR - 10)
+    ));
+    assert_eq!(counting.chains.load(Ordering::SeqCst), 5);
+}
+
+fn key(tag: u8, n: u64) -> [u8; 32] {
+    let mut key = [tag; 32];
+    key[..8].copy_from_slice(&n.to_be_bytes());
+    key
+}
+
+#[test]
+fn the_remembered_chains_are_bounded_and_expired_ones_go_first() {
+    let chains = VerifiedChains::default();
+    let len = || chains.chains.lock().unwrap().len();
+    for n in 0..(CAPACITY as u64 - 1) {
+        chains.remember(key(0, n), 1_000, 2_000);
+    }
+    let live = key(1, 0);
+    chains.remember(live, 1_000, 10_000);
+    assert_eq!(len(), CAPACITY);
+    // Full: the expired chains make room; the live one stays.
+    chains.remember(key(2, 0), 3_000, 10_000);
+    assert_eq!(len(), 2);
+    assert!(chains.knows(&live, 3_500));
+    assert!(!chains.knows(&key(0, 0), 1_500));
+    // Full of live chains: all are dropped for the new one.
+    for n in 1..(CAPACITY as u64 - 1) {
+        chains.remember(key(2, n), 3_000, 10_000);
+    }
+    assert_eq!(len(), CAPACITY);
+    chains.remember(key(3, 0), 3_000, 10_000);
+    assert_eq!(len(), 1);
+    assert!(chains.knows(&key(3, 0), 3_500));
+    assert!(!chains.knows(&live, 3_500));
+}
