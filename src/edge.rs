@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! CatchPanic -> SetSensitiveHeaders -> (drop a malformed x-request-id) -> SetRequestId
-//!   -> PropagateRequestId -> Trace -> (a streamed body put in place) -> the front's stack
+//!   -> PropagateRequestId -> CallSpan -> (a streamed body put in place) -> the front's stack
 //! ```
 //!
 //! A front answers with a whole body; one that streams its answer (the MCP front's SSE) puts
@@ -27,8 +27,6 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::sensitive_headers::SetSensitiveHeadersLayer;
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
-use tracing::Level;
 
 use carapace_filters::call::REQUEST_ID;
 use carapace_filters::Rejection;
@@ -36,6 +34,7 @@ use carapace_filters::Rejection;
 use crate::config::Protocol;
 use crate::errors::ToolsV1Answers;
 use crate::front::Resp;
+use crate::ops::call_span::{CallSpanLayer, SpannedBody};
 
 /// The body of every answer to a caller.
 pub type EdgeBody = tower_http::body::UnsyncBoxBody<Bytes, tower_http::BoxError>;
@@ -74,7 +73,12 @@ fn streamed(resp: Resp) -> Response<StreamBody> {
         .extensions
         .remove::<StreamedBody>()
         .and_then(|s| s.0.lock().unwrap_or_else(|e| e.into_inner()).take());
-    let body = stream.unwrap_or_else(|| body.map_err(|never| match never {}).boxed_unsync());
+    let body = match stream {
+        // A stream outlives the answer: it is read in the call's span, which lasts until it
+        // ends (this runs inside the call's span).
+        Some(stream) => SpannedBody::in_current_span(stream).boxed_unsync(),
+        None => body.map_err(|never| match never {}).boxed_unsync(),
+    };
     Response::from_parts(head, body)
 }
 
@@ -159,30 +163,24 @@ where
         .map_request(drop_unusable_request_id)
         .layer(SetRequestIdLayer::new(REQUEST_ID, RandomRequestId))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|req: &Request<CallerBody>| {
-                    let id = req
-                        .headers()
-                        .get(REQUEST_ID)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
-                    let span = tracing::info_span!(
-                        "call",
-                        request_id = id,
-                        // A `str`, not `Display`: formatted without the `fmt` machinery.
-                        method = req.method().as_str(),
-                        path = req.uri().path(),
-                        tool = tracing::field::Empty,
-                        context_trace_id = tracing::field::Empty,
-                    );
-                    crate::telemetry::adopt_caller_context(&span, req.headers());
-                    span
-                })
-                .on_request(())
-                .on_response(DefaultOnResponse::new().level(Level::DEBUG))
-                .on_failure(()),
-        )
+        .layer(CallSpanLayer::new(|req: &Request<CallerBody>| {
+            let id = req
+                .headers()
+                .get(REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let span = tracing::info_span!(
+                "call",
+                request_id = id,
+                // A `str`, not `Display`: formatted without the `fmt` machinery.
+                method = req.method().as_str(),
+                path = req.uri().path(),
+                tool = tracing::field::Empty,
+                context_trace_id = tracing::field::Empty,
+            );
+            crate::telemetry::adopt_caller_context(&span, req.headers());
+            span
+        }))
         .map_response(streamed)
         .service(inner);
     BoxCloneSyncService::new(svc)

@@ -44,13 +44,28 @@ pub(crate) fn init_tracing(
             .with(spans)
             .init(),
         // Otherwise the log level filters everything, once, for the whole subscriber (no
-        // per-layer filter state kept for every span).
-        None => tracing_subscriber::registry()
-            .with(filter)
-            .with(log_layer(format))
-            .init(),
+        // per-layer filter state kept for every span). A filter that is one level for every
+        // target (`info`, the default) is a plain level: an `EnvFilter` takes a lock each time
+        // a span is entered or left, to look for span-scoped directives it cannot have.
+        None => match plain_level(&filter) {
+            Some(level) => tracing_subscriber::registry()
+                .with(level)
+                .with(log_layer(format))
+                .init(),
+            None => tracing_subscriber::registry()
+                .with(filter)
+                .with(log_layer(format))
+                .init(),
+        },
     }
     exporter
+}
+
+/// The one level of a filter that has no directive but a level for every target (`info`).
+fn plain_level(
+    filter: &tracing_subscriber::EnvFilter,
+) -> Option<tracing_subscriber::filter::LevelFilter> {
+    filter.to_string().parse().ok()
 }
 
 /// Log lines on stderr, as text or JSON.
@@ -185,4 +200,21 @@ pub(crate) fn sample_app(listen: std::net::SocketAddr, threads: usize) -> ExitCo
         task.abort();
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::EnvFilter;
+
+    #[test]
+    fn only_a_filter_of_one_level_for_every_target_is_a_plain_level() {
+        let plain = |f: &str| super::plain_level(&EnvFilter::new(f));
+        assert_eq!(plain("info"), Some(LevelFilter::INFO));
+        assert_eq!(plain("DEBUG"), Some(LevelFilter::DEBUG));
+        assert_eq!(plain("off"), Some(LevelFilter::OFF));
+        assert_eq!(plain("carapace=debug"), None);
+        assert_eq!(plain("info,hyper=warn"), None);
+        assert_eq!(plain("info,[call]=debug"), None);
+    }
 }
