@@ -193,7 +193,8 @@ pub fn listener_tls(
 /// TLS 1.3 only, ALPN `h2` and `http/1.1`, and — when client CAs are given — a client
 /// certificate chained to one of them on every connection (or, `certificate_optional`, on
 /// every connection that presents one). A chain once verified is remembered
-/// ([`verified_chains`]); the client's proof that it holds the key is checked every time.
+/// ([`verified_chains`]); the client's proof that it holds the key is checked on every
+/// handshake, and with client CAs no session is resumed (every handshake is a full one).
 pub fn server_config(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -221,9 +222,15 @@ pub fn server_config(
                 .build()
                 .map_err(|e| TlsError::Verifier(e.to_string()))?;
             let verifier = verified_chains::RememberingVerifier::new(verifier);
-            builder
+            let mut config = builder
                 .with_client_cert_verifier(verifier)
-                .with_single_cert(certs, key)?
+                .with_single_cert(certs, key)?;
+            // No session resumption where callers are known by their certificate: a resumed
+            // session is not checked again (neither the chain's expiry nor the key), for as
+            // long as its ticket lasts.
+            config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            config.send_tls13_tickets = 0;
+            config
         }
         None => builder.with_no_client_auth().with_single_cert(certs, key)?,
     };

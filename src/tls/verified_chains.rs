@@ -8,7 +8,8 @@
 //! the same certificates; so [`RememberingVerifier`] keeps the chains it has seen verified,
 //! keyed by a SHA-256 over every certificate the client presented, until the first of them
 //! expires or [`REMEMBER_FOR`] has passed. The `CertificateVerify` signature is checked on
-//! every handshake, and a chain that failed is never remembered. A new trust store (a new
+//! every handshake (sessions are not resumed on these listeners, so every handshake is a full
+//! one), and a chain that failed is never remembered. A new trust store (a new
 //! pairing, a reload) builds a new verifier, so nothing remembered outlives the CAs it was
 //! verified against.
 
@@ -26,7 +27,7 @@ use sha2::Digest as _;
 pub const REMEMBER_FOR: u64 = 600;
 
 /// How many chains are remembered at most; when full, expired ones are dropped, and if none
-/// had expired, all of them.
+/// had expired, one of the others.
 pub const CAPACITY: usize = 1024;
 
 /// Verified chains: SHA-256 over the presented certificates -> (verified at, valid until), in
@@ -49,8 +50,10 @@ impl VerifiedChains {
         let mut chains = self.chains.lock().unwrap_or_else(|e| e.into_inner());
         if chains.len() >= CAPACITY && !chains.contains_key(&key) {
             chains.retain(|_, &mut (_, u)| now < u);
-            if chains.len() >= CAPACITY {
-                chains.clear();
+            // None expired: one goes (any one; a caller churning chains only costs the others
+            // a verification).
+            if let Some(&any) = chains.keys().next().filter(|_| chains.len() >= CAPACITY) {
+                chains.remove(&any);
             }
         }
         chains.insert(key, (now, until));

@@ -160,13 +160,140 @@ fn the_remembered_chains_are_bounded_and_expired_ones_go_first() {
     assert_eq!(len(), 2);
     assert!(chains.knows(&live, 3_500));
     assert!(!chains.knows(&key(0, 0), 1_500));
-    // Full of live chains: all are dropped for the new one.
+    // Full of live chains: one of them goes for the new one.
     for n in 1..(CAPACITY as u64 - 1) {
         chains.remember(key(2, n), 3_000, 10_000);
     }
     assert_eq!(len(), CAPACITY);
     chains.remember(key(3, 0), 3_000, 10_000);
-    assert_eq!(len(), 1);
+    assert_eq!(len(), CAPACITY);
     assert!(chains.knows(&key(3, 0), 3_500));
-    assert!(!chains.knows(&live, 3_500));
+}
+
+/// A client presenting `cert` and signing the handshake with `key` (which may not be the
+/// certificate's).
+#[derive(Debug)]
+struct Presents(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for Presents {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+fn client_config(
+    ca: &Authority,
+    cert: &crate::pki::Issued,
+    key_pem: &str,
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap())
+        .unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key).unwrap();
+    let certified = rustls::sign::CertifiedKey::new(vec![cert.der.clone()], signing);
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(Presents(Arc::new(certified))));
+    Arc::new(config)
+}
+
+/// One connection over an in-memory pipe: the handshake, then a byte from the server (which
+/// carries any session ticket to the client). The handshake's kind, or the server's error.
+async fn connect(
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+) -> Result<rustls::HandshakeKind, std::io::Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let serve = async move {
+        let mut tls = tokio_rustls::TlsAcceptor::from(server).accept(a).await?;
+        let kind = tls.get_ref().1.handshake_kind().expect("handshake done");
+        tls.write_all(b"x").await?;
+        tls.flush().await?;
+        Ok::<_, std::io::Error>((kind, tls))
+    };
+    let call = async move {
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client)
+            .connect(name, b)
+            .await?;
+        let mut byte = [0u8; 1];
+        tls.read_exact(&mut byte).await?;
+        Ok::<_, std::io::Error>(tls)
+    };
+    let (served, called) = tokio::join!(serve, call);
+    let (kind, _server_end) = served?;
+    called?;
+    Ok(kind)
+}
+
+fn server_of(ca: &Authority) -> Arc<rustls::ServerConfig> {
+    let server = ca.server(&["localhost"]);
+    let certs = vec![server.der.clone()];
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).unwrap();
+    let cas = vec![CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap()];
+    crate::tls::server_config(certs, key, Some(cas), false).unwrap()
+}
+
+#[tokio::test]
+async fn a_remembered_chain_still_needs_its_key_and_no_session_is_resumed() {
+    let ca = Authority::new("callers");
+    let server = server_of(&ca);
+    let (gw, other) = (ca.client("gw-a"), ca.client("gw-b"));
+    let honest = client_config(&ca, &gw, &gw.key_pem);
+    // The chain verified and is remembered; a second connection of the same client is a full
+    // handshake again (no ticket was offered to resume).
+    assert_eq!(
+        connect(server.clone(), honest.clone()).await.unwrap(),
+        rustls::HandshakeKind::Full
+    );
+    assert_eq!(
+        connect(server.clone(), honest).await.unwrap(),
+        rustls::HandshakeKind::Full
+    );
+    // The same, remembered certificate with another key is refused.
+    let thief = client_config(&ca, &gw, &other.key_pem);
+    let err = connect(server.clone(), thief).await.unwrap_err();
+    assert!(
+        err.to_string().to_lowercase().contains("signature"),
+        "{err}"
+    );
+    // And the honest client still gets in.
+    let honest = client_config(&ca, &gw, &gw.key_pem);
+    assert!(connect(server, honest).await.is_ok());
+}
+
+#[test]
+fn whether_a_certificate_is_asked_for_and_required_is_the_inner_verifiers() {
+    let ca = Authority::new("callers");
+    let roots = || {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap())
+            .unwrap();
+        Arc::new(roots)
+    };
+    let required = WebPkiClientVerifier::builder_with_provider(roots(), crate::tls::provider())
+        .build()
+        .unwrap();
+    let optional = WebPkiClientVerifier::builder_with_provider(roots(), crate::tls::provider())
+        .allow_unauthenticated()
+        .build()
+        .unwrap();
+    let required = RememberingVerifier::new(required);
+    let optional = RememberingVerifier::new(optional);
+    assert!(required.offer_client_auth() && required.client_auth_mandatory());
+    assert!(optional.offer_client_auth() && !optional.client_auth_mandatory());
+    assert!(!required.root_hint_subjects().is_empty());
 }
