@@ -354,6 +354,21 @@ mod tests {
              x-carapace-peer-fingerprint: sha256:ab\r\nx-request-id: req-7\r\n\
              tracestate: k=v\r\ntraceparent: 00-new\r\ncontent-type: application/json\r\n"
         );
+        // A field that is no header value is sent as `invalid`, never as a line of its own.
+        c.principal = Arc::new(Principal {
+            id: "gw-1\r\nx-carapace-peer-id: local".into(),
+            kind: "gate\tway".into(),
+            fingerprint: Some("sha256:\x7f".into()),
+            ..Principal::local()
+        });
+        c.request_id = None;
+        c.trace_context.clear();
+        assert_eq!(written(&c), lines_of(&app_headers(&c)));
+        assert_eq!(
+            written(&c),
+            "x-carapace-peer-id: invalid\r\nx-carapace-peer-type: gate\tway\r\n\
+             x-carapace-peer-fingerprint: invalid\r\ncontent-type: application/json\r\n"
+        );
     }
 
     /// Trace context never carries a header carapace sets: who called, the request id, the
