@@ -49,11 +49,17 @@ impl ClientCertVerifier for Counting {
     }
 }
 
-fn verifier_of(ca: &Authority) -> (Arc<RememberingVerifier>, Arc<Counting>) {
+/// Trust in `ca` alone.
+fn roots_of(ca: &Authority) -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap())
         .unwrap();
+    roots
+}
+
+fn verifier_of(ca: &Authority) -> (Arc<RememberingVerifier>, Arc<Counting>) {
+    let roots = roots_of(ca);
     let webpki =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots), crate::tls::provider())
             .build()
@@ -193,10 +199,7 @@ fn client_config(
     cert: &crate::pki::Issued,
     key_pem: &str,
 ) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap())
-        .unwrap();
+    let roots = roots_of(ca);
     let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
     let signing = rustls::crypto::ring::sign::any_supported_type(&key).unwrap();
     let certified = rustls::sign::CertifiedKey::new(vec![cert.der.clone()], signing);
@@ -277,13 +280,7 @@ async fn a_remembered_chain_still_needs_its_key_and_no_session_is_resumed() {
 #[test]
 fn whether_a_certificate_is_asked_for_and_required_is_the_inner_verifiers() {
     let ca = Authority::new("callers");
-    let roots = || {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap())
-            .unwrap();
-        Arc::new(roots)
-    };
+    let roots = || Arc::new(roots_of(&ca));
     let required = WebPkiClientVerifier::builder_with_provider(roots(), crate::tls::provider())
         .build()
         .unwrap();
