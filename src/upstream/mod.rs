@@ -3,6 +3,7 @@
 
 mod exchange;
 mod pool;
+mod waiting;
 
 #[doc(hidden)]
 pub use exchange::read_answer;

@@ -2,6 +2,8 @@
 //! connection API: a call takes an idle connection of its own worker (or opens one there),
 //! sends on it, and gives it back once the answer has been read to its end. A connection's
 //! task runs on the worker that opened it, so a call and its connection share one thread.
+//! When other calls of the worker are already waiting on the app, a call writes its request
+//! after the rest of the event loop's turn (`waiting.rs`).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +21,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
 use super::exchange::{self, Answer, Conn, ExchangeError};
+use super::waiting::WaitingCalls;
 use super::{AppConnector, AppStream};
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -53,6 +56,8 @@ struct Pool {
     idle_conns: Mutex<Vec<IdleConn>>,
     /// A sweeper closes this pool's connections idle past the timeout.
     sweeping: AtomicBool,
+    /// This worker's calls waiting on the app.
+    waiting: WaitingCalls,
 }
 
 /// Per-worker pools to one target.
@@ -108,6 +113,7 @@ impl Pools {
         mut req: Request<Full<Bytes>>,
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         let home = self.home();
+        let _waiting = self.per_worker[home].waiting.enter().await;
         loop {
             let (mut sender, fresh) = match self.checkout(home).await {
                 Some(s) => (s, false),
@@ -142,6 +148,7 @@ impl Pools {
         keep_headers: bool,
     ) -> Result<Answer, Failure> {
         let home = self.home();
+        let _waiting = self.per_worker[home].waiting.enter().await;
         let mut conn = match self.checkout_conn(home) {
             Some(c) => c,
             None => Conn::new(
