@@ -113,6 +113,7 @@ impl Pools {
         mut req: Request<Full<Bytes>>,
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         let home = self.home();
+        // Counted until the answer's head: a streamed body (SSE) may last as long as it likes.
         let _waiting = self.per_worker[home].waiting.enter().await;
         loop {
             let (mut sender, fresh) = match self.checkout(home).await {

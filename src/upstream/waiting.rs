@@ -5,13 +5,16 @@
 //! cores with carapace; when the app runs on the same core it takes the core there and then,
 //! before the other calls of the turn have been read. So when other calls of this worker are
 //! already waiting on the app (the worker is busy), a call lets the rest of the turn run
-//! first (`tokio::task::yield_now`) and writes its request after them: the app is woken once
-//! for the turn's requests, not once per request. On an idle worker nothing waits and the
-//! request goes at once (no extra turn of the event loop, no added latency).
+//! first (`tokio::task::yield_now`: it runs again after the tasks already ready and those the
+//! next poll of the event loop's I/O wakes) and writes its request after them: the app is
+//! woken once for the turn's requests, not once per request. When no other call of the pool
+//! has an answer outstanding the request goes at once (no extra turn of the event loop).
+//! A pool shared by every worker (a remote target of the outbound role, not the app) has one
+//! count for all of them.
 //!
 //! ```text
-//! busy turn:  read A, read B, read C | write A, write B, write C | the app answers A, B, C
-//! idle:       read A, write A | the app answers A
+//! calls already waiting:  read A, read B, read C | write A, write B, write C | answers
+//! none waiting:            read A, write A | the app answers A
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,13 +25,14 @@ pub(super) struct WaitingCalls(AtomicUsize);
 
 /// One call counted in [`WaitingCalls`] until it is dropped (answered, failed or cancelled).
 #[derive(Debug)]
+#[must_use = "the call is counted only while this lives"]
 pub(super) struct Waiting<'a>(&'a WaitingCalls);
 
 impl WaitingCalls {
     /// Count this call as waiting; when others were already waiting, first let the rest of
     /// the event loop's turn run.
     pub(super) async fn enter(&self) -> Waiting<'_> {
-        // Only this worker's thread counts here (Relaxed: nothing else is ordered by it).
+        // Relaxed: the count orders nothing else; it only decides whether to yield.
         let others = self.0.fetch_add(1, Ordering::Relaxed);
         // Counted before yielding, so a call dropped while it yields is uncounted.
         let waiting = Waiting(self);
