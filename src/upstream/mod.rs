@@ -116,6 +116,15 @@ impl AsyncWrite for AppStream {
 }
 
 impl AppConnector {
+    /// The app shares the machine's cores with carapace, so a busy worker batches its writes
+    /// to it; a remote target gets every call at once.
+    fn writes(&self) -> pool::Writes {
+        match *self.target {
+            Target::App(_) => pool::Writes::AfterTheTurn,
+            Target::Tls { .. } | Target::Named { .. } => pool::Writes::AtOnce,
+        }
+    }
+
     /// A new connection to the target, within the connect timeout.
     async fn connect(&self) -> io::Result<AppStream> {
         let limit = self.connect_timeout;

@@ -21,7 +21,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
 use super::exchange::{self, Answer, Conn, ExchangeError};
-use super::waiting::WaitingCalls;
+use super::waiting::{Waiting, WaitingCalls};
 use super::{AppConnector, AppStream};
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -60,12 +60,22 @@ struct Pool {
     waiting: WaitingCalls,
 }
 
+/// Whether a busy worker's calls write after the rest of its event loop's turn (`waiting.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Writes {
+    /// The target is the app, which shares the machine's cores: batch a busy worker's writes.
+    AfterTheTurn,
+    /// A remote target: every call writes at once.
+    AtOnce,
+}
+
 /// Per-worker pools to one target.
 pub(super) struct Pools {
     per_worker: Box<[Pool]>,
     connector: AppConnector,
     idle_timeout: Duration,
     max_idle: usize,
+    writes: Writes,
 }
 
 impl Pools {
@@ -75,11 +85,13 @@ impl Pools {
         idle_timeout: Duration,
         max_idle: usize,
     ) -> Pools {
+        let writes = connector.writes();
         Pools {
             per_worker: (0..workers.max(1)).map(|_| Pool::default()).collect(),
             connector,
             idle_timeout,
             max_idle,
+            writes,
         }
     }
 
@@ -93,6 +105,21 @@ impl Pools {
 
     fn home(&self) -> usize {
         crate::server::worker_index() % self.per_worker.len()
+    }
+
+    /// The calls counted as waiting, on every worker.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        self.per_worker.iter().map(|p| p.waiting.count()).sum()
+    }
+
+    /// Count a call to the app as waiting on worker `home` (after the rest of the turn when
+    /// the worker is busy); a call to a remote target is not counted and goes at once.
+    async fn enter(&self, home: usize) -> Option<Waiting<'_>> {
+        match self.writes {
+            Writes::AfterTheTurn => Some(self.per_worker[home].waiting.enter().await),
+            Writes::AtOnce => None,
+        }
     }
 
     /// The most recently used idle connection of this worker that can take a request.
@@ -114,7 +141,7 @@ impl Pools {
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         let home = self.home();
         // Counted until the answer's head: a streamed body (SSE) may last as long as it likes.
-        let _waiting = self.per_worker[home].waiting.enter().await;
+        let _waiting = self.enter(home).await;
         loop {
             let (mut sender, fresh) = match self.checkout(home).await {
                 Some(s) => (s, false),
@@ -149,7 +176,7 @@ impl Pools {
         keep_headers: bool,
     ) -> Result<Answer, Failure> {
         let home = self.home();
-        let _waiting = self.per_worker[home].waiting.enter().await;
+        let _waiting = self.enter(home).await;
         let mut conn = match self.checkout_conn(home) {
             Some(c) => c,
             None => Conn::new(

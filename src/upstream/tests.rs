@@ -3,8 +3,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use carapace_filters::Rejection;
 use http::{Method, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
@@ -458,4 +459,116 @@ fn heads_size_lines_and_trailers_are_bounded_in_any_pieces() {
         super::read_answer(ok.as_bytes(), 1, 64, false).unwrap().1,
         "ok"
     );
+}
+
+/// A listener that accepts connections, reads what comes and never answers; `arrived` is
+/// notified at each read.
+async fn silent_listener() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let notify = arrived.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let notify = notify.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    notify.notify_one();
+                }
+            });
+        }
+    });
+    (addr, arrived)
+}
+
+async fn open(c: &AppClient, path: &str) -> Result<super::OpenResponse, Rejection> {
+    c.open(Method::GET, path, http::HeaderMap::new(), Bytes::new())
+        .await
+}
+
+#[tokio::test]
+async fn a_call_to_the_app_is_counted_as_waiting_until_it_ends_however_it_ends() {
+    // Answered, on a kept connection: whole, or its head (a streamed body is not counted).
+    let (addr, _) = app(false).await;
+    let c = client(addr, 8, 90);
+    get(&c, "/").await;
+    assert_eq!(c.pools.waiting(), 0);
+    let streaming = open(&c, "/").await.unwrap();
+    assert_eq!(c.pools.waiting(), 0, "counted past the answer's head");
+    drop(streaming);
+
+    // Answered after the pooled connection was found closed (a retry on a new one).
+    let (addr, accepted) = app(true).await;
+    let c = client(addr, 8, 90);
+    for _ in 0..3 {
+        get(&c, "/").await;
+        open(&c, "/").await.unwrap().body.collect().await.unwrap();
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 6);
+    assert_eq!(c.pools.waiting(), 0);
+
+    // Refused: nothing listens.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let c = client(nobody, 8, 90);
+    assert!(c
+        .send(Method::GET, "/", http::HeaderMap::new(), Bytes::new())
+        .await
+        .is_err());
+    assert!(open(&c, "/").await.is_err());
+    assert_eq!(c.pools.waiting(), 0);
+
+    // Dropped while the app has not answered (what a call's deadline does), both ways.
+    let (addr, arrived) = silent_listener().await;
+    let c = client(addr, 8, 90);
+    {
+        let mut whole = std::pin::pin!(get(&c, "/"));
+        let mut head = std::pin::pin!(open(&c, "/"));
+        tokio::select! {
+            _ = &mut whole => panic!("answered"),
+            _ = arrived.notified() => {}
+        }
+        tokio::select! {
+            _ = &mut head => panic!("answered"),
+            _ = arrived.notified() => {}
+        }
+        assert_eq!(c.pools.waiting(), 2);
+    }
+    assert_eq!(c.pools.waiting(), 0);
+}
+
+#[tokio::test]
+async fn a_call_to_a_remote_target_is_not_counted_as_waiting() {
+    // A TLS target that never completes the handshake: the call stays pending in it.
+    let (addr, arrived) = silent_listener().await;
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let pool = PoolConfig::default();
+    let c = AppClient::named("127.0.0.1", addr.port(), Arc::new(config), &pool, 1 << 20);
+    let mut first = std::pin::pin!(get_result(&c));
+    tokio::select! {
+        _ = &mut first => panic!("answered"),
+        _ = arrived.notified() => {}
+    }
+    let mut second = std::pin::pin!(get_result(&c));
+    tokio::select! {
+        _ = &mut second => panic!("answered"),
+        _ = arrived.notified() => {}
+    }
+    assert_eq!(c.pools.waiting(), 0);
+}
+
+async fn get_result(c: &AppClient) -> Result<super::AppResponse, Rejection> {
+    c.send(Method::GET, "/", http::HeaderMap::new(), Bytes::new())
+        .await
 }

@@ -9,8 +9,8 @@
 //! next poll of the event loop's I/O wakes) and writes its request after them: the app is
 //! woken once for the turn's requests, not once per request. When no other call of the pool
 //! has an answer outstanding the request goes at once (no extra turn of the event loop).
-//! A pool shared by every worker (a remote target of the outbound role, not the app) has one
-//! count for all of them.
+//! Only the app's pools count their calls: a remote target (a peer of the outbound role, an
+//! EAT catalog or MCP server) does not share the core, and every call to it goes at once.
 //!
 //! ```text
 //! calls already waiting:  read A, read B, read C | write A, write B, write C | answers
@@ -43,7 +43,7 @@ impl WaitingCalls {
     }
 
     #[cfg(test)]
-    fn count(&self) -> usize {
+    pub(super) fn count(&self) -> usize {
         self.0.load(Ordering::Relaxed)
     }
 }
