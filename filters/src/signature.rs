@@ -17,7 +17,7 @@ use subtle::ConstantTimeEq;
 use tower::{Layer, Service};
 
 use crate::call::{Credential, ToolCall};
-use crate::canonical::verify_hmac_sha256_hex;
+use crate::canonical::HmacSha256Key;
 use crate::future::Gated;
 use crate::nonce::{NonceError, NonceStore};
 use crate::shared::SharedNonces;
@@ -71,10 +71,35 @@ pub enum Verified {
     Pending(BoxFuture<Result<(), Rejection>>),
 }
 
+/// A [`SigningKey`] made ready for checks: its HMAC pads hashed and its digest (for API
+/// keys) computed once, not on every call.
+struct PreparedKey {
+    id: String,
+    hmac: HmacSha256Key,
+    digest: [u8; 32],
+}
+
+impl PreparedKey {
+    fn new(key: &SigningKey) -> Self {
+        use sha2::{Digest, Sha256};
+        PreparedKey {
+            id: key.id.clone(),
+            hmac: HmacSha256Key::new(&key.secret),
+            digest: Sha256::digest(&key.secret).into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for PreparedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SigningKey({}, <redacted>)", self.id)
+    }
+}
+
 /// Verifies the credential of signed calls.
 pub struct SignatureVerifier {
     mode: AuthMode,
-    keys: Vec<SigningKey>,
+    keys: Vec<PreparedKey>,
     skew: Duration,
     replay: ReplayGuard,
     clock: UnixClock,
@@ -101,7 +126,7 @@ impl SignatureVerifier {
     ) -> Self {
         SignatureVerifier {
             mode,
-            keys,
+            keys: keys.iter().map(PreparedKey::new).collect(),
             skew,
             replay,
             clock,
@@ -190,8 +215,7 @@ impl SignatureVerifier {
         let presented = Sha256::digest(presented);
         let mut found = None;
         for key in &self.keys {
-            let expected = Sha256::digest(&key.secret);
-            if bool::from(presented.ct_eq(&expected)) && found.is_none() {
+            if bool::from(presented.as_slice().ct_eq(&key.digest)) && found.is_none() {
                 found = Some(key.id.clone());
             }
         }
@@ -201,7 +225,7 @@ impl SignatureVerifier {
     fn match_hmac(&self, canonical: &[u8], signature_hex: &str) -> Option<String> {
         let mut found = None;
         for key in &self.keys {
-            if verify_hmac_sha256_hex(&key.secret, canonical, signature_hex) && found.is_none() {
+            if key.hmac.verify_hex(canonical, signature_hex) && found.is_none() {
                 found = Some(key.id.clone());
             }
         }

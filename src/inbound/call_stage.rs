@@ -135,13 +135,14 @@ fn back(
         (Protocol::Mcp, AppConn::Http(_)) => unreachable!("an MCP app is reached as one"),
         (Protocol::SkillV1, AppConn::Http(app)) => {
             let skill = c.app.skill.as_ref().expect("validated");
-            let signing = skill.auth.as_ref().map(|a| AppSigning {
-                mode: app_auth_mode(a.mode),
-                header: a
-                    .header_name
-                    .as_deref()
-                    .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
-                secret: cfg.app_secret.clone().expect("validated"),
+            let signing = skill.auth.as_ref().map(|a| {
+                AppSigning::new(
+                    app_auth_mode(a.mode),
+                    a.header_name
+                        .as_deref()
+                        .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
+                    cfg.app_secret.clone().expect("validated"),
+                )
             });
             BoxCloneSyncService::new(SkillV1Back::new(
                 app,

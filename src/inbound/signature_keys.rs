@@ -15,15 +15,16 @@ use crate::server::shared::Shared;
 
 /// The keys a request may be signed with, by `keyid`.
 pub struct FrontSigners {
-    hmac: Vec<(String, Arc<[u8]>)>,
+    /// The configured shared keys, made ready once.
+    hmac: Vec<(String, VerifyKey)>,
     peers: Arc<PeerStore>,
 }
 
 impl SignatureKeys for FrontSigners {
     fn key(&self, keyid: &str) -> Option<SignerKey> {
-        if let Some((_, secret)) = self.hmac.iter().find(|(id, _)| id == keyid) {
+        if let Some((_, key)) = self.hmac.iter().find(|(id, _)| id == keyid) {
             return Some(SignerKey {
-                key: VerifyKey::HmacSha256(secret.clone()),
+                key: key.clone(),
                 principal: None,
             });
         }
@@ -43,7 +44,7 @@ pub fn layer(cfg: &Loaded, shared: &Shared) -> Option<HttpSignatureLayer> {
         hmac: cfg
             .caller_keys
             .iter()
-            .map(|(id, s)| (id.clone(), s.bytes().clone()))
+            .map(|(id, s)| (id.clone(), VerifyKey::hmac_sha256(s.bytes())))
             .collect(),
         peers: shared.peers.clone(),
     };

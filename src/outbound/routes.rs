@@ -57,8 +57,8 @@ pub(super) fn skill_routes(cfg: &Loaded) -> Result<BTreeMap<String, SkillRoute>,
             }
         };
         let signing = match (&skill.auth, &at.secret) {
-            (Some(auth), Some(secret)) => Some(crate::skill_v1::AppSigning {
-                mode: match auth.mode {
+            (Some(auth), Some(secret)) => Some(crate::skill_v1::AppSigning::new(
+                match auth.mode {
                     crate::config::AuthModeConfig::Hmac => {
                         carapace_filters::signature::AuthMode::Hmac
                     }
@@ -66,12 +66,11 @@ pub(super) fn skill_routes(cfg: &Loaded) -> Result<BTreeMap<String, SkillRoute>,
                         carapace_filters::signature::AuthMode::ApiKey
                     }
                 },
-                header: auth
-                    .header_name
+                auth.header_name
                     .as_deref()
                     .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated")),
-                secret: secret.clone(),
-            }),
+                secret.clone(),
+            )),
             _ => None,
         };
         let config = crate::config::SkillAppConfig {

@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use carapace_filters::call::{CallOutcome, ToolCall};
-use carapace_filters::canonical::{canonical_string, hmac_sha256_hex};
+use carapace_filters::canonical::{canonical_string, HmacSha256Key};
 use carapace_filters::signature::AuthMode;
 use carapace_filters::{BoxFuture, Rejection};
 use http::{HeaderName, Method, StatusCode};
@@ -19,9 +19,25 @@ use crate::upstream::AppClient;
 /// How carapace signs calls to a skill-v1 app.
 #[derive(Clone, Debug)]
 pub struct AppSigning {
-    pub mode: AuthMode,
-    pub header: Option<HeaderName>,
-    pub secret: Secret,
+    mode: AuthMode,
+    header: Option<HeaderName>,
+    secret: Secret,
+    /// The secret's HMAC key, made ready once.
+    key: HmacSha256Key,
+}
+
+impl AppSigning {
+    /// Sign with `secret` in `mode`, repeating the signature (HMAC) or sending the key (API
+    /// key) in `header`.
+    pub fn new(mode: AuthMode, header: Option<HeaderName>, secret: Secret) -> Self {
+        let key = HmacSha256Key::new(secret.bytes());
+        AppSigning {
+            mode,
+            header,
+            secret,
+            key,
+        }
+    }
 }
 
 /// The skill-v1 back: calls `POST /run` on a legacy skill, signing each call itself with a
@@ -77,7 +93,7 @@ pub fn encode_run(
             AuthMode::Hmac => {
                 let canonical =
                     canonical_string(&body).map_err(|e| Rejection::invalid(e.to_string()))?;
-                let sig = hmac_sha256_hex(s.secret.bytes(), canonical.as_bytes());
+                let sig = s.key.sign_hex(canonical.as_bytes());
                 if let Some(h) = &s.header {
                     headers.insert(h.clone(), http::HeaderValue::from_str(&sig).expect("hex"));
                 }

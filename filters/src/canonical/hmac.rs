@@ -5,33 +5,69 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn mac_over(secret: &[u8], msg: &[u8]) -> HmacSha256 {
-    // HMAC accepts keys of any length (long keys are hashed first), so this cannot fail.
-    let mut mac = <HmacSha256 as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(msg);
-    mac
+/// An HMAC-SHA256 key made ready once (its inner and outer pads hashed), then used for any
+/// number of messages, each started from a copy of that state: a verifier keeps one per
+/// configured secret instead of hashing the pads again on every call. Its `Debug` never
+/// shows the key.
+#[derive(Clone)]
+pub struct HmacSha256Key(HmacSha256);
+
+impl HmacSha256Key {
+    /// HMAC accepts keys of any length (a key longer than a block is hashed first).
+    pub fn new(secret: &[u8]) -> Self {
+        HmacSha256Key(
+            <HmacSha256 as Mac>::new_from_slice(secret).expect("HMAC takes any key length"),
+        )
+    }
+
+    /// HMAC-SHA256(key, msg) as lowercase hex.
+    pub fn sign_hex(&self, msg: &[u8]) -> String {
+        let mut mac = self.0.clone();
+        mac.update(msg);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// Constant-time check of a hex signature against HMAC-SHA256(key, msg).
+    ///
+    /// Only exactly 64 lowercase hex characters are accepted (that is what Vagus sends);
+    /// anything else is a mismatch. The comparison of the decoded bytes is constant time
+    /// (`Mac::verify_slice`); the format check only depends on the untrusted input.
+    pub fn verify_hex(&self, msg: &[u8], signature_hex: &str) -> bool {
+        let sig = signature_hex.as_bytes();
+        if sig.len() != 64 || !sig.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return false;
+        }
+        let mut raw = [0u8; 32];
+        if hex::decode_to_slice(sig, &mut raw).is_err() {
+            return false;
+        }
+        self.verify(msg, &raw)
+    }
+
+    /// Constant-time check of raw signature bytes against HMAC-SHA256(key, msg) (a length
+    /// other than 32 bytes is a mismatch).
+    pub fn verify(&self, msg: &[u8], signature: &[u8]) -> bool {
+        let mut mac = self.0.clone();
+        mac.update(msg);
+        mac.verify_slice(signature).is_ok()
+    }
+}
+
+impl std::fmt::Debug for HmacSha256Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HmacSha256Key(<redacted>)")
+    }
 }
 
 /// HMAC-SHA256(key = secret bytes, msg) as lowercase hex.
 pub fn hmac_sha256_hex(secret: &[u8], msg: &[u8]) -> String {
-    hex::encode(mac_over(secret, msg).finalize().into_bytes())
+    HmacSha256Key::new(secret).sign_hex(msg)
 }
 
-/// Constant-time check of a hex signature against HMAC-SHA256(secret, msg).
-///
-/// Only exactly 64 lowercase hex characters are accepted (that is what Vagus sends); anything
-/// else is a mismatch. The comparison of the decoded bytes is constant time
-/// (`Mac::verify_slice`); the format check only depends on the untrusted input.
+/// Constant-time check of a hex signature against HMAC-SHA256(secret, msg)
+/// ([`HmacSha256Key::verify_hex`] with a key made for this one check).
 pub fn verify_hmac_sha256_hex(secret: &[u8], msg: &[u8], signature_hex: &str) -> bool {
-    let sig = signature_hex.as_bytes();
-    if sig.len() != 64 || !sig.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return false;
-    }
-    let mut raw = [0u8; 32];
-    if hex::decode_to_slice(sig, &mut raw).is_err() {
-        return false;
-    }
-    mac_over(secret, msg).verify_slice(&raw).is_ok()
+    HmacSha256Key::new(secret).verify_hex(msg, signature_hex)
 }
 
 #[cfg(test)]
@@ -63,5 +99,22 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_prepared_key_signs_and_verifies_many_messages_like_the_secret() {
+        // RFC 4231 test case 6: a key longer than a block is hashed first.
+        let long = [0xaau8; 131];
+        let msg: &[u8] = b"Test Using Larger Than Block-Size Key - Hash Key First";
+        let key = HmacSha256Key::new(&long);
+        let expected = "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54";
+        for _ in 0..3 {
+            assert_eq!(key.sign_hex(msg), expected);
+            assert!(key.verify_hex(msg, expected));
+        }
+        assert_eq!(hmac_sha256_hex(&long, msg), expected);
+        assert!(!key.verify_hex(b"another message", expected));
+        assert!(!HmacSha256Key::new(b"Jefe").verify_hex(msg, expected));
+        assert_eq!(format!("{key:?}"), "HmacSha256Key(<redacted>)");
     }
 }

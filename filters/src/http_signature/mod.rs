@@ -34,8 +34,9 @@ pub const MAX_NONCE_LEN: usize = 128;
 /// A key a signature can be checked with.
 #[derive(Clone)]
 pub enum VerifyKey {
-    /// A shared secret (`alg="hmac-sha256"`).
-    HmacSha256(Arc<[u8]>),
+    /// A shared secret (`alg="hmac-sha256"`), its HMAC pads hashed once
+    /// ([`VerifyKey::hmac_sha256`]).
+    HmacSha256(crate::canonical::HmacSha256Key),
     /// A 32-byte Ed25519 public key (`alg="ed25519"`).
     Ed25519(Vec<u8>),
 }
@@ -50,6 +51,11 @@ impl std::fmt::Debug for VerifyKey {
 }
 
 impl VerifyKey {
+    /// The key of a shared secret.
+    pub fn hmac_sha256(secret: &[u8]) -> Self {
+        VerifyKey::HmacSha256(crate::canonical::HmacSha256Key::new(secret))
+    }
+
     fn alg(&self) -> &'static str {
         match self {
             VerifyKey::HmacSha256(_) => "hmac-sha256",
@@ -60,10 +66,7 @@ impl VerifyKey {
     /// Whether `signature` signs `base` (constant time for HMAC).
     fn verifies(&self, base: &[u8], signature: &[u8]) -> bool {
         match self {
-            VerifyKey::HmacSha256(secret) => {
-                let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-                ring::hmac::verify(&key, base, signature).is_ok()
-            }
+            VerifyKey::HmacSha256(key) => key.verify(base, signature),
             VerifyKey::Ed25519(public) => {
                 ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, public)
                     .verify(base, signature)
@@ -114,7 +117,7 @@ pub struct HttpSignaturePolicy {
 /// impl SignatureKeys for Keys {
 ///     fn key(&self, keyid: &str) -> Option<SignerKey> {
 ///         (keyid == "k1").then(|| SignerKey {
-///             key: VerifyKey::HmacSha256(Arc::from(&b"a shared secret of enough bytes"[..])),
+///             key: VerifyKey::hmac_sha256(b"a shared secret of enough bytes"),
 ///             principal: None,
 ///         })
 ///     }

@@ -30,7 +30,7 @@ impl SignatureKeys for Keys {
     fn key(&self, keyid: &str) -> Option<SignerKey> {
         match keyid {
             "k1" => Some(SignerKey {
-                key: VerifyKey::HmacSha256(Arc::from(SECRET)),
+                key: VerifyKey::hmac_sha256(SECRET),
                 principal: None,
             }),
             "gw_east" => Some(SignerKey {
@@ -312,7 +312,7 @@ fn the_readme_example_from_an_independent_signer_verifies() {
     };
     let sig = message::parse(input, signature).unwrap().remove(0);
     let base = message::signature_base(&sig, &view).unwrap();
-    let key = VerifyKey::HmacSha256(Arc::from(SECRET));
+    let key = VerifyKey::hmac_sha256(SECRET);
     assert!(key.verifies(base.as_bytes(), &sig.signature), "{base}");
     assert!(!key.verifies(base.replace("POST", "PUT").as_bytes(), &sig.signature));
 }
