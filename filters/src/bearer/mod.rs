@@ -20,7 +20,7 @@ use tower::{Layer, Service};
 
 use crate::authorization::Denial;
 use crate::call::Principal;
-use crate::identity::{set_identity_headers, ConnectionIdentity};
+use crate::identity::ConnectionIdentity;
 use crate::signature::UnixClock;
 use crate::{BoxFuture, Rejection};
 
@@ -99,7 +99,8 @@ impl Denial for ScopeDenial {
 
 /// Checks bearer tokens on connections without a client certificate. Sits right after
 /// [`crate::identity::IdentityLayer`] (built with `allow_anonymous`), whose anonymous
-/// principal it replaces.
+/// principal it replaces (in the request's extensions: a back sets the app's identity headers
+/// from the call's principal, [`crate::call::app_headers`]).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -292,7 +293,6 @@ where
             if anonymous {
                 let token = token.ok_or_else(|| layer.challenge(None, None))?;
                 let principal = layer.principal(&token).await?;
-                set_identity_headers(req.headers_mut(), &principal);
                 req.extensions_mut().insert(Arc::new(principal));
             }
             inner.call(req).await

@@ -19,7 +19,7 @@ use http::Request;
 use tower::{Layer, Service};
 
 use crate::call::Principal;
-use crate::identity::{set_identity_headers, ConnectionIdentity};
+use crate::identity::ConnectionIdentity;
 use crate::nonce::NonceError;
 use crate::signature::{ReplayGuard, UnixClock};
 use crate::{BoxFuture, Rejection};
@@ -351,7 +351,6 @@ where
                         identity_values: Default::default(),
                     })
                 });
-                set_identity_headers(req.headers_mut(), &signer);
                 req.extensions_mut().insert(signer);
             }
             tracing::debug!(keyid = %c.keyid, "HTTP message signature verified");
