@@ -117,7 +117,7 @@ impl AsyncWrite for AppStream {
 
 impl AppConnector {
     /// The app shares the machine's cores with carapace, so a busy worker batches its writes
-    /// to it; a remote target gets every call at once.
+    /// to it (through pools per worker); a remote target gets every call at once.
     fn writes(&self) -> pool::Writes {
         match *self.target {
             Target::App(_) => pool::Writes::AfterTheTurn,
@@ -259,7 +259,13 @@ impl AppClient {
         };
         let idle_timeout = Duration::from_secs(pool.idle_timeout_s);
         AppClient {
-            pools: Arc::new(pool::Pools::new(1, connector, idle_timeout, pool.max_idle)),
+            pools: Arc::new(pool::Pools::new(
+                1,
+                connector,
+                idle_timeout,
+                pool.max_idle,
+                pool::Writes::AtOnce,
+            )),
             idle_timeout,
             max_idle: pool.max_idle,
             host: http::HeaderValue::from_str(&authority)
@@ -273,12 +279,13 @@ impl AppClient {
 
     /// A pool of connections for each of `workers` (see [`crate::server::Workers`]): a call
     /// uses its worker's pool, so the connection's task and the call run on one thread.
+    /// A busy worker's calls to the app are written after the rest of its event loop's turn
+    /// (`waiting.rs`); a client without pools per worker writes every call at once.
     pub fn pooled_per_worker(mut self, workers: usize) -> Self {
-        if workers != self.pools.workers() {
-            let connector = self.pools.connector().clone();
-            let pools = pool::Pools::new(workers, connector, self.idle_timeout, self.max_idle);
-            self.pools = Arc::new(pools);
-        }
+        let connector = self.pools.connector().clone();
+        let writes = connector.writes();
+        let pools = pool::Pools::new(workers, connector, self.idle_timeout, self.max_idle, writes);
+        self.pools = Arc::new(pools);
         self
     }
 

@@ -63,9 +63,11 @@ struct Pool {
 /// Whether a busy worker's calls write after the rest of its event loop's turn (`waiting.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Writes {
-    /// The target is the app, which shares the machine's cores: batch a busy worker's writes.
+    /// The app (which shares the machine's cores) through one pool per worker: batch a busy
+    /// worker's writes.
     AfterTheTurn,
-    /// A remote target: every call writes at once.
+    /// A remote target, or a pool every worker shares (whose one count would make a call wait
+    /// on another worker's calls): every call writes at once.
     AtOnce,
 }
 
@@ -84,8 +86,8 @@ impl Pools {
         connector: AppConnector,
         idle_timeout: Duration,
         max_idle: usize,
+        writes: Writes,
     ) -> Pools {
-        let writes = connector.writes();
         Pools {
             per_worker: (0..workers.max(1)).map(|_| Pool::default()).collect(),
             connector,
@@ -93,10 +95,6 @@ impl Pools {
             max_idle,
             writes,
         }
-    }
-
-    pub(super) fn workers(&self) -> usize {
-        self.per_worker.len()
     }
 
     pub(super) fn connector(&self) -> &AppConnector {

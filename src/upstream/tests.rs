@@ -495,7 +495,7 @@ async fn open(c: &AppClient, path: &str) -> Result<super::OpenResponse, Rejectio
 async fn a_call_to_the_app_is_counted_as_waiting_until_it_ends_however_it_ends() {
     // Answered, on a kept connection: whole, or its head (a streamed body is not counted).
     let (addr, _) = app(false).await;
-    let c = client(addr, 8, 90);
+    let c = client(addr, 8, 90).pooled_per_worker(1);
     get(&c, "/").await;
     assert_eq!(c.pools.waiting(), 0);
     let streaming = open(&c, "/").await.unwrap();
@@ -504,7 +504,7 @@ async fn a_call_to_the_app_is_counted_as_waiting_until_it_ends_however_it_ends()
 
     // Answered after the pooled connection was found closed (a retry on a new one).
     let (addr, accepted) = app(true).await;
-    let c = client(addr, 8, 90);
+    let c = client(addr, 8, 90).pooled_per_worker(1);
     for _ in 0..3 {
         get(&c, "/").await;
         open(&c, "/").await.unwrap().body.collect().await.unwrap();
@@ -517,7 +517,7 @@ async fn a_call_to_the_app_is_counted_as_waiting_until_it_ends_however_it_ends()
         .unwrap()
         .local_addr()
         .unwrap();
-    let c = client(nobody, 8, 90);
+    let c = client(nobody, 8, 90).pooled_per_worker(1);
     assert!(c
         .send(Method::GET, "/", http::HeaderMap::new(), Bytes::new())
         .await
@@ -527,19 +527,35 @@ async fn a_call_to_the_app_is_counted_as_waiting_until_it_ends_however_it_ends()
 
     // Dropped while the app has not answered (what a call's deadline does), both ways.
     let (addr, arrived) = silent_listener().await;
-    let c = client(addr, 8, 90);
+    let c = client(addr, 8, 90).pooled_per_worker(1);
     {
         let mut whole = std::pin::pin!(get(&c, "/"));
         let mut head = std::pin::pin!(open(&c, "/"));
+        // Each call is polled before the listener's news is looked at.
         tokio::select! {
+            biased;
             _ = &mut whole => panic!("answered"),
             _ = arrived.notified() => {}
         }
         tokio::select! {
+            biased;
             _ = &mut head => panic!("answered"),
             _ = arrived.notified() => {}
         }
         assert_eq!(c.pools.waiting(), 2);
+    }
+    assert_eq!(c.pools.waiting(), 0);
+}
+
+#[tokio::test]
+async fn a_call_through_a_pool_every_worker_shares_is_not_counted_as_waiting() {
+    let (addr, arrived) = silent_listener().await;
+    let c = client(addr, 8, 90);
+    let mut call = std::pin::pin!(get_result(&c));
+    tokio::select! {
+        biased;
+        _ = &mut call => panic!("answered"),
+        _ = arrived.notified() => {}
     }
     assert_eq!(c.pools.waiting(), 0);
 }
@@ -554,14 +570,17 @@ async fn a_call_to_a_remote_target_is_not_counted_as_waiting() {
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_no_client_auth();
     let pool = PoolConfig::default();
-    let c = AppClient::named("127.0.0.1", addr.port(), Arc::new(config), &pool, 1 << 20);
+    let c = AppClient::named("127.0.0.1", addr.port(), Arc::new(config), &pool, 1 << 20)
+        .pooled_per_worker(1);
     let mut first = std::pin::pin!(get_result(&c));
     tokio::select! {
+        biased;
         _ = &mut first => panic!("answered"),
         _ = arrived.notified() => {}
     }
     let mut second = std::pin::pin!(get_result(&c));
     tokio::select! {
+        biased;
         _ = &mut second => panic!("answered"),
         _ = arrived.notified() => {}
     }

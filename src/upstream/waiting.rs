@@ -9,8 +9,10 @@
 //! next poll of the event loop's I/O wakes) and writes its request after them: the app is
 //! woken once for the turn's requests, not once per request. When no other call of the pool
 //! has an answer outstanding the request goes at once (no extra turn of the event loop).
-//! Only the app's pools count their calls: a remote target (a peer of the outbound role, an
-//! EAT catalog or MCP server) does not share the core, and every call to it goes at once.
+//! Only the app's pools per worker count their calls: a remote target (a peer of the outbound
+//! role, an EAT catalog or MCP server) does not share the core, and a pool every worker shares
+//! (an outbound loopback skill) would make a call wait on another worker's; every call to
+//! those goes at once.
 //!
 //! ```text
 //! calls already waiting:  read A, read B, read C | write A, write B, write C | answers
