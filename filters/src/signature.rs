@@ -365,6 +365,16 @@ mod tests {
         Local(v, store)
     }
 
+    #[test]
+    fn the_verifiers_debug_names_its_keys_and_shows_none_of_their_secrets() {
+        for mode in [AuthMode::Hmac, AuthMode::ApiKey] {
+            let v = verifier(mode, Arc::new(AtomicU64::new(NOW)));
+            let shown = format!("{:?}", v.0);
+            assert!(shown.contains("old") && shown.contains("new"), "{shown}");
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+    }
+
     fn signed(secret: &[u8], nonce: &str, ts: i64) -> Credential {
         let canonical = format!(r#"{{"nonce":"{nonce}","timestamp":{ts}}}"#);
         Credential::Skill(SkillCredential {

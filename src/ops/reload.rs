@@ -93,12 +93,38 @@ fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
             format!("{:?}", o.outbound),
             format!("{:?}", n.outbound),
         ),
+        (
+            "outbound skill secrets",
+            outbound_secrets(old),
+            outbound_secrets(new),
+        ),
     ];
     pairs
         .into_iter()
         .filter(|(_, a, b)| a != b)
         .map(|(what, _, _)| format!("{what} cannot change on reload; restart to apply it"))
         .collect()
+}
+
+/// A digest of the outbound skills' loaded secrets, by skill id: the outbound role signs with
+/// the secrets read at start, so a rotated secret file is a change to restart for (the
+/// `outbound` section names the file, not what is in it). Only the digest is compared.
+fn outbound_secrets(loaded: &Loaded) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (id, skill) in &loaded.outbound_skills {
+        h.update((id.len() as u64).to_be_bytes());
+        h.update(id.as_bytes());
+        match &skill.secret {
+            Some(secret) => {
+                h.update([1]);
+                h.update((secret.bytes().len() as u64).to_be_bytes());
+                h.update(secret.bytes());
+            }
+            None => h.update([0]),
+        }
+    }
+    hex::encode(h.finalize())
 }
 
 /// Apply a reloaded configuration: everything is built first and swapped in only if all of it
@@ -165,4 +191,50 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<(), Vec<String>> {
     shared.metrics.reload(true);
     tracing::info!("config_reloaded path={}", old.source.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gateway with one outbound skill signed with the secret in `skill.key`.
+    fn gateway(dir: &std::path::Path, secret: &[u8]) -> Loaded {
+        std::fs::write(dir.join("skill.key"), secret).unwrap();
+        let d = dir.display();
+        std::fs::write(
+            dir.join("carapace.yaml"),
+            format!(
+                r#"
+state_dir: {d}/state
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {d}/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://127.0.0.1:9" }}
+ops: {{ address: "" }}
+gateway: {{ id: gw_home }}
+outbound:
+  socket: {d}/outbound.sock
+  peers: {{}}
+  skills:
+    demo.echo:
+      url: "http://127.0.0.1:9"
+      capabilities: [demo.echo]
+      auth: {{ mode: hmac, secret: {{ file: {d}/skill.key }} }}
+"#
+            ),
+        )
+        .unwrap();
+        crate::config::load(&dir.join("carapace.yaml")).unwrap()
+    }
+
+    #[test]
+    fn a_rotated_outbound_skill_secret_is_refused_on_reload_without_showing_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = gateway(dir.path(), b"first-skill-secret");
+        assert!(restart_only_changes(&old, &gateway(dir.path(), b"first-skill-secret")).is_empty());
+        let changes = restart_only_changes(&old, &gateway(dir.path(), b"second-skill-secret"));
+        assert_eq!(
+            changes,
+            ["outbound skill secrets cannot change on reload; restart to apply it"]
+        );
+    }
 }
