@@ -1,6 +1,7 @@
-//! Identity: map the connection's peer certificate to a paired peer, fail closed, and set the
-//! headers that tell the app who called. Headers of that name sent by the caller are removed,
-//! never passed through.
+//! Identity: map the connection's peer certificate to a paired peer and fail closed. The
+//! principal goes on in the request's extensions; the headers that tell the app who called are
+//! built from it by each back ([`crate::call::app_headers`]). Headers of that name sent by the
+//! caller are removed here, never passed through.
 
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -82,15 +83,38 @@ pub fn repeated_credential<'a>(
         .find(|h| headers.get_all(*h).iter().nth(1).is_some())
 }
 
-/// Sets `Arc<Principal>` in the request extensions and the `x-carapace-peer-*` headers
-/// (unless [`IdentityLayer::identity_headers`] turned them off; caller-sent `x-carapace-*`
-/// headers are removed either way). Refuses a request that repeats a credential header
+/// Sets `Arc<Principal>` in the request extensions and removes every caller-sent
+/// `x-carapace-*` header. Refuses a request that repeats a credential header
 /// ([`CREDENTIAL_HEADERS`] and the ones named with [`IdentityLayer::credential_header`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use carapace_filters::call::Principal;
+/// use carapace_filters::identity::{IdentityLayer, PeerCertificate, PeerDirectory};
+/// use carapace_filters::Rejection;
+/// use tower::{Layer, ServiceExt};
+///
+/// /// No peer is paired: every certificate is refused.
+/// struct NoPeers;
+/// impl PeerDirectory for NoPeers {
+///     fn resolve(&self, _: &PeerCertificate) -> Result<Arc<Principal>, Rejection> {
+///         Err(Rejection::Forbidden("unknown peer".into()))
+///     }
+/// }
+///
+/// let app = tower::service_fn(|req: http::Request<()>| async move {
+///     Ok::<_, Rejection>(req.extensions().get::<Arc<Principal>>().map(|p| p.id.clone()))
+/// });
+/// let svc = IdentityLayer::new(Arc::new(NoPeers), false).layer(app);
+/// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// // A request without a connection identity never reaches the app.
+/// let refused = rt.block_on(svc.oneshot(http::Request::new(())));
+/// assert!(matches!(refused, Err(Rejection::Internal(_))));
+/// ```
 pub struct IdentityLayer {
     directory: Arc<dyn PeerDirectory>,
     allow_anonymous: bool,
     credential_headers: Arc<[HeaderName]>,
-    set_headers: bool,
 }
 
 impl IdentityLayer {
@@ -101,17 +125,7 @@ impl IdentityLayer {
             directory,
             allow_anonymous,
             credential_headers: Arc::from([]),
-            set_headers: true,
         }
-    }
-
-    /// Whether the request carries the principal's `x-carapace-peer-*` headers on (the
-    /// default). A stack whose backs build each app request from the principal
-    /// ([`crate::call::app_headers`]) and never forward the caller's headers can turn them off;
-    /// the caller's own `x-carapace-*` headers are removed either way.
-    pub fn identity_headers(mut self, set: bool) -> Self {
-        self.set_headers = set;
-        self
     }
 
     /// Also treat `name` (a configured API key or signature header) as a credential header.
@@ -131,7 +145,6 @@ impl<S> Layer<S> for IdentityLayer {
             directory: self.directory.clone(),
             allow_anonymous: self.allow_anonymous,
             credential_headers: self.credential_headers.clone(),
-            set_headers: self.set_headers,
         }
     }
 }
@@ -143,7 +156,6 @@ pub struct Identity<S> {
     directory: Arc<dyn PeerDirectory>,
     allow_anonymous: bool,
     credential_headers: Arc<[HeaderName]>,
-    set_headers: bool,
 }
 
 impl<S> Identity<S> {
@@ -241,7 +253,7 @@ impl std::fmt::Debug for IdentityValues {
 }
 
 /// Remove every caller-sent `x-carapace-*` header and set the ones describing `principal`.
-pub fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal) {
+pub(crate) fn set_identity_headers(headers: &mut http::HeaderMap, principal: &Principal) {
     remove_carapace_headers(headers);
     let [id, kind, fingerprint] = principal.identity_values.of(principal);
     for (name, value) in [
@@ -285,11 +297,7 @@ where
         }
         match self.principal(&req) {
             Ok(principal) => {
-                if self.set_headers {
-                    set_identity_headers(req.headers_mut(), &principal);
-                } else {
-                    remove_carapace_headers(req.headers_mut());
-                }
+                remove_carapace_headers(req.headers_mut());
                 req.extensions_mut().insert(principal);
                 ReadyOr::inner(self.inner.call(req))
             }
@@ -322,11 +330,15 @@ mod tests {
         }
     }
 
-    fn svc(
-        anon: bool,
-    ) -> impl Service<http::Request<()>, Response = http::HeaderMap, Error = Rejection> {
+    /// What reached the service behind the layer: the request's headers and its principal.
+    type Reached = (http::HeaderMap, Option<Arc<Principal>>);
+
+    fn svc(anon: bool) -> impl Service<http::Request<()>, Response = Reached, Error = Rejection> {
         IdentityLayer::new(Arc::new(OnePeer), anon).layer(tower::service_fn(
-            |req: http::Request<()>| async move { Ok(req.headers().clone()) },
+            |req: http::Request<()>| async move {
+                let who = req.extensions().get::<Arc<Principal>>().cloned();
+                Ok((req.headers().clone(), who))
+            },
         ))
     }
 
@@ -350,43 +362,27 @@ mod tests {
         r
     }
 
+    /// The principal goes on in the extensions; the caller's forged `x-carapace-*` headers
+    /// never do, and none are set in their place (each back builds the app's from the principal).
     #[tokio::test]
-    async fn caller_identity_headers_are_replaced() {
-        let h = svc(false)
+    async fn the_principal_goes_on_and_caller_identity_headers_never_do() {
+        let (h, who) = svc(false)
             .oneshot(req(Some(cert("sha256:aa"))))
             .await
             .unwrap();
-        assert_eq!(h.get_all(PEER_ID).iter().collect::<Vec<_>>(), ["gw"]);
-        assert_eq!(h[PEER_TYPE], "gateway");
-        assert_eq!(h[PEER_FINGERPRINT], "sha256:aa");
-        assert!(h.get("x-carapace-anything").is_none());
-        let h = svc(false)
-            .oneshot(req(Some(ConnectionIdentity::Local)))
-            .await
-            .unwrap();
-        assert_eq!(h[PEER_ID], "local");
-        assert!(h.get(PEER_FINGERPRINT).is_none());
-    }
-
-    /// Without identity headers the principal still goes on, and the caller's forged
-    /// `x-carapace-*` headers still never do.
-    #[tokio::test]
-    async fn without_identity_headers_the_callers_are_still_removed() {
-        let svc = IdentityLayer::new(Arc::new(OnePeer), false)
-            .identity_headers(false)
-            .layer(tower::service_fn(|req: http::Request<()>| async move {
-                let who = req
-                    .extensions()
-                    .get::<Arc<Principal>>()
-                    .map(|p| p.id.clone());
-                Ok::<_, Rejection>((req.headers().clone(), who))
-            }));
-        let (h, who) = svc.oneshot(req(Some(cert("sha256:aa")))).await.unwrap();
-        assert_eq!(who.as_deref(), Some("gw"));
+        let who = who.expect("a principal");
+        assert_eq!((who.id.as_str(), who.kind.as_str()), ("gw", "gateway"));
+        assert_eq!(who.fingerprint.as_deref(), Some("sha256:aa"));
         assert!(
             h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
             "{h:?}"
         );
+        let (h, who) = svc(false)
+            .oneshot(req(Some(ConnectionIdentity::Local)))
+            .await
+            .unwrap();
+        assert_eq!(who.expect("a principal").id, "local");
+        assert!(h.get(PEER_ID).is_none(), "{h:?}");
     }
 
     #[test]
@@ -432,11 +428,11 @@ mod tests {
         assert!(matches!(e, Rejection::Forbidden(_)));
         let e = svc(false).oneshot(req(None)).await.unwrap_err();
         assert!(matches!(e, Rejection::Internal(_)));
-        let h = svc(true)
+        let (_, who) = svc(true)
             .oneshot(req(Some(ConnectionIdentity::Anonymous { remote_ip: None })))
             .await
             .unwrap();
-        assert_eq!(h[PEER_ID], "anonymous");
+        assert_eq!(who.expect("a principal").id, "anonymous");
     }
 
     #[tokio::test]

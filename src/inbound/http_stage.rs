@@ -168,7 +168,7 @@ fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
     // Every back builds its app request from the call's principal (`app_headers`) and none
     // forwards the caller's headers: the caller's request needs no identity headers (its own
     // `x-carapace-*` are still removed).
-    let layer = IdentityLayer::new(shared.peers.clone(), anonymous).identity_headers(false);
+    let layer = IdentityLayer::new(shared.peers.clone(), anonymous);
     match c
         .front
         .auth

@@ -68,7 +68,7 @@ pub(crate) fn build_outbound_stack(
     // are still removed).
     let http = || {
         ServiceBuilder::new()
-            .layer(IdentityLayer::new(shared.peers.clone(), remote).identity_headers(false))
+            .layer(IdentityLayer::new(shared.peers.clone(), remote))
             .option_layer(crate::oauth::outbound_layer(cfg, shared.clock.clone()))
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(shared.load_shed_layer(c.limits.max_in_flight))
