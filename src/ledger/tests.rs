@@ -42,6 +42,34 @@ fn an_intact_chain_verifies_and_continues_across_batches() {
     assert_eq!(verify(&empty).unwrap(), Ok(0));
 }
 
+fn page_size(conn: &rusqlite::Connection) -> i64 {
+    conn.pragma_query_value(None, "page_size", |r| r.get(0))
+        .unwrap()
+}
+
+/// A new file is made with the ledger's page size; a file made before (SQLite's 4 KiB pages)
+/// keeps its own, and its chain goes on.
+#[test]
+fn a_new_ledger_has_large_pages_and_an_older_file_keeps_its_own() {
+    let (_d, conn) = ledger_with(1);
+    assert_eq!(page_size(&conn), PAGE_SIZE);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.sqlite3");
+    {
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.pragma_update(None, "page_size", 4096).unwrap();
+        old.pragma_update(None, "journal_mode", "WAL").unwrap();
+    }
+    let mut conn = open(&path).unwrap();
+    append(&mut conn, &[entry(1), entry(2)]).unwrap();
+    drop(conn);
+    let mut conn = open(&path).unwrap();
+    assert_eq!(page_size(&conn), 4096);
+    append(&mut conn, &[entry(3)]).unwrap();
+    assert_eq!(verify(&conn).unwrap(), Ok(3));
+}
+
 #[test]
 fn an_edited_deleted_or_truncated_row_is_found() {
     let (_d, conn) = ledger_with(10);
