@@ -103,9 +103,10 @@ pub fn row_hash(seq: u64, entry: &Entry, prev_hash: &str) -> String {
         None => h.update(u64::MAX.to_be_bytes()),
     };
     let e = entry;
-    let num = |n: u64| n.to_string().into_bytes();
+    // Numbers in decimal, written on the stack (a row has five or six).
+    let mut digits = itoa::Buffer::new();
     field(Some(prev_hash.as_bytes()));
-    field(Some(&num(seq)));
+    field(Some(digits.format(seq).as_bytes()));
     for v in [&e.side, &e.call_id] {
         field(Some(v.as_bytes()));
     }
@@ -122,10 +123,10 @@ pub fn row_hash(seq: u64, entry: &Entry, prev_hash: &str) -> String {
     }
     field(e.error_code.as_deref().map(str::as_bytes));
     for n in [e.started_at, e.ended_at, e.duration_ms] {
-        field(Some(&num(n)));
+        field(Some(digits.format(n).as_bytes()));
     }
     field(e.receipt.as_deref().map(str::as_bytes));
-    field(e.charge.map(num).as_deref());
+    field(e.charge.map(|c| digits.format(c).as_bytes()));
     crate::receipts::sha256_tag(&h.finalize().into())
 }
 

@@ -42,6 +42,54 @@ fn an_intact_chain_verifies_and_continues_across_batches() {
     assert_eq!(verify(&empty).unwrap(), Ok(0));
 }
 
+/// The row hash is the form the README documents (computed apart from this code), so files
+/// written by any version verify: every field present, and every optional one absent.
+#[test]
+fn the_row_hash_is_the_documented_form() {
+    let prev = format!("sha256:{}", "ab".repeat(32));
+    let full = Entry {
+        side: "inbound".into(),
+        call_id: "c42".into(),
+        receipt_id: Some("rcpt_1".into()),
+        tool: "memory.query".into(),
+        consumer: "gw_home".into(),
+        provider: "memory-east".into(),
+        input_hash: format!("sha256:{}", "11".repeat(32)),
+        output_hash: format!("sha256:{}", "22".repeat(32)),
+        status: "error".into(),
+        error_code: Some("APP_ERROR".into()),
+        started_at: 1_764_000_000_000,
+        ended_at: 1_764_000_000_005,
+        duration_ms: 5,
+        receipt: Some("v1.x.y".into()),
+        charge: Some(7),
+    };
+    assert_eq!(
+        row_hash(42, &full, &prev),
+        "sha256:51fd66aedd21214fb9b4c6878df60f6fad878cfc21e56a2c189d303c963da91a"
+    );
+    let sparse = Entry {
+        side: "outbound".into(),
+        call_id: "c1".into(),
+        receipt_id: None,
+        tool: "t".into(),
+        consumer: "me".into(),
+        provider: "peer".into(),
+        status: "ok".into(),
+        error_code: None,
+        started_at: 0,
+        ended_at: u64::MAX,
+        duration_ms: 0,
+        receipt: None,
+        charge: None,
+        ..full
+    };
+    assert_eq!(
+        row_hash(1, &sparse, &prev),
+        "sha256:c6081bce8b67532686edcb8c20c405610e8700f919e877bf8bb24c3122348bd2"
+    );
+}
+
 fn page_size(conn: &rusqlite::Connection) -> i64 {
     conn.pragma_query_value(None, "page_size", |r| r.get(0))
         .unwrap()
