@@ -154,8 +154,9 @@ pub struct ToolCall {
 /// The request id header carapace reads from callers, returns to them and sends to apps.
 pub const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
-/// The headers every back sends to its app for `call`, a JSON body's: who called (see
-/// [`crate::identity::set_identity_headers`]), the call's request id and trace context, and
+/// The headers every back sends to its app for `call`, a JSON body's: who called (the
+/// principal's [`crate::identity::PEER_ID`], [`crate::identity::PEER_TYPE`] and
+/// [`crate::identity::PEER_FINGERPRINT`]), the call's request id and trace context, and
 /// `content-type`. The map has room for what the back and the HTTP client add after.
 pub fn app_headers(call: &ToolCall) -> http::HeaderMap {
     let mut headers = http::HeaderMap::with_capacity(APP_HEADERS);

@@ -90,7 +90,9 @@ pub fn repeated_credential<'a>(
 /// ```
 /// use std::sync::Arc;
 /// use carapace_filters::call::Principal;
-/// use carapace_filters::identity::{IdentityLayer, PeerCertificate, PeerDirectory};
+/// use carapace_filters::identity::{
+///     ConnectionIdentity, IdentityLayer, PeerCertificate, PeerDirectory,
+/// };
 /// use carapace_filters::Rejection;
 /// use tower::{Layer, ServiceExt};
 ///
@@ -102,11 +104,24 @@ pub fn repeated_credential<'a>(
 ///     }
 /// }
 ///
+/// // The app sees the principal and whether any `x-carapace-*` header reached it.
 /// let app = tower::service_fn(|req: http::Request<()>| async move {
-///     Ok::<_, Rejection>(req.extensions().get::<Arc<Principal>>().map(|p| p.id.clone()))
+///     let who = req.extensions().get::<Arc<Principal>>().map(|p| p.id.clone());
+///     let forged = req.headers().keys().any(|k| k.as_str().starts_with("x-carapace-"));
+///     Ok::<_, Rejection>((who, forged))
 /// });
 /// let svc = IdentityLayer::new(Arc::new(NoPeers), false).layer(app);
 /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+///
+/// // On the local socket the caller is the local principal; its forged header is removed.
+/// let mut local = http::Request::builder()
+///     .header("x-carapace-peer-id", "admin")
+///     .body(())
+///     .unwrap();
+/// local.extensions_mut().insert(ConnectionIdentity::Local);
+/// let seen = rt.block_on(svc.clone().oneshot(local)).unwrap();
+/// assert_eq!(seen, (Some("local".to_string()), false));
+///
 /// // A request without a connection identity never reaches the app.
 /// let refused = rt.block_on(svc.oneshot(http::Request::new(())));
 /// assert!(matches!(refused, Err(Rejection::Internal(_))));
@@ -382,7 +397,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(who.expect("a principal").id, "local");
-        assert!(h.get(PEER_ID).is_none(), "{h:?}");
+        assert!(
+            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
+            "{h:?}"
+        );
     }
 
     #[test]
@@ -428,11 +446,15 @@ mod tests {
         assert!(matches!(e, Rejection::Forbidden(_)));
         let e = svc(false).oneshot(req(None)).await.unwrap_err();
         assert!(matches!(e, Rejection::Internal(_)));
-        let (_, who) = svc(true)
+        let (h, who) = svc(true)
             .oneshot(req(Some(ConnectionIdentity::Anonymous { remote_ip: None })))
             .await
             .unwrap();
         assert_eq!(who.expect("a principal").id, "anonymous");
+        assert!(
+            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
+            "{h:?}"
+        );
     }
 
     #[tokio::test]
