@@ -5,12 +5,15 @@
 //! connection carry on.
 //!
 //! ```text
-//! CatchPanic -> SetSensitiveHeaders -> (drop a malformed x-request-id) -> SetRequestId
-//!   -> PropagateRequestId -> CallSpan -> (a streamed body put in place) -> the front's stack
+//! CatchPanic -> SensitiveHeaders -> RequestIds -> CallSpan -> (a streamed body put in place)
+//!   -> the front's stack
 //! ```
 //!
 //! A front answers with a whole body; one that streams its answer (the MCP front's SSE) puts
 //! the stream in the answer's [`StreamedBody`] extension, and the edge sends that instead.
+
+pub mod request_id;
+pub mod sensitive_headers;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -19,22 +22,20 @@ use http_body_util::BodyExt;
 
 use crate::caller_body::CallerBody;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderName, Request, Response};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::{CatchPanicLayer, ResponseForPanic};
-use tower_http::request_id::{
-    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
-};
-use tower_http::sensitive_headers::SetSensitiveHeadersLayer;
 
-use carapace_filters::call::REQUEST_ID;
 use carapace_filters::Rejection;
 
 use crate::config::Protocol;
 use crate::errors::ToolsV1Answers;
 use crate::front::Resp;
 use crate::ops::call_span::{CallSpanLayer, SpannedBody};
+pub use request_id::request_id;
+use request_id::RequestIdLayer;
+use sensitive_headers::SensitiveHeadersLayer;
 
 /// The body of every answer to a caller.
 pub type EdgeBody = tower_http::body::UnsyncBoxBody<Bytes, tower_http::BoxError>;
@@ -82,42 +83,6 @@ fn streamed(resp: Resp) -> Response<StreamBody> {
     Response::from_parts(head, body)
 }
 
-/// Longest request id taken from a caller.
-const MAX_REQUEST_ID: usize = 128;
-
-/// Makes a request id for a request that came without a usable one: 16 random bytes, hex.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RandomRequestId;
-
-impl MakeRequestId for RandomRequestId {
-    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
-        let mut id = [0u8; 32];
-        hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut id).expect("32 hex digits");
-        HeaderValue::from_bytes(&id).ok().map(RequestId::new)
-    }
-}
-
-/// Whether a caller's request id is kept: 1 to 128 characters of `A-Z a-z 0-9 . _ : -`, so it
-/// can go into log lines and on to the app as it is.
-pub fn is_usable_request_id(v: &HeaderValue) -> bool {
-    let b = v.as_bytes();
-    !b.is_empty()
-        && b.len() <= MAX_REQUEST_ID
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-'))
-}
-
-/// A caller's request id is kept only when usable and single; otherwise carapace makes one.
-fn drop_unusable_request_id(mut req: Request<CallerBody>) -> Request<CallerBody> {
-    let values = req.headers().get_all(REQUEST_ID);
-    let mut it = values.iter();
-    let keep = matches!((it.next(), it.next()), (Some(v), None) if is_usable_request_id(v));
-    if !keep {
-        req.headers_mut().remove(REQUEST_ID);
-    }
-    req
-}
-
 /// Answers a call that panicked: `INTERNAL` in the front's envelope (the panic's text stays
 /// in the log).
 #[derive(Clone, Copy, Debug)]
@@ -157,17 +122,13 @@ where
 {
     let svc = ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(panic))
-        .layer(SetSensitiveHeadersLayer::new(
-            SENSITIVE_HEADERS.iter().cloned(),
-        ))
-        .map_request(drop_unusable_request_id)
-        .layer(SetRequestIdLayer::new(REQUEST_ID, RandomRequestId))
-        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SensitiveHeadersLayer::new(&SENSITIVE_HEADERS))
+        .layer(RequestIdLayer)
         .layer(CallSpanLayer::new(|req: &Request<CallerBody>| {
             let id = req
-                .headers()
-                .get(REQUEST_ID)
-                .and_then(|v| v.to_str().ok())
+                .extensions()
+                .get::<request_id::RequestId>()
+                .and_then(|v| v.0.to_str().ok())
                 .unwrap_or("");
             let span = tracing::info_span!(
                 "call",
@@ -184,30 +145,4 @@ where
         .map_response(streamed)
         .service(inner);
     BoxCloneSyncService::new(svc)
-}
-
-/// The request id a front puts on its call.
-pub fn request_id<B>(req: &Request<B>) -> Option<HeaderValue> {
-    req.extensions()
-        .get::<RequestId>()
-        .map(|id| id.header_value().clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_plain_bounded_request_ids_are_taken_from_callers() {
-        for ok in ["a", "req-1", "01JXYZ.abc:9_x", &"a".repeat(128)] {
-            assert!(
-                is_usable_request_id(&HeaderValue::from_str(ok).unwrap()),
-                "{ok}"
-            );
-        }
-        for bad in ["", "a b", "a\tb", "ü", "x/y", "<script>", &"a".repeat(129)] {
-            let v = HeaderValue::from_bytes(bad.as_bytes()).unwrap();
-            assert!(!is_usable_request_id(&v), "{bad}");
-        }
-    }
 }

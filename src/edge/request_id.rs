@@ -1,0 +1,216 @@
+//! A request id for every request: the caller's `x-request-id` when it is usable and single,
+//! else one carapace makes; put on the request (its header and a [`RequestId`] extension, which
+//! the fronts give their calls, and so the app) and on the answer.
+//!
+//! What tower-http's `SetRequestIdLayer` and `PropagateRequestIdLayer` did here, with the
+//! check of the caller's id before them, in one layer: the id is looked up once per request
+//! instead of three times.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::{HeaderValue, Request, Response};
+use tower::{Layer, Service};
+
+use carapace_filters::call::REQUEST_ID;
+
+/// Longest request id taken from a caller.
+const MAX_REQUEST_ID: usize = 128;
+
+/// The request id of a request, in its extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(pub HeaderValue);
+
+/// Whether a caller's request id is kept: 1 to 128 characters of `A-Z a-z 0-9 . _ : -`, so it
+/// can go into log lines and on to the app as it is.
+pub fn is_usable_request_id(v: &HeaderValue) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_REQUEST_ID
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-'))
+}
+
+/// A request id made by carapace: 16 random bytes, hex.
+fn random_request_id() -> HeaderValue {
+    let mut id = [0u8; 32];
+    hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut id).expect("32 hex digits");
+    HeaderValue::from_bytes(&id).expect("hex digits are a header value")
+}
+
+/// Gives every request a request id and its answer the same `x-request-id`.
+///
+/// ```
+/// use carapace::edge::request_id::{RequestId, RequestIdLayer};
+/// use http::{Request, Response};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let svc = ServiceBuilder::new()
+///     .layer(RequestIdLayer)
+///     .service(service_fn(|req: Request<()>| async move {
+///         assert_eq!(req.extensions().get::<RequestId>().unwrap().0, "req-1");
+///         Ok::<_, std::convert::Infallible>(Response::new(()))
+///     }));
+/// let req = Request::builder().header("x-request-id", "req-1").body(()).unwrap();
+/// let res = svc.oneshot(req).await.unwrap();
+/// assert_eq!(res.headers()["x-request-id"], "req-1");
+/// # });
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestIdLayer;
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = RequestIds<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestIds { inner }
+    }
+}
+
+/// Service of [`RequestIdLayer`].
+#[derive(Debug, Clone, Copy)]
+pub struct RequestIds<S> {
+    inner: S,
+}
+
+impl<S, B, R> Service<Request<B>> for RequestIds<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let headers = req.headers_mut();
+        let mut sent = headers.get_all(REQUEST_ID).iter();
+        let id = match (sent.next(), sent.next()) {
+            (Some(v), None) if is_usable_request_id(v) => v.clone(),
+            // None, an unusable one, or more than one: replaced by one carapace makes.
+            _ => {
+                let id = random_request_id();
+                headers.insert(REQUEST_ID, id.clone());
+                id
+            }
+        };
+        req.extensions_mut().insert(RequestId(id.clone()));
+        ResponseFuture {
+            inner: self.inner.call(req),
+            id: Some(id),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Response future of [`RequestIds`]: the answer gets the request's id unless it has one.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        id: Option<HeaderValue>,
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut res = ready!(this.inner.poll(cx))?;
+        if let Some(id) = this.id.take() {
+            res.headers_mut().entry(REQUEST_ID).or_insert(id);
+        }
+        Poll::Ready(Ok(res))
+    }
+}
+
+/// The request id a front puts on its call.
+pub fn request_id<B>(req: &Request<B>) -> Option<HeaderValue> {
+    req.extensions().get::<RequestId>().map(|id| id.0.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::{service_fn, ServiceExt};
+
+    #[test]
+    fn only_plain_bounded_request_ids_are_taken_from_callers() {
+        for ok in ["a", "req-1", "01JXYZ.abc:9_x", &"a".repeat(128)] {
+            assert!(
+                is_usable_request_id(&HeaderValue::from_str(ok).unwrap()),
+                "{ok}"
+            );
+        }
+        for bad in ["", "a b", "a\tb", "ü", "x/y", "<script>", &"a".repeat(129)] {
+            let v = HeaderValue::from_bytes(bad.as_bytes()).unwrap();
+            assert!(!is_usable_request_id(&v), "{bad}");
+        }
+    }
+
+    /// The ids the inner service saw (header values, extension) and the answer's header.
+    async fn ids(sent: &[&str], answer_has: Option<&'static str>) -> (Vec<String>, String, String) {
+        let svc = RequestIdLayer.layer(service_fn(move |req: Request<()>| async move {
+            let headers: Vec<String> = req
+                .headers()
+                .get_all(REQUEST_ID)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect();
+            let ext = request_id(&req).unwrap().to_str().unwrap().to_string();
+            let mut res = Response::new((headers, ext));
+            if let Some(v) = answer_has {
+                res.headers_mut()
+                    .insert(REQUEST_ID, HeaderValue::from_static(v));
+            }
+            Ok::<_, std::convert::Infallible>(res)
+        }));
+        let mut req = Request::new(());
+        for v in sent {
+            req.headers_mut()
+                .append(REQUEST_ID, HeaderValue::from_bytes(v.as_bytes()).unwrap());
+        }
+        let res = svc.oneshot(req).await.unwrap();
+        let answered = res.headers()[REQUEST_ID].to_str().unwrap().to_string();
+        assert_eq!(res.headers().get_all(REQUEST_ID).iter().count(), 1);
+        let (headers, ext) = res.into_body();
+        (headers, ext, answered)
+    }
+
+    fn is_made(id: &str) -> bool {
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+
+    #[tokio::test]
+    async fn a_usable_single_id_is_kept_on_the_request_and_the_answer() {
+        let (headers, ext, answered) = ids(&["req-1"], None).await;
+        assert_eq!(headers, ["req-1"]);
+        assert_eq!((ext.as_str(), answered.as_str()), ("req-1", "req-1"));
+    }
+
+    #[tokio::test]
+    async fn a_missing_unusable_or_repeated_id_is_replaced_by_one_carapace_makes() {
+        for sent in [&[][..], &["a b"], &["<script>"], &["one", "two"]] {
+            let (headers, ext, answered) = ids(sent, None).await;
+            assert!(is_made(&ext), "{sent:?}: {ext}");
+            assert_eq!(headers, std::slice::from_ref(&ext), "{sent:?}");
+            assert_eq!(answered, ext, "{sent:?}");
+        }
+        let (_, a, _) = ids(&[], None).await;
+        let (_, b, _) = ids(&[], None).await;
+        assert_ne!(a, b);
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_names_its_own_id_keeps_it() {
+        let (_, ext, answered) = ids(&["req-1"], Some("app-9")).await;
+        assert_eq!((ext.as_str(), answered.as_str()), ("req-1", "app-9"));
+    }
+}
