@@ -425,15 +425,17 @@ def status_kb(pids, field):
 
 
 def cpu_ms(pids):
-    total = 0
+    """CPU time of the processes so far, in ms: (user, kernel)."""
+    user = kernel = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            user += int(fields[11])  # utime (field 14)
+            kernel += int(fields[12])  # stime (field 15)
         except (OSError, IndexError, ValueError):
             pass
-    return total * 1000.0 / CLK_TCK
+    return user * 1000.0 / CLK_TCK, kernel * 1000.0 / CLK_TCK
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +487,9 @@ def loadgen(target, extra, duration, warmup, pids=None):
         return {"error": f"loadgen exit {proc.returncode}: {err.strip()[-500:]}"}
     res = json.loads(out.strip().splitlines()[-1])
     if "start" in samples and "end" in samples:
-        res["cpu_ms_window"] = samples["end"][1] - samples["start"][1]
+        (u1, k1), (u0, k0) = samples["end"][1], samples["start"][1]
+        res["cpu_ms_window"] = (u1 - u0) + (k1 - k0)
+        res["cpu_kernel_ms_window"] = k1 - k0
         res["cpu_window_s"] = samples["end"][0] - samples["start"][0]
     return res
 
@@ -681,6 +685,8 @@ def main():
                 if "cpu_ms_window" in res and res.get("requests"):
                     done = res["throughput_rps"] * res["cpu_window_s"]
                     res["cpu_ms_per_1k"] = res["cpu_ms_window"] / done * 1000 if done else None
+                    res["cpu_kernel_ms_per_1k"] = (res["cpu_kernel_ms_window"] / done * 1000
+                                                   if done else None)
                 rr[name]["saturation"] = res
                 log(f"  {name:14s} {fmt_rps(res)}")
                 time.sleep(0.5)
@@ -792,6 +798,7 @@ def summarize(rounds):
     s["saturation_errors"] = sum(r["saturation"].get("errors", 0) for r in rounds
                                  if "saturation" in r)
     s["cpu_ms_per_1k"] = pick("saturation", lambda x: x.get("cpu_ms_per_1k"))
+    s["cpu_kernel_ms_per_1k"] = pick("saturation", lambda x: x.get("cpu_kernel_ms_per_1k"))
     # Peak RSS after the first saturation run (before it only the warm-up ran); VmHWM never
     # falls, so later rounds also count the fixed-rate and connection runs in between.
     peaks = [r["saturation"].get("rss_peak_kb", 0) for r in rounds if "saturation" in r]
@@ -933,6 +940,19 @@ def tables(results):
     row("RSS idle", lambda a, b, n: ratio(R["carapace-full"]["rss_idle_kb"],
                                           R[n]["rss_idle_kb"]))
     row("RSS peak", lambda a, b, n: ratio(a["rss_peak_kb"], b["rss_peak_kb"]))
+
+    # Where a target's CPU went: its own code (user) or the kernel's work for it (TCP on
+    # loopback, scheduling, system calls).
+    lines += ["", "CPU ms per 1k requests at saturation, user and kernel (medians over the "
+              "rounds; user is the total less the kernel):", "",
+              "| target | user | kernel | kernel share |", "|---|---:|---:|---:|"]
+    for name, label, port in TARGETS:
+        s = R.get(name, {}).get("summary")
+        if not s or s.get("cpu_kernel_ms_per_1k") is None or s.get("cpu_ms_per_1k") is None:
+            continue
+        k, total = s["cpu_kernel_ms_per_1k"], s["cpu_ms_per_1k"]
+        lines.append(f"| {label} | {f1(total - k)} | {f1(k)} | "
+                     f"{100 * k / total:.0f}% |" if total else f"| {label} | n/a | n/a | n/a |")
 
     # What the resident memory is: anonymous (heap, stacks: the process's own) and file-backed
     # (program text and libraries mapped from the page cache: clean, shared, reclaimable).
