@@ -212,7 +212,14 @@ pub async fn run_call(
 /// A JSON response.
 pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Resp {
     // Values and the borrowed answer structs have string keys only: this cannot fail.
-    let bytes = serde_json::to_vec(body).expect("JSON body serializes");
+    json_body(
+        status,
+        serde_json::to_vec(body).expect("JSON body serializes"),
+    )
+}
+
+/// A response with `bytes`, JSON text, as its body.
+pub fn json_body(status: StatusCode, bytes: Vec<u8>) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from(bytes)));
     *r.status_mut() = status;
     r.headers_mut().insert(

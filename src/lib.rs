@@ -18,6 +18,7 @@ pub mod front;
 pub mod idempotency;
 pub mod in_flight;
 pub mod inbound;
+pub mod json_text;
 pub mod ledger;
 pub mod lingering;
 pub mod listener;

@@ -28,7 +28,7 @@ async fn send_to_peer(
     client: &AppClient,
     call: &ToolCall,
 ) -> Result<(Result<CallOutcome, Rejection>, Option<http::HeaderValue>), Rejection> {
-    let body = serde_json::to_vec(&crate::tools_v1::encode_request(call)).expect("serializes");
+    let body = crate::tools_v1::request_body(call);
     let headers = carapace_filters::call::app_headers(call);
     let resp = client
         .send(Method::POST, "/v1/tools/call", headers, Bytes::from(body))

@@ -22,6 +22,7 @@ use super::{
 use crate::catalog::CatalogHandle;
 use crate::errors;
 use crate::front::{self, json_response, CallStack, Resp};
+use crate::json_text;
 
 /// Byte offset of the first number literal (outside strings) longer than
 /// [`MAX_NUMBER_CHARS`], if any. Strings are skipped to their closing quote in one search.
@@ -361,31 +362,26 @@ fn canonical_refusal(e: CanonicalError) -> Rejection {
     }
 }
 
-/// A successful `/run` answer, borrowing the output.
-#[derive(serde::Serialize)]
-struct RunOk<'a> {
-    meta: Value,
-    ok: bool,
-    output: &'a Value,
-}
-
 fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
     match outcome {
         CallOutcome::Ok { output, meta, .. } => {
-            let mut meta = match meta {
-                Some(Value::Object(m)) => Value::Object(m.clone()),
-                _ => json!({}),
-            };
-            meta["duration_ms"] = json!(duration_ms);
-            // Fields in the order `json!` would write them (sorted), without copying `output`.
-            json_response(
-                StatusCode::OK,
-                &RunOk {
-                    meta,
-                    ok: true,
-                    output,
-                },
-            )
+            // Members in the order `json!` would write them (sorted), `output` copied once.
+            let mut body = Vec::with_capacity(128);
+            json_text::object(&mut body, |o| {
+                match meta {
+                    // The app's meta, with carapace's `duration_ms` in its sorted place.
+                    Some(Value::Object(m)) => {
+                        let mut m = m.clone();
+                        m.insert("duration_ms".into(), json!(duration_ms));
+                        o.value("meta", &Value::Object(m))
+                    }
+                    _ => o.object("meta", |m| {
+                        m.u64("duration_ms", duration_ms);
+                    }),
+                };
+                o.bool("ok", true).value("output", output);
+            });
+            front::json_body(StatusCode::OK, body)
         }
         CallOutcome::AppError {
             code,

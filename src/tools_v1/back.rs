@@ -13,6 +13,7 @@ use std::borrow::Cow;
 
 use super::wire::{read_answer, Answer};
 use super::RESPONSE;
+use crate::json_text;
 use crate::upstream::AppClient;
 
 /// The tools-v1 back: calls `POST /v1/tools/call` on the app.
@@ -27,51 +28,33 @@ impl ToolsV1Back {
     }
 }
 
-/// The request body for a tools-v1 app, from any front's call. It borrows from the call, so
-/// serializing it copies the arguments once, straight into the body.
-/// Fields in the order a JSON value writes them (sorted), so the bytes are the same.
-#[derive(serde::Serialize)]
-pub struct AppRequest<'a> {
-    args: &'a Value,
-    call_id: &'a str,
-    context: AppContext<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    idempotency_key: Option<&'a str>,
-    tenant_id: &'a str,
-    timeout_ms: u64,
-    tool_name: &'a str,
-    version: &'static str,
-}
-
-/// The caller's context, or for a front without one (skill-v1) a context naming the caller; no
+/// The request body for a tools-v1 app, from any front's call: its members sorted, as a JSON
+/// value writes them, the arguments and a caller's context copied once, straight into the body.
+/// For a front without a context (skill-v1), a context naming the caller; no
 /// `request_origin` is claimed for it.
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-enum AppContext<'a> {
-    Caller(&'a Value),
-    Named {
-        agent_id: &'a str,
-        session_id: &'a str,
-    },
-}
-
-pub fn encode_request(call: &ToolCall) -> AppRequest<'_> {
-    AppRequest {
-        args: &call.args,
-        call_id: &call.call_id,
-        context: match &call.context {
-            Some(c) => AppContext::Caller(c),
-            None => AppContext::Named {
-                agent_id: &call.principal.id,
-                session_id: &call.call_id,
-            },
-        },
-        idempotency_key: call.idempotency_key.as_deref(),
-        tenant_id: call.tenant_id.as_deref().unwrap_or("default"),
-        timeout_ms: call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
-        tool_name: call.tool.app_name(),
-        version: "v1",
-    }
+pub fn request_body(call: &ToolCall) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    json_text::object(&mut out, |o| {
+        o.value("args", &call.args).str("call_id", &call.call_id);
+        match &call.context {
+            Some(c) => o.value("context", c),
+            None => o.object("context", |c| {
+                c.str("agent_id", &call.principal.id)
+                    .str("session_id", &call.call_id);
+            }),
+        };
+        if let Some(k) = &call.idempotency_key {
+            o.str("idempotency_key", k);
+        }
+        o.str("tenant_id", call.tenant_id.as_deref().unwrap_or("default"))
+            .u64(
+                "timeout_ms",
+                call.tool.effective_timeout(call.timeout_ms).as_millis() as u64,
+            )
+            .str("tool_name", call.tool.app_name())
+            .str("version", "v1");
+    });
+    out
 }
 
 /// Decode a tools-v1 app's answer.
@@ -164,7 +147,7 @@ impl Service<ToolCall> for ToolsV1Back {
 
 /// Call a tools-v1 app (or peer) with `call` and decode its answer.
 pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
-    let body = serde_json::to_vec(&encode_request(call)).expect("serializes");
+    let body = request_body(call);
     let (status, body) = app
         .post_call("/v1/tools/call", call, Bytes::from(body))
         .await?;

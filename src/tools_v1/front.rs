@@ -19,6 +19,7 @@ use crate::catalog::{tools_v1_descriptor, CatalogHandle};
 use crate::errors::{self, ToolsV1Answers};
 use crate::front::{self, json_response, CallStack, Resp};
 use crate::in_flight::{Finished, InFlightCalls};
+use crate::json_text;
 
 /// The tools-v1 error envelope (this front's one mapping of rejections). `malformed`: the body
 /// is not one JSON document of the request's shape.
@@ -307,32 +308,22 @@ fn decode(
     })
 }
 
-/// A successful tools-v1 answer, borrowing the result.
-#[derive(serde::Serialize)]
-struct CallOk<'a> {
-    call_id: &'a str,
-    duration_ms: u64,
-    result: &'a Value,
-    status: &'static str,
-    tool_name: &'a str,
-    version: &'static str,
-}
-
 /// The tools-v1 encoding of a call's outcome.
 fn outcome_response(outcome: &CallOutcome, call_id: &str, tool: &str, duration_ms: u64) -> Resp {
     match outcome {
-        CallOutcome::Ok { output, .. } => json_response(
-            StatusCode::OK,
-            // Fields in the order `json!` would write them (sorted), without copying `output`.
-            &CallOk {
-                call_id,
-                duration_ms,
-                result: output,
-                status: "ok",
-                tool_name: tool,
-                version: "v1",
-            },
-        ),
+        CallOutcome::Ok { output, .. } => {
+            // Members in the order `json!` would write them (sorted), `output` copied once.
+            let mut body = Vec::with_capacity(192);
+            json_text::object(&mut body, |o| {
+                o.str("call_id", call_id)
+                    .u64("duration_ms", duration_ms)
+                    .value("result", output)
+                    .str("status", "ok")
+                    .str("tool_name", tool)
+                    .str("version", "v1");
+            });
+            front::json_body(StatusCode::OK, body)
+        }
         CallOutcome::AppError {
             code,
             message,

@@ -13,9 +13,7 @@ pub use front::{
     decode_request, decode_request_general, error_response, CallRequest, Refused, ToolsV1Front,
 };
 mod back;
-pub use back::{
-    call_app, decode_response, decode_response_general, encode_request, AppRequest, ToolsV1Back,
-};
+pub use back::{call_app, decode_response, decode_response_general, request_body, ToolsV1Back};
 #[cfg(test)]
 mod tests;
 

@@ -4,7 +4,7 @@ use carapace_filters::call::{Credential, Principal, ToolCall, ToolSpec};
 use carapace_filters::schema::CompiledSchema;
 use serde_json::{json, Value};
 
-use super::back::encode_request;
+use super::back::request_body;
 use super::front::decode_request;
 
 fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
@@ -35,18 +35,26 @@ fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
     }
 }
 
-/// The borrowed request writes exactly the bytes the JSON value it replaced wrote.
+/// The request body is exactly the bytes of the JSON value it replaced, escapes included.
 #[test]
 fn app_request_bytes_match_the_json_value_form() {
+    let mut escaped = call(None, Some("k\"2\u{1}"));
+    escaped.call_id = "c\"1\\\n\u{7f}ü".into();
+    escaped.tenant_id = Some("tenant\t1".into());
+    escaped.principal = Arc::new(Principal {
+        id: "peer \"x\"".into(),
+        ..Principal::local()
+    });
     for c in [
         call(None, None),
         call(Some(json!({"agent_id": "gw", "trace": "t"})), Some("k1")),
+        escaped,
     ] {
         let mut value = json!({
             "version": "v1",
             "call_id": c.call_id,
             "tool_name": c.tool.name,
-            "tenant_id": "default",
+            "tenant_id": c.tenant_id.as_deref().unwrap_or("default"),
             "args": c.args,
             "timeout_ms": 2_000,
             "context": c.context.clone().unwrap_or_else(|| json!({
@@ -58,7 +66,7 @@ fn app_request_bytes_match_the_json_value_form() {
             value["idempotency_key"] = json!(k);
         }
         assert_eq!(
-            String::from_utf8(serde_json::to_vec(&encode_request(&c)).unwrap()).unwrap(),
+            String::from_utf8(request_body(&c)).unwrap(),
             serde_json::to_string(&value).unwrap()
         );
     }
