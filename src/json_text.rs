@@ -7,6 +7,7 @@
 //! escape (almost every id and name) is copied whole. A string that does is written by
 //! `serde_json` itself, and so are the free-form values (`args`, `result`).
 
+use carapace_filters::canonical::first_escape;
 use serde_json::Value;
 
 /// Writes an object at the end of `out`, its members written by `members` in the order it
@@ -70,7 +71,7 @@ impl Object<'_> {
 
 /// Whether `s` is written between quotes as it is: no `"`, `\` or control character.
 fn plain(s: &str) -> bool {
-    s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\')
+    first_escape(s.as_bytes()).is_none()
 }
 
 /// `s` as a JSON string.

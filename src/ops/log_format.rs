@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use carapace_filters::canonical::first_escape;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::field::{RecordFields, VisitOutput};
 use tracing_subscriber::fmt::format::{DefaultVisitor, Writer};
@@ -43,8 +44,8 @@ struct TextVisitor<'a> {
 
 /// Whether `Debug` writes `s` as itself between quotes: printable ASCII without `"` or `\`.
 fn plain(s: &str) -> bool {
-    s.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    // Each test looks at a word at a time: ASCII, no `"`, `\\` or C0 control, no DEL.
+    s.is_ascii() && first_escape(s.as_bytes()).is_none() && !s.as_bytes().contains(&0x7f)
 }
 
 impl TextVisitor<'_> {
@@ -174,6 +175,10 @@ mod tests {
                 "\u{1b}[31mred",
                 "'single'",
                 "~!@#$%^&*()_+{}|:<>?",
+                "del\u{7f}",
+                "0123456789abcdef\"quote past a word",
+                "0123456789abcdef\u{7f}",
+                "0123456789abcdefü",
             ] {
                 tracing::info!(
                     value,

@@ -7,7 +7,7 @@
 //! fuzz target holds both ways to the same result on every input.
 
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 use carapace_filters::canonical::{write_canonical, write_canonical_str, StrictSeed};
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
@@ -56,7 +56,7 @@ impl RunBody<'_> {
         write_canonical_str(&self.skill_id, &mut out);
         out.push_str(r#","timestamp":"#);
         // Below 2^53: the double's ECMAScript form is the integer's digits.
-        write!(out, "{}", self.timestamp).ok()?;
+        out.push_str(itoa::Buffer::new().format(self.timestamp));
         out.push('}');
         Some(out)
     }

@@ -44,7 +44,9 @@ use std::fmt;
 
 pub use self::hmac::{hmac_sha256_hex, verify_hmac_sha256_hex, HmacSha256Key};
 pub use strict::{parse_strict, StrictSeed};
-pub use write::{canonical_string, jcs_string, write_canonical, write_canonical_str, write_jcs};
+pub use write::{
+    canonical_string, first_escape, jcs_string, write_canonical, write_canonical_str, write_jcs,
+};
 
 /// Maximum number of nested arrays/objects accepted by [`parse_strict`] and [`write_canonical`].
 ///

@@ -290,13 +290,54 @@ fn write_f64<'a>(f: f64, out: &mut String) -> Result<(), WriteError<'a>> {
     Ok(())
 }
 
+/// Whether JSON escapes the byte `b` in a string: `"`, `\\` and the C0 controls.
+fn is_escaped(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// The index of the first byte of `s` that a JSON string escapes (`"`, `\\` or a C0 control;
+/// `JSON.stringify` and `serde_json` escape the same bytes), if any. Eight bytes are looked at
+/// in one step, so a string with nothing to escape (most ids and names) is passed over at a
+/// fraction of the cost of a byte-by-byte look.
+pub fn first_escape(s: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut chunks = s.chunks_exact(8);
+    let mut at = 0;
+    for chunk in chunks.by_ref() {
+        let x = u64::from_ne_bytes(chunk.try_into().expect("eight bytes"));
+        // High bit of a byte set where it is below 0x20, or equal to `"` or `\\` (zero after
+        // the XOR): the usual "has a byte less than n / a zero byte" tests, which can flag a
+        // byte above a true one but never a chunk without one; the chunk is then looked at
+        // byte by byte.
+        let (q, b) = (x ^ (ONES * u64::from(b'"')), x ^ (ONES * u64::from(b'\\')));
+        let flags = (x.wrapping_sub(ONES * 0x20) & !x)
+            | (q.wrapping_sub(ONES) & !q)
+            | (b.wrapping_sub(ONES) & !b);
+        if flags & HIGH != 0 {
+            if let Some(i) = chunk.iter().position(|&c| is_escaped(c)) {
+                return Some(at + i);
+            }
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&c| is_escaped(c))
+        .map(|i| at + i)
+}
+
 /// `JSON.stringify` string escaping.
 fn write_str(s: &str, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     let bytes = s.as_bytes();
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    while let Some(i) = first_escape(&bytes[start..]).map(|i| start + i) {
+        let b = bytes[i];
+        // `b` is ASCII, so `start..i` and `i + 1..` are on character boundaries.
+        out.push_str(&s[start..i]);
         let escape = match b {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -305,11 +346,8 @@ fn write_str(s: &str, out: &mut String) {
             b'\n' => "\\n",
             b'\r' => "\\r",
             b'\t' => "\\t",
-            0x00..=0x1F => "",
-            _ => continue,
+            _ => "",
         };
-        // `b` is ASCII, so `start..i` and `i + 1..` are on character boundaries.
-        out.push_str(&s[start..i]);
         if escape.is_empty() {
             out.push_str("\\u00");
             out.push(char::from(HEX[usize::from(b >> 4)]));
@@ -327,6 +365,29 @@ fn write_str(s: &str, out: &mut String) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn first_escape_finds_the_first_escaped_byte_wherever_it_is() {
+        let naive = |s: &[u8]| s.iter().position(|&b| is_escaped(b));
+        // Every byte value at every place of strings up to 40 bytes long, on a background with
+        // nothing to escape: ASCII, and bytes of multi-byte characters (high bit set).
+        for background in [b'a', 0xA9, 0x7F, 0xFF, 0x20] {
+            for len in 0..40 {
+                for at in 0..len {
+                    for b in 0..=255u8 {
+                        let mut s = vec![background; len];
+                        s[at] = b;
+                        assert_eq!(first_escape(&s), naive(&s), "{s:?}");
+                        // A second one after it does not move the first.
+                        if at + 1 < len {
+                            s[len - 1] = b'"';
+                            assert_eq!(first_escape(&s), naive(&s), "{s:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     fn canon(text: &str) -> String {
         canonical_string(&serde_json::from_str(text).expect("test json")).expect("canonical")
