@@ -357,6 +357,14 @@ mod tests {
         ))
     }
 
+    /// No `x-carapace-*` header reached the service: the caller's were removed, none were set.
+    fn assert_no_identity_headers(h: &http::HeaderMap) {
+        assert!(
+            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
+            "{h:?}"
+        );
+    }
+
     fn cert(fingerprint: &str) -> ConnectionIdentity {
         ConnectionIdentity::Certificate(Arc::new(PeerCertificate {
             fingerprint: fingerprint.into(),
@@ -388,19 +396,13 @@ mod tests {
         let who = who.expect("a principal");
         assert_eq!((who.id.as_str(), who.kind.as_str()), ("gw", "gateway"));
         assert_eq!(who.fingerprint.as_deref(), Some("sha256:aa"));
-        assert!(
-            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
-            "{h:?}"
-        );
+        assert_no_identity_headers(&h);
         let (h, who) = svc(false)
             .oneshot(req(Some(ConnectionIdentity::Local)))
             .await
             .unwrap();
         assert_eq!(who.expect("a principal").id, "local");
-        assert!(
-            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
-            "{h:?}"
-        );
+        assert_no_identity_headers(&h);
     }
 
     #[test]
@@ -451,10 +453,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(who.expect("a principal").id, "anonymous");
-        assert!(
-            h.keys().all(|k| !k.as_str().starts_with(HEADER_PREFIX)),
-            "{h:?}"
-        );
+        assert_no_identity_headers(&h);
     }
 
     #[tokio::test]

@@ -165,9 +165,8 @@ fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
     // Connections without a certificate go on when every call carries a signature (skill-v1)
     // or every request a bearer token (oauth), checked by the next layer.
     let anonymous = c.front.protocol == Protocol::SkillV1 || c.front.authenticates_each_request();
-    // Every back builds its app request from the call's principal (`app_headers`) and none
-    // forwards the caller's headers: the caller's request needs no identity headers (its own
-    // `x-carapace-*` are still removed).
+    // The layer removes the caller's own `x-carapace-*` headers; the identity headers the app
+    // sees are built by every back from the call's principal (`app_headers`).
     let layer = IdentityLayer::new(shared.peers.clone(), anonymous);
     match c
         .front

@@ -63,9 +63,8 @@ pub(crate) fn build_outbound_stack(
     // Remote agents (`outbound.listen`) come without a certificate and are authenticated by
     // their bearer token, the next layer; the local socket is the local principal.
     let remote = c.outbound.as_ref().is_some_and(|o| o.listen.is_some());
-    // The back builds the peer's request from the call's principal and forwards none of the
-    // caller's headers: no identity headers on the caller's request (its own `x-carapace-*`
-    // are still removed).
+    // The identity layer removes the caller's own `x-carapace-*` headers; the back builds the
+    // peer's request from the call's principal and forwards none of the caller's headers.
     let http = || {
         ServiceBuilder::new()
             .layer(IdentityLayer::new(shared.peers.clone(), remote))
