@@ -3,11 +3,12 @@
 //! and JSON response helpers.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Service, ServiceExt};
@@ -25,11 +26,22 @@ pub type Resp = Response<Full<Bytes>>;
 
 /// The call-stage stack a front hands decoded calls to, and which calls a layer of it (or its
 /// back) may sign, check, store or read a receipt for: only those get a [`ReceiptSlot`].
+///
+/// `Service::call` takes the stack by `&mut`, so a call needs a copy of its own for the moment
+/// it is started; copying the whole stack for every call (and dropping the copy) was most of a
+/// thousand instructions. A copy that started a call is kept for the next one instead.
 #[derive(Clone)]
 pub struct CallStack {
-    service: tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rejection>,
+    service: CallService,
+    spare: Arc<Mutex<Vec<CallService>>>,
     receipts: ReceiptUse,
 }
+
+type CallService = tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rejection>;
+
+/// Copies of a stack kept for the next calls, at most (a copy is back as soon as its call has
+/// started, so about one per worker is in use).
+const SPARE_COPIES: usize = 16;
 
 /// Which calls of a [`CallStack`] have a use for a receipt slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +65,7 @@ impl CallStack {
     {
         CallStack {
             service: tower::util::BoxCloneSyncService::new(service),
+            spare: Arc::default(),
             receipts: ReceiptUse::EveryCall,
         }
     }
@@ -75,6 +88,30 @@ impl CallStack {
             ReceiptUse::None => false,
         }
     }
+
+    fn spare(&self) -> MutexGuard<'_, Vec<CallService>> {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start `call` on a copy of the stack: a kept one when there is one. Every layer is ready
+    /// at once (limits are taken in `call`); should one not be, the call waits for it on its
+    /// copy, which is then not kept.
+    pub fn start(&self, call: ToolCall) -> BoxFuture<Result<CallOutcome, Rejection>> {
+        let kept = self.spare().pop();
+        let mut copy = kept.unwrap_or_else(|| self.service.clone());
+        match copy.ready().now_or_never() {
+            Some(Ok(svc)) => {
+                let started = svc.call(call);
+                let mut spare = self.spare();
+                if spare.len() < SPARE_COPIES {
+                    spare.push(copy);
+                }
+                started
+            }
+            Some(Err(e)) => Box::pin(std::future::ready(Err(e))),
+            None => Box::pin(copy.oneshot(call)),
+        }
+    }
 }
 
 impl Service<ToolCall> for CallStack {
@@ -82,12 +119,13 @@ impl Service<ToolCall> for CallStack {
     type Error = Rejection;
     type Future = BoxFuture<Result<CallOutcome, Rejection>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        self.service.poll_ready(cx)
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        // Readiness is the started copy's (see `start`).
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        self.service.call(call)
+        self.start(call)
     }
 }
 
@@ -190,7 +228,7 @@ pub async fn run_call(
     if let Some(slot) = &receipt {
         call.extensions.insert(slot.clone());
     }
-    let result = calls.clone().oneshot(call).await;
+    let result = calls.start(call).await;
     let ms = started.elapsed().as_millis() as u64;
     let (resp, outcome) = match &result {
         Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool.name, ms), "ok"),
@@ -390,11 +428,9 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
-    /// A stack whose layer leaves a receipt in every slot it is given (as the receipt layer
-    /// and an idempotent replay do): the caller gets the receipt header exactly when the call
-    /// had a slot.
-    async fn receipt_header(stack: CallStack, key: Option<&str>) -> Option<http::HeaderValue> {
-        let call = ToolCall {
+    /// A call of tool `t`, with idempotency key `key`.
+    fn tool_call(key: Option<&str>) -> ToolCall {
+        ToolCall {
             call_id: "c1".into(),
             tool: Arc::new(ToolSpec {
                 name: "t".into(),
@@ -421,7 +457,14 @@ mod tests {
             request_id: None,
             trace_context: Vec::new(),
             extensions: Default::default(),
-        };
+        }
+    }
+
+    /// A stack whose layer leaves a receipt in every slot it is given (as the receipt layer
+    /// and an idempotent replay do): the caller gets the receipt header exactly when the call
+    /// had a slot.
+    async fn receipt_header(stack: CallStack, key: Option<&str>) -> Option<http::HeaderValue> {
+        let call = tool_call(key);
         let ok = |o: &CallOutcome, _: &str, _: &str, _| match o {
             CallOutcome::Ok { output, .. } => json_response(StatusCode::OK, output),
             CallOutcome::AppError { .. } => unreachable!("the stack answers ok"),
@@ -464,5 +507,107 @@ mod tests {
         let keyed = || signing_stack().without_receipts(true);
         assert_eq!(receipt_header(keyed(), Some("k1")).await, r1);
         assert_eq!(receipt_header(keyed(), None).await, None);
+    }
+
+    /// Ready once polled a second time (waking its task), or refusing readiness; counts its
+    /// copies and the calls that reach it.
+    #[derive(Default)]
+    struct Counted {
+        copies: Arc<AtomicUsize>,
+        calls: Arc<AtomicUsize>,
+        polled: bool,
+        waits: bool,
+        refuses: bool,
+    }
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.copies.fetch_add(1, Ordering::SeqCst);
+            Counted {
+                copies: self.copies.clone(),
+                calls: self.calls.clone(),
+                polled: false,
+                ..*self
+            }
+        }
+    }
+
+    impl Service<ToolCall> for Counted {
+        type Response = CallOutcome;
+        type Error = Rejection;
+        type Future = std::future::Ready<Result<CallOutcome, Rejection>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+            if self.refuses {
+                return Poll::Ready(Err(Rejection::Overloaded));
+            }
+            if self.waits && !std::mem::replace(&mut self.polled, true) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: ToolCall) -> Self::Future {
+            self.polled = false;
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(CallOutcome::Ok {
+                output: serde_json::json!({}),
+                meta: None,
+                content: None,
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_copy_of_the_stack_that_started_a_call_starts_the_next() {
+        let inner = Counted::default();
+        let (copies, calls) = (inner.copies.clone(), inner.calls.clone());
+        let stack = CallStack::new(inner);
+        let before = copies.load(Ordering::SeqCst);
+        for _ in 0..5 {
+            assert!(stack.start(tool_call(None)).await.is_ok());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(
+            copies.load(Ordering::SeqCst) - before,
+            1,
+            "one copy for five calls"
+        );
+        // Two calls in flight at once: the copy was back as soon as the first had started.
+        let (a, b) = (stack.start(tool_call(None)), stack.start(tool_call(None)));
+        assert!(a.await.is_ok() && b.await.is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 7);
+        assert_eq!(copies.load(Ordering::SeqCst) - before, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stack_not_ready_at_once_is_waited_for_and_a_refusal_is_the_answer() {
+        let inner = Counted {
+            waits: true,
+            ..Counted::default()
+        };
+        let (copies, calls) = (inner.copies.clone(), inner.calls.clone());
+        let stack = CallStack::new(inner);
+        let before = copies.load(Ordering::SeqCst);
+        for _ in 0..2 {
+            assert!(stack.start(tool_call(None)).await.is_ok());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // A copy that was waited for is not kept.
+        assert_eq!(copies.load(Ordering::SeqCst) - before, 2);
+
+        let inner = Counted {
+            refuses: true,
+            ..Counted::default()
+        };
+        let calls = inner.calls.clone();
+        let refused = CallStack::new(inner).start(tool_call(None)).await;
+        assert!(matches!(refused, Err(Rejection::Overloaded)), "{refused:?}");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "a refusing stack is never called"
+        );
     }
 }

@@ -125,8 +125,9 @@ impl std::fmt::Debug for SkillCredential {
 pub enum Credential {
     /// Nothing beyond the connection (tools-v1 over mTLS or the local socket).
     None,
-    /// Skill Gateway v1 fields.
-    Skill(SkillCredential),
+    /// Skill Gateway v1 fields (boxed: a call is moved through every layer, and a call without
+    /// them should not carry their room).
+    Skill(Box<SkillCredential>),
 }
 
 /// One tool call, whatever front it came in on.

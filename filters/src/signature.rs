@@ -377,7 +377,7 @@ mod tests {
 
     fn signed(secret: &[u8], nonce: &str, ts: i64) -> Credential {
         let canonical = format!(r#"{{"nonce":"{nonce}","timestamp":{ts}}}"#);
-        Credential::Skill(SkillCredential {
+        Credential::Skill(Box::new(SkillCredential {
             api_key: None,
             header_signature: None,
             signature_hex: hmac_sha256_hex(secret, canonical.as_bytes()),
@@ -385,7 +385,7 @@ mod tests {
             timestamp_ms: ts,
             nonce: nonce.into(),
             scope: "demo.echo".into(),
-        })
+        }))
     }
 
     #[test]
@@ -538,7 +538,7 @@ mod shared_tests {
 
     fn signed(secret: &[u8], nonce: &str) -> Credential {
         let canonical = format!(r#"{{"nonce":"{nonce}","timestamp":{NOW}}}"#);
-        Credential::Skill(SkillCredential {
+        Credential::Skill(Box::new(SkillCredential {
             api_key: None,
             header_signature: None,
             signature_hex: hmac_sha256_hex(secret, canonical.as_bytes()),
@@ -546,7 +546,7 @@ mod shared_tests {
             timestamp_ms: NOW as i64,
             nonce: nonce.into(),
             scope: "demo.echo".into(),
-        })
+        }))
     }
 
     async fn outcome(v: &SignatureVerifier, c: &Credential) -> Result<(), Rejection> {

@@ -30,7 +30,6 @@ use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::{BoxFuture, Rejection};
-use tower::ServiceExt;
 
 use super::registry::{Answer, CallerTools, Declared, Event, StreamGuard};
 use crate::caller_body::CallerBody;
@@ -300,7 +299,7 @@ impl RelayLayer {
             extensions: Default::default(),
             credential: Credential::None,
         };
-        let answer = match self.calls.clone().oneshot(call).await {
+        let answer = match self.calls.start(call).await {
             Ok(CallOutcome::Ok { output, .. }) => json!({"result": output}),
             Ok(CallOutcome::AppError { code, message, .. }) => {
                 json!({"error": {"code": code, "message": message}})

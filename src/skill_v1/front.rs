@@ -315,7 +315,7 @@ impl SkillV1Front {
             request_id: None,
             trace_context: Vec::new(),
             extensions: Default::default(),
-            credential: Credential::Skill(SkillCredential {
+            credential: Credential::Skill(Box::new(SkillCredential {
                 api_key,
                 header_signature,
                 signature_hex: signed.signature,
@@ -323,7 +323,7 @@ impl SkillV1Front {
                 timestamp_ms: signed.timestamp,
                 nonce: signed.nonce,
                 scope: self.skill_id.to_string(),
-            }),
+            })),
         })
     }
 }
