@@ -95,7 +95,8 @@ impl CallStack {
 
     /// Start `call` on a copy of the stack: a kept one when there is one. Every layer is ready
     /// at once (limits are taken in `call`); should one not be, the call waits for it on its
-    /// copy, which is then not kept.
+    /// copy, which is then not kept. The layers' `call` runs here, not when the returned future
+    /// is first polled, and the stack as a `Service` is always ready: readiness is each copy's.
     pub fn start(&self, call: ToolCall) -> BoxFuture<Result<CallOutcome, Rejection>> {
         let kept = self.spare().pop();
         let mut copy = kept.unwrap_or_else(|| self.service.clone());

@@ -13,7 +13,9 @@ pub type CallKey = (&'static str, String, String);
 
 /// The table's map. Every call goes in and out of it, so its keys are hashed with foldhash
 /// (seeded at random per process, as the peer table's) rather than SipHash, which cost three
-/// times as much per call.
+/// times as much per call. Call ids are the callers', and foldhash resists only simple flooding;
+/// the table holds at most the calls in flight (`limits.max_in_flight`), so colliding ids
+/// cannot make it long.
 type Table = HashMap<Arc<CallKey>, oneshot::Sender<()>, foldhash::fast::RandomState>;
 
 /// The cancellable calls in flight in this process.

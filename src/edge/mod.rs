@@ -110,8 +110,17 @@ impl ResponseForPanic for PanicAnswer {
     }
 }
 
+/// [`SENSITIVE_HEADERS`], and `credential_header` when it is not among them.
+fn sensitive_names(credential_header: Option<HeaderName>) -> Arc<[HeaderName]> {
+    let extra = credential_header.filter(|h| !SENSITIVE_HEADERS.contains(h));
+    SENSITIVE_HEADERS.iter().cloned().chain(extra).collect()
+}
+
 /// Wrap a front's stack in the edge.
-pub fn edge<S>(inner: S, panic: PanicAnswer) -> HttpStack
+///
+/// `credential_header`: the header a front's callers send a credential in when it is not one
+/// of [`SENSITIVE_HEADERS`] (a configured `front.auth.header_name`), marked sensitive too.
+pub fn edge<S>(inner: S, panic: PanicAnswer, credential_header: Option<HeaderName>) -> HttpStack
 where
     S: Service<Request<CallerBody>, Response = Resp, Error = Infallible>
         + Clone
@@ -122,7 +131,9 @@ where
 {
     let svc = ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(panic))
-        .layer(SensitiveHeadersLayer::new(&SENSITIVE_HEADERS))
+        .layer(SensitiveHeadersLayer::new(sensitive_names(
+            credential_header,
+        )))
         .layer(RequestIdLayer)
         .layer(CallSpanLayer::new(|req: &Request<CallerBody>| {
             let id = req
@@ -145,4 +156,21 @@ where
         .map_response(streamed)
         .service(inner);
     BoxCloneSyncService::new(svc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_credential_header_is_sensitive_too_and_listed_once() {
+        let custom = HeaderName::from_static("x-tool-key");
+        let names = sensitive_names(Some(custom.clone()));
+        assert_eq!(names.len(), SENSITIVE_HEADERS.len() + 1);
+        assert!(names.contains(&custom));
+        assert!(SENSITIVE_HEADERS.iter().all(|h| names.contains(h)));
+        let names = sensitive_names(Some(HeaderName::from_static("x-api-key")));
+        assert_eq!(&*names, &SENSITIVE_HEADERS[..]);
+        assert_eq!(&*sensitive_names(None), &SENSITIVE_HEADERS[..]);
+    }
 }

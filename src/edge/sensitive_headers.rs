@@ -11,6 +11,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::{HeaderMap, HeaderName, Request, Response};
@@ -20,14 +21,13 @@ use tower::{Layer, Service};
 ///
 /// ```
 /// use carapace::edge::sensitive_headers::SensitiveHeadersLayer;
-/// use http::{header, HeaderName, Request, Response};
+/// use http::{header, Request, Response};
+/// use std::sync::Arc;
 /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-///
-/// static NAMES: [HeaderName; 1] = [header::AUTHORIZATION];
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let mut svc = ServiceBuilder::new()
-///     .layer(SensitiveHeadersLayer::new(&NAMES))
+///     .layer(SensitiveHeadersLayer::new(Arc::new([header::AUTHORIZATION])))
 ///     .service(service_fn(|req: Request<()>| async move {
 ///         assert!(req.headers()[header::AUTHORIZATION].is_sensitive());
 ///         Ok::<_, std::convert::Infallible>(Response::new(()))
@@ -39,13 +39,13 @@ use tower::{Layer, Service};
 /// svc.ready().await.unwrap().call(req).await.unwrap();
 /// # });
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SensitiveHeadersLayer {
-    names: &'static [HeaderName],
+    names: Arc<[HeaderName]>,
 }
 
 impl SensitiveHeadersLayer {
-    pub fn new(names: &'static [HeaderName]) -> Self {
+    pub fn new(names: Arc<[HeaderName]>) -> Self {
         SensitiveHeadersLayer { names }
     }
 }
@@ -55,16 +55,16 @@ impl<S> Layer<S> for SensitiveHeadersLayer {
     fn layer(&self, inner: S) -> Self::Service {
         SensitiveHeaders {
             inner,
-            names: self.names,
+            names: self.names.clone(),
         }
     }
 }
 
 /// Service of [`SensitiveHeadersLayer`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SensitiveHeaders<S> {
     inner: S,
-    names: &'static [HeaderName],
+    names: Arc<[HeaderName]>,
 }
 
 /// Marks every value of a header named in `names` sensitive, in one walk over the map.
@@ -89,10 +89,10 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        mark(req.headers_mut(), self.names);
+        mark(req.headers_mut(), &self.names);
         ResponseFuture {
             inner: self.inner.call(req),
-            names: self.names,
+            names: self.names.clone(),
         }
     }
 }
@@ -102,7 +102,7 @@ pin_project_lite::pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
-        names: &'static [HeaderName],
+        names: Arc<[HeaderName]>,
     }
 }
 
@@ -127,11 +127,13 @@ mod tests {
     use http::HeaderValue;
     use tower::{service_fn, ServiceExt};
 
-    static NAMES: [HeaderName; 3] = [
-        header::AUTHORIZATION,
-        header::SET_COOKIE,
-        HeaderName::from_static("x-api-key"),
-    ];
+    fn names() -> Arc<[HeaderName]> {
+        Arc::new([
+            header::AUTHORIZATION,
+            header::SET_COOKIE,
+            HeaderName::from_static("x-api-key"),
+        ])
+    }
 
     /// What the inner service saw of the request's headers, as (name, value, sensitive).
     type Seen = Vec<(String, String, bool)>;
@@ -149,7 +151,7 @@ mod tests {
     #[tokio::test]
     async fn named_headers_are_marked_both_ways_and_nothing_else_changes() {
         let svc =
-            SensitiveHeadersLayer::new(&NAMES).layer(service_fn(|req: Request<()>| async move {
+            SensitiveHeadersLayer::new(names()).layer(service_fn(|req: Request<()>| async move {
                 let mut res = Response::new(seen(req.headers()));
                 let h = res.headers_mut();
                 h.append(header::SET_COOKIE, HeaderValue::from_static("a=1"));

@@ -76,6 +76,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
         answers,
     };
     let metrics = shared.metrics.clone();
+    let credential = credential_header(cfg);
     match c.front.protocol {
         Protocol::ToolsV1 => {
             let front = ToolsV1Front::new(
@@ -86,13 +87,13 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
                 shared.in_flight.clone(),
             );
             let envelope = Envelope::new(http.service(front), Protocol::ToolsV1, answers, metrics);
-            edge(envelope, panic)
+            edge(envelope, panic, credential)
         }
         Protocol::SkillV1 => {
             let front = skill_v1_front(cfg, shared, calls);
             let answers = ToolsV1Answers::default();
             let envelope = Envelope::new(http.service(front), Protocol::SkillV1, answers, metrics);
-            edge(envelope, panic)
+            edge(envelope, panic, credential)
         }
         Protocol::Mcp => {
             let front = crate::mcp::McpFront::new(
@@ -118,7 +119,7 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
             .with_relay(shared.relay.clone())
             .with_receipts(shared.receipts.is_some());
             let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
-            edge(envelope, panic)
+            edge(envelope, panic, credential)
         }
     }
 }
@@ -168,14 +169,19 @@ fn identity_layer(cfg: &Loaded, shared: &Shared) -> IdentityLayer {
     // The layer removes the caller's own `x-carapace-*` headers; the identity headers the app
     // sees are built by every back from the call's principal (`app_headers`).
     let layer = IdentityLayer::new(shared.peers.clone(), anonymous);
-    match c
+    match credential_header(cfg) {
+        Some(h) => layer.credential_header(h),
+        None => layer,
+    }
+}
+
+/// The header the front's callers send their credential in, when configured
+/// (`front.auth.header_name`).
+fn credential_header(cfg: &Loaded) -> Option<http::HeaderName> {
+    cfg.config
         .front
         .auth
         .as_ref()
         .and_then(|a| a.header_name.as_deref())
         .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
-    {
-        Some(h) => layer.credential_header(h),
-        None => layer,
-    }
 }

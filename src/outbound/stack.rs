@@ -109,9 +109,9 @@ pub(crate) fn build_outbound_stack(
     let panic = |front| PanicAnswer { front, answers };
     BoxCloneSyncService::new(ByPath {
         path: mcp_cfg.path.clone().into(),
-        on_path: edge(mcp, panic(Protocol::Mcp)),
-        search: edge(search, panic(Protocol::ToolsV1)),
-        elsewhere: edge(tools, panic(Protocol::ToolsV1)),
+        on_path: edge(mcp, panic(Protocol::Mcp), None),
+        search: edge(search, panic(Protocol::ToolsV1), None),
+        elsewhere: edge(tools, panic(Protocol::ToolsV1), None),
     })
 }
 

@@ -43,7 +43,11 @@ fn placeholder_stack() -> HttpStack {
         front: Protocol::ToolsV1,
         answers: ToolsV1Answers::default(),
     };
-    edge::<_>(tower::util::MapResponse::new(never, |r: Resp| r), panic)
+    edge::<_>(
+        tower::util::MapResponse::new(never, |r: Resp| r),
+        panic,
+        None,
+    )
 }
 /// A started sidecar.
 pub struct Running {

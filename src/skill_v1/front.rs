@@ -362,7 +362,7 @@ fn canonical_refusal(e: CanonicalError) -> Rejection {
     }
 }
 
-fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
+pub(super) fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp {
     match outcome {
         CallOutcome::Ok { output, meta, .. } => {
             // Members in the order `json!` would write them (sorted), `output` copied once.

@@ -271,3 +271,35 @@ fn overlong_numbers_are_found_outside_strings_only() {
     }
     assert!(found > 1_000, "the bodies cover overlong numbers too");
 }
+
+/// A successful `/run` answer is exactly the bytes of the JSON value it replaced: the app's
+/// meta (when an object) with carapace's `duration_ms` in its sorted place, or one with only it.
+#[tokio::test]
+async fn answer_bytes_match_the_json_value_form() {
+    use carapace_filters::call::CallOutcome;
+    use http_body_util::BodyExt;
+    let output = json!({"q": "a\"b\n", "n": [1, 2.5, null], "ü": {"t": true}});
+    for meta in [
+        None,
+        Some(json!({"z": 1, "duration_ms": 99, "a": "x\u{1}"})),
+        Some(json!("not an object")),
+    ] {
+        let outcome = CallOutcome::Ok {
+            output: output.clone(),
+            meta: meta.clone(),
+            content: None,
+        };
+        let resp = super::front::outcome_response(&outcome, 7);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let mut expected_meta = match meta {
+            Some(serde_json::Value::Object(m)) => serde_json::Value::Object(m),
+            _ => json!({}),
+        };
+        expected_meta["duration_ms"] = json!(7);
+        let value = json!({"ok": true, "output": output, "meta": expected_meta});
+        assert_eq!(
+            String::from_utf8(body.to_vec()).unwrap(),
+            serde_json::to_string(&value).unwrap()
+        );
+    }
+}

@@ -309,7 +309,12 @@ fn decode(
 }
 
 /// The tools-v1 encoding of a call's outcome.
-fn outcome_response(outcome: &CallOutcome, call_id: &str, tool: &str, duration_ms: u64) -> Resp {
+pub(super) fn outcome_response(
+    outcome: &CallOutcome,
+    call_id: &str,
+    tool: &str,
+    duration_ms: u64,
+) -> Resp {
     match outcome {
         CallOutcome::Ok { output, .. } => {
             // Members in the order `json!` would write them (sorted), `output` copied once.

@@ -72,6 +72,30 @@ fn app_request_bytes_match_the_json_value_form() {
     }
 }
 
+/// A successful answer is exactly the bytes of the JSON value it replaced, escapes included.
+#[tokio::test]
+async fn answer_bytes_match_the_json_value_form() {
+    use http_body_util::BodyExt;
+    let output = json!({"q": "a\"b\n", "n": [1, 2.5, null], "ü": {"t": true}});
+    let outcome = carapace_filters::call::CallOutcome::Ok {
+        output: output.clone(),
+        meta: None,
+        content: None,
+    };
+    for (call_id, tool) in [("c1", "memory.query"), ("c\"1\\\u{1}", "tool ü\t")] {
+        let resp = super::front::outcome_response(&outcome, call_id, tool, 7);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let value = json!({
+            "version": "v1", "call_id": call_id, "tool_name": tool,
+            "status": "ok", "result": output, "duration_ms": 7,
+        });
+        assert_eq!(
+            String::from_utf8(body.to_vec()).unwrap(),
+            serde_json::to_string(&value).unwrap()
+        );
+    }
+}
+
 /// The body alone decodes into the call's fields; what is not tools-v1 is refused.
 #[test]
 fn decode_request_reads_the_fields_without_a_catalog() {
