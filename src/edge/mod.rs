@@ -22,7 +22,7 @@ use http_body_util::BodyExt;
 
 use crate::caller_body::CallerBody;
 use bytes::Bytes;
-use http::{HeaderName, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::{CatchPanicLayer, ResponseForPanic};
@@ -32,6 +32,7 @@ use carapace_filters::Rejection;
 use crate::config::Protocol;
 use crate::errors::ToolsV1Answers;
 use crate::front::Resp;
+use crate::ops::call_fields::{self, CallFields, CallScope};
 use crate::ops::call_span::{CallSpanLayer, SpannedBody};
 pub use request_id::request_id;
 use request_id::RequestIdLayer;
@@ -116,6 +117,34 @@ fn sensitive_names(credential_header: Option<HeaderName>) -> Arc<[HeaderName]> {
     SENSITIVE_HEADERS.iter().cloned().chain(extra).collect()
 }
 
+/// The scope a request is handled in: its fields beside it when `beside` (made only when
+/// `info` is enabled, as the span would be), else the `call` span.
+fn call_scope<B>(req: &Request<B>, beside: bool) -> CallScope {
+    let id = req.extensions().get::<request_id::RequestId>();
+    if beside {
+        if !tracing::enabled!(tracing::Level::INFO) {
+            return CallScope::Span(tracing::Span::none());
+        }
+        return CallScope::Fields(Arc::new(CallFields::new(
+            id.map_or(HeaderValue::from_static(""), |id| id.0.clone()),
+            req.method().clone(),
+            req.uri().clone(),
+        )));
+    }
+    let id = id.and_then(|v| v.0.to_str().ok()).unwrap_or("");
+    let span = tracing::info_span!(
+        "call",
+        request_id = id,
+        // A `str`, not `Display`: formatted without the `fmt` machinery.
+        method = req.method().as_str(),
+        path = req.uri().path(),
+        tool = tracing::field::Empty,
+        context_trace_id = tracing::field::Empty,
+    );
+    crate::telemetry::adopt_caller_context(&span, req.headers());
+    CallScope::Span(span)
+}
+
 /// Wrap a front's stack in the edge.
 ///
 /// `credential_header`: the header a front's callers send a credential in when it is not one
@@ -136,22 +165,7 @@ where
         )))
         .layer(RequestIdLayer)
         .layer(CallSpanLayer::new(|req: &Request<CallerBody>| {
-            let id = req
-                .extensions()
-                .get::<request_id::RequestId>()
-                .and_then(|v| v.0.to_str().ok())
-                .unwrap_or("");
-            let span = tracing::info_span!(
-                "call",
-                request_id = id,
-                // A `str`, not `Display`: formatted without the `fmt` machinery.
-                method = req.method().as_str(),
-                path = req.uri().path(),
-                tool = tracing::field::Empty,
-                context_trace_id = tracing::field::Empty,
-            );
-            crate::telemetry::adopt_caller_context(&span, req.headers());
-            span
+            call_scope(req, call_fields::fields_beside_calls())
         }))
         .map_response(streamed)
         .service(inner);
@@ -161,6 +175,48 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing::level_filters::LevelFilter;
+
+    /// The scope a request gets under a subscriber logging at `level`; its call's text.
+    fn scope_at(level: LevelFilter, beside: bool) -> (CallScope, Option<String>) {
+        let subscriber =
+            tracing_subscriber::layer::SubscriberExt::with(tracing_subscriber::registry(), level);
+        tracing::subscriber::with_default(subscriber, || {
+            let mut req = Request::post("/v1/tools/call").body(()).unwrap();
+            req.extensions_mut()
+                .insert(request_id::RequestId(HeaderValue::from_static("id-7")));
+            let scope = call_scope(&req, beside);
+            let text = scope.in_scope(call_fields::current_fields).map(|f| {
+                let mut text = String::new();
+                f.write(&mut text).unwrap();
+                text
+            });
+            (scope, text)
+        })
+    }
+
+    #[test]
+    fn a_call_keeps_its_fields_beside_it_only_when_asked_and_info_is_on() {
+        let (scope, text) = scope_at(LevelFilter::INFO, true);
+        assert!(matches!(scope, CallScope::Fields(_)));
+        assert_eq!(
+            text.as_deref(),
+            Some(r#"call{request_id="id-7" method="POST" path="/v1/tools/call"}"#)
+        );
+        // As the `info` span would be: nothing when the level is above it.
+        let (scope, text) = scope_at(LevelFilter::WARN, true);
+        assert!(
+            matches!(&scope, CallScope::Span(s) if s.is_none()),
+            "{scope:?}"
+        );
+        assert_eq!(text, None);
+        let (scope, text) = scope_at(LevelFilter::INFO, false);
+        assert!(
+            matches!(&scope, CallScope::Span(s) if s.metadata().is_some_and(|m| m.name() == "call")),
+            "{scope:?}"
+        );
+        assert_eq!(text, None);
+    }
 
     #[test]
     fn a_configured_credential_header_is_sensitive_too_and_listed_once() {

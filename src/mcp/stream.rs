@@ -20,12 +20,12 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
-use tracing::Instrument;
 
 use super::back::relay::ServerMessage;
 use super::back::upstream::Reply;
 use crate::edge::{StreamBody, StreamedBody};
 use crate::front::Resp;
+use crate::ops::call_fields::CallScope;
 use crate::receipts::{RECEIPT_HEADER, RECEIPT_STATUS_HEADER};
 use carapace_filters::secret_guard::SecretGuard;
 
@@ -195,7 +195,7 @@ fn stream_with(
     let (tx, rx) = mpsc::channel(FRAMES);
     let receipts = cx.receipts;
     let pump = pump(call, messages, first, cx, tx);
-    tokio::spawn(pump.instrument(tracing::Span::current()));
+    tokio::spawn(CallScope::current().wrap(pump));
     let mut resp = sse_response(FrameBody(rx).boxed_unsync());
     if receipts {
         resp.headers_mut().insert(

@@ -1,15 +1,19 @@
-//! The text log format's fields: the text of `tracing_subscriber`'s `DefaultFields`, with plain
-//! string values written straight into the line instead of through `Debug` and the formatting
-//! machinery. Every call's span formats its fields when it is created, logged or not, so this
-//! is on every request's path.
+//! The text log format: its fields ([`TextFields`], the text of `tracing_subscriber`'s
+//! `DefaultFields`, with plain string values written straight into the line instead of through
+//! `Debug` and the formatting machinery; a call's span, when it has one, formats its fields
+//! when it is created, logged or not) and its lines ([`TextFormat`], which writes the fields of
+//! a call that keeps them beside it).
 
 use std::fmt;
 
 use carapace_filters::canonical::first_escape;
 use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::field::{RecordFields, VisitOutput};
-use tracing_subscriber::fmt::format::{DefaultVisitor, Writer};
-use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::{DefaultVisitor, Format, Full, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// Formats fields as `DefaultFields` does (without ANSI colours), faster for plain strings.
 ///
@@ -97,13 +101,83 @@ impl Visit for TextVisitor<'_> {
     }
 }
 
+/// The text log line: `tracing_subscriber`'s full format, with the fields of a call that
+/// keeps them beside it ([`CallFields`](super::call_fields::CallFields)) written where its
+/// span would be, the same text. A line outside such a call is the full format's own.
+///
+/// ```
+/// use carapace::ops::log_format::{TextFields, TextFormat};
+///
+/// let layer = tracing_subscriber::fmt::layer::<tracing_subscriber::Registry>()
+///     .with_ansi(false)
+///     .fmt_fields(TextFields)
+///     .event_format(TextFormat::default());
+/// # drop(layer);
+/// ```
+#[derive(Debug)]
+pub struct TextFormat {
+    full: Format<Full>,
+    /// The full format from the spans on: what follows the time, the level and the call.
+    after_call: Format<Full, ()>,
+}
+
+impl Default for TextFormat {
+    fn default() -> Self {
+        TextFormat {
+            full: Format::default(),
+            after_call: Format::default().without_time().with_level(false),
+        }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for TextFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let Some(call) = super::call_fields::current_fields() else {
+            return self.full.format_event(ctx, writer, event);
+        };
+        // As the full format writes its time stamp and level.
+        if SystemTime.format_time(&mut writer).is_err() {
+            writer.write_str("<unknown time>")?;
+        }
+        writer.write_char(' ')?;
+        writer.write_str(match *event.metadata().level() {
+            Level::TRACE => "TRACE ",
+            Level::DEBUG => "DEBUG ",
+            Level::INFO => " INFO ",
+            Level::WARN => " WARN ",
+            Level::ERROR => "ERROR ",
+        })?;
+        call.write(&mut writer)?;
+        writer.write_char(':')?;
+        // Spans inside the call follow it; else a space, as after the full format's last span.
+        if ctx
+            .event_scope()
+            .is_none_or(|mut spans| spans.next().is_none())
+        {
+            writer.write_char(' ')?;
+        }
+        self.after_call.format_event(ctx, writer, event)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::call_fields::{CallField, CallFields, CallScope};
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::fmt::format::DefaultFields;
     use tracing_subscriber::fmt::MakeWriter;
     use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
 
     #[derive(Clone, Default)]
     struct Lines(Arc<Mutex<Vec<u8>>>);
@@ -195,6 +269,98 @@ mod tests {
         });
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         text
+    }
+
+    /// The lines `body` logs at `debug` through `format`, each without its time stamp.
+    fn lines<F>(format: F, body: impl FnOnce()) -> Vec<String>
+    where
+        F: for<'w> FormatEvent<tracing_subscriber::Registry, TextFields> + Send + Sync + 'static,
+    {
+        let out = Lines::default();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(out.clone())
+            .fmt_fields(TextFields)
+            .event_format(format)
+            .with_filter(tracing::level_filters::LevelFilter::DEBUG);
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), body);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|l| {
+                let (time, rest) = l.split_once(' ').unwrap();
+                assert!(time.ends_with('Z') && time.len() == 27, "{l}");
+                rest.to_string()
+            })
+            .collect()
+    }
+
+    /// What a call logs: lines at three levels, one in a span of its own.
+    fn a_calls_lines(record: impl Fn(CallField, &str)) {
+        record(CallField::Tool, "memory \"quoted\"");
+        tracing::info!(value = "plain", n = 7, "in the call");
+        record(CallField::ContextTraceId, "trace-1");
+        tracing::debug_span!("upstream", path = "/call").in_scope(|| {
+            tracing::debug!(status = 200, "answered");
+        });
+        tracing::warn!(reason = ?"rate_limited", "refused");
+    }
+
+    #[test]
+    fn a_line_outside_a_call_is_the_full_formats_own() {
+        let body = || {
+            tracing::info!(value = "plain", "no call");
+            tracing::info_span!("call", request_id = "x").in_scope(|| {
+                tracing::warn!(reason = "slow", "in a span");
+            });
+        };
+        let ours = lines(TextFormat::default(), body);
+        assert_eq!(
+            ours,
+            [
+                r#" INFO carapace::ops::log_format::tests: no call value="plain""#,
+                r#" WARN call{request_id="x"}: carapace::ops::log_format::tests: in a span reason="slow""#,
+            ]
+        );
+        assert_eq!(ours, lines(Format::default(), body));
+    }
+
+    #[test]
+    fn a_call_with_its_fields_beside_it_is_written_as_its_span_would_be() {
+        let in_span = lines(TextFormat::default(), || {
+            let span = tracing::info_span!(
+                "call",
+                request_id = "0af7651916cd43dd",
+                method = "POST",
+                path = "/v1/tools/call",
+                tool = tracing::field::Empty,
+                context_trace_id = tracing::field::Empty,
+            );
+            span.in_scope(|| a_calls_lines(|f, v| CallScope::current().record(f, v)));
+        });
+        let beside = lines(TextFormat::default(), || {
+            let scope = CallScope::Fields(std::sync::Arc::new(CallFields::new(
+                http::HeaderValue::from_static("0af7651916cd43dd"),
+                http::Method::POST,
+                http::Uri::from_static("/v1/tools/call?q=1"),
+            )));
+            scope.in_scope(|| a_calls_lines(|f, v| CallScope::current().record(f, v)));
+        });
+        let call = r#"call{request_id="0af7651916cd43dd" method="POST" path="/v1/tools/call" tool="memory \"quoted\"""#;
+        assert_eq!(
+            beside,
+            [
+                format!(
+                    r#" INFO {call}}}: carapace::ops::log_format::tests: in the call value="plain" n=7"#
+                ),
+                format!(
+                    r#"DEBUG {call} context_trace_id="trace-1"}}:upstream{{path="/call"}}: carapace::ops::log_format::tests: answered status=200"#
+                ),
+                format!(
+                    r#" WARN {call} context_trace_id="trace-1"}}: carapace::ops::log_format::tests: refused reason="rate_limited""#
+                ),
+            ]
+        );
+        assert_eq!(beside, in_span);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! and `/metrics` endpoint, the metrics themselves and configuration reload.
 
 pub mod admin;
+pub mod call_fields;
 pub mod call_span;
 pub mod control;
 pub mod endpoint;

@@ -416,7 +416,10 @@ impl Service<Request<Bytes>> for SkillV1Front {
                     let started = Instant::now();
                     let decoded = this.decode(&req, front::principal(&req)?).map(|mut call| {
                         call.request_id = crate::edge::request_id(&req);
-                        tracing::Span::current().record("tool", call.tool.name.as_str());
+                        crate::ops::call_fields::record(
+                            crate::ops::call_fields::CallField::Tool,
+                            call.tool.name.as_str(),
+                        );
                         call.trace_context = crate::telemetry::outgoing_context(req.headers());
                         call
                     });

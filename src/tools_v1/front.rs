@@ -20,6 +20,7 @@ use crate::errors::{self, ToolsV1Answers};
 use crate::front::{self, json_response, CallStack, Resp};
 use crate::in_flight::{Finished, InFlightCalls};
 use crate::json_text;
+use crate::ops::call_fields::{CallField, CallScope};
 
 /// The tools-v1 error envelope (this front's one mapping of rejections). `malformed`: the body
 /// is not one JSON document of the request's shape.
@@ -379,15 +380,15 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                     let principal = front::principal(&req)?;
                     let decoded = decode(req.body(), &this.catalog, principal).map(|mut call| {
                         call.request_id = crate::edge::request_id(&req);
-                        let span = tracing::Span::current();
-                        span.record("tool", call.tool.name.as_str());
+                        let scope = CallScope::current();
+                        scope.record(CallField::Tool, call.tool.name.as_str());
                         if let Some(id) = call
                             .context
                             .as_ref()
                             .and_then(|c| c.get("trace_id"))
                             .and_then(Value::as_str)
                         {
-                            span.record("context_trace_id", id);
+                            scope.record(CallField::ContextTraceId, id);
                         }
                         call.trace_context = crate::telemetry::outgoing_context(req.headers());
                         call

@@ -48,10 +48,16 @@ pub(crate) fn init_tracing(
         // target (`info`, the default) is a plain level: an `EnvFilter` takes a lock each time
         // a span is entered or left, to look for span-scoped directives it cannot have.
         None => match plain_level(&filter) {
-            Some(level) => tracing_subscriber::registry()
-                .with(level)
-                .with(log_layer(format))
-                .init(),
+            Some(level) => {
+                // The text lines write a call's fields themselves: calls need no span.
+                if format == LogFormat::Text {
+                    carapace::ops::call_fields::keep_fields_beside_calls();
+                }
+                tracing_subscriber::registry()
+                    .with(level)
+                    .with(log_layer(format))
+                    .init()
+            }
             None => tracing_subscriber::registry()
                 .with(filter)
                 .with(log_layer(format))
@@ -80,6 +86,7 @@ where
         LogFormat::Text => fmt
             .with_ansi(false)
             .fmt_fields(carapace::ops::log_format::TextFields)
+            .event_format(carapace::ops::log_format::TextFormat::default())
             .boxed(),
     }
 }

@@ -130,7 +130,10 @@ impl McpFront {
         if let Some(retry) = params.retry.take() {
             call.extensions.insert(retry);
         }
-        tracing::Span::current().record("tool", call.tool.name.as_str());
+        crate::ops::call_fields::record(
+            crate::ops::call_fields::CallField::Tool,
+            call.tool.name.as_str(),
+        );
         let legacy_structured = version != LEGACY_VERSIONS[2];
         let limit_taken = req
             .extensions()

@@ -1,0 +1,307 @@
+//! What every log line of a call carries (its request id, method, path, tool and the trace id
+//! its context names), kept either in a `tracing` span or beside the call.
+//!
+//! A span costs every call its creation, the formatting of its fields into text and a slot in
+//! the span registry, whether a line is written or not, and almost none is. When the text log
+//! format is the only consumer of calls' fields (no span is exported: see
+//! [`keep_fields_beside_calls`]), a call keeps its fields in a [`CallFields`] instead, current
+//! on the thread while the call runs, and [`TextFormat`](super::log_format::TextFormat) writes
+//! them into a line only when there is one, in the same text the span would have given.
+//! [`CallScope`] is either, and what the call's code uses: enter it, record into it, carry it
+//! into a spawned task or a streamed body.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Method, Uri};
+use tracing::Span;
+
+static BESIDE_CALLS: AtomicBool = AtomicBool::new(false);
+
+/// From now on calls keep their fields beside them rather than in a span. Only for a
+/// subscriber whose text layer formats events with
+/// [`TextFormat`](super::log_format::TextFormat), that exports no span and filters by one level
+/// for every target: the call fields are made only when `info` is enabled, as the call's
+/// `info` span would be.
+pub fn keep_fields_beside_calls() {
+    BESIDE_CALLS.store(true, Ordering::Relaxed);
+}
+
+/// Whether calls keep their fields beside them ([`keep_fields_beside_calls`]).
+pub fn fields_beside_calls() -> bool {
+    BESIDE_CALLS.load(Ordering::Relaxed)
+}
+
+/// A field a call records once it knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallField {
+    /// The tool called.
+    Tool,
+    /// The `trace_id` the call's context names.
+    ContextTraceId,
+}
+
+impl CallField {
+    /// The field's name in a log line (and in the call's span).
+    pub fn name(self) -> &'static str {
+        match self {
+            CallField::Tool => "tool",
+            CallField::ContextTraceId => "context_trace_id",
+        }
+    }
+}
+
+/// A call's fields kept beside it: what its span would have held.
+#[derive(Debug)]
+pub struct CallFields {
+    request_id: HeaderValue,
+    method: Method,
+    uri: Uri,
+    tool: OnceLock<Box<str>>,
+    context_trace_id: OnceLock<Box<str>>,
+}
+
+impl CallFields {
+    /// The fields of a call with this request id, method and target.
+    pub fn new(request_id: HeaderValue, method: Method, uri: Uri) -> Self {
+        CallFields {
+            request_id,
+            method,
+            uri,
+            tool: OnceLock::new(),
+            context_trace_id: OnceLock::new(),
+        }
+    }
+
+    /// Record `field` (the first value recorded is kept).
+    pub fn record(&self, field: CallField, value: &str) {
+        let slot = match field {
+            CallField::Tool => &self.tool,
+            CallField::ContextTraceId => &self.context_trace_id,
+        };
+        let _ = slot.set(value.into());
+    }
+
+    /// The text the span would show: `call{request_id="…" method="…" path="…"}` with the
+    /// fields recorded after, each as the text log format writes a string field.
+    pub fn write(&self, w: &mut dyn fmt::Write) -> fmt::Result {
+        let request_id = self.request_id.to_str().unwrap_or("");
+        write!(
+            w,
+            "call{{request_id={request_id:?} method={:?} path={:?}",
+            self.method.as_str(),
+            self.uri.path()
+        )?;
+        for (field, slot) in [
+            (CallField::Tool, &self.tool),
+            (CallField::ContextTraceId, &self.context_trace_id),
+        ] {
+            if let Some(value) = slot.get() {
+                write!(w, " {}={:?}", field.name(), &**value)?;
+            }
+        }
+        w.write_char('}')
+    }
+}
+
+thread_local! {
+    /// The fields of the call running on this thread, if it keeps them beside it.
+    static CURRENT: RefCell<Option<Arc<CallFields>>> = const { RefCell::new(None) };
+}
+
+/// The fields of the call running on this thread, when it keeps them beside it.
+pub fn current_fields() -> Option<Arc<CallFields>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Where a call's fields are: its span, beside it, or nowhere (logging below `info`).
+#[derive(Debug, Clone)]
+pub enum CallScope {
+    Span(Span),
+    Fields(Arc<CallFields>),
+}
+
+impl From<Span> for CallScope {
+    fn from(span: Span) -> Self {
+        CallScope::Span(span)
+    }
+}
+
+impl CallScope {
+    /// The scope of the call running now: its fields when it keeps them beside it, else the
+    /// current span.
+    pub fn current() -> Self {
+        match current_fields() {
+            Some(fields) => CallScope::Fields(fields),
+            None => CallScope::Span(Span::current()),
+        }
+    }
+
+    /// Run in this scope until the guard is dropped.
+    pub fn enter(&self) -> Entered<'_> {
+        match self {
+            CallScope::Span(span) => Entered::Span(span.enter()),
+            CallScope::Fields(fields) => {
+                Entered::Fields(CURRENT.with(|c| c.borrow_mut().replace(Arc::clone(fields))))
+            }
+        }
+    }
+
+    /// `f` run in this scope.
+    pub fn in_scope<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _entered = self.enter();
+        f()
+    }
+
+    /// `future`, polled in this scope (what `tracing::Instrument` does for a span).
+    pub fn wrap<F>(self, future: F) -> InScope<F> {
+        InScope {
+            inner: future,
+            scope: self,
+        }
+    }
+
+    /// Record `field` of the call: into its fields, or its span.
+    pub fn record(&self, field: CallField, value: &str) {
+        match self {
+            CallScope::Span(span) => {
+                span.record(field.name(), value);
+            }
+            CallScope::Fields(fields) => fields.record(field, value),
+        }
+    }
+}
+
+/// Record `field` of the call running now.
+pub fn record(field: CallField, value: &str) {
+    CallScope::current().record(field, value);
+}
+
+/// Guard of [`CallScope::enter`]: leaves the scope when dropped.
+#[must_use = "the scope is left when the guard is dropped"]
+pub enum Entered<'a> {
+    Span(tracing::span::Entered<'a>),
+    /// The fields current before (put back on drop).
+    Fields(Option<Arc<CallFields>>),
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if let Entered::Fields(before) = self {
+            let before = before.take();
+            let ours = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), before));
+            // Dropped outside the borrow.
+            drop(ours);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled in a [`CallScope`] ([`CallScope::wrap`]).
+    pub struct InScope<F> {
+        #[pin]
+        inner: F,
+        scope: CallScope,
+    }
+}
+
+impl<F: Future> Future for InScope<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _entered = this.scope.enter();
+        this.inner.poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields() -> Arc<CallFields> {
+        Arc::new(CallFields::new(
+            HeaderValue::from_static("0af7651916cd43dd"),
+            Method::POST,
+            Uri::from_static("/v1/tools/call?x=1"),
+        ))
+    }
+
+    fn text(fields: &CallFields) -> String {
+        let mut out = String::new();
+        fields.write(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn fields_are_current_only_while_entered_and_nest() {
+        assert!(current_fields().is_none());
+        let outer = CallScope::Fields(fields());
+        let inner = CallScope::Fields(Arc::new(CallFields::new(
+            HeaderValue::from_static("inner"),
+            Method::GET,
+            Uri::from_static("/"),
+        )));
+        outer.in_scope(|| {
+            assert!(text(&current_fields().unwrap()).contains("0af7651916cd43dd"));
+            inner.in_scope(|| {
+                assert!(text(&current_fields().unwrap()).contains(r#"request_id="inner""#));
+            });
+            assert!(text(&current_fields().unwrap()).contains("0af7651916cd43dd"));
+        });
+        assert!(current_fields().is_none());
+    }
+
+    #[test]
+    fn recorded_fields_follow_in_a_fixed_order_and_the_first_value_stays() {
+        let f = fields();
+        assert_eq!(
+            text(&f),
+            r#"call{request_id="0af7651916cd43dd" method="POST" path="/v1/tools/call"}"#
+        );
+        CallScope::Fields(f.clone()).in_scope(|| {
+            record(CallField::ContextTraceId, "trace-1");
+            record(CallField::Tool, "memory.query");
+            record(CallField::Tool, "another");
+        });
+        assert_eq!(
+            text(&f),
+            r#"call{request_id="0af7651916cd43dd" method="POST" path="/v1/tools/call" tool="memory.query" context_trace_id="trace-1"}"#
+        );
+    }
+
+    #[test]
+    fn a_value_that_needs_escapes_is_written_as_debug_writes_it() {
+        let f = fields();
+        f.record(CallField::Tool, "a \"quoted\"\nname");
+        assert!(
+            text(&f).ends_with(r#" tool="a \"quoted\"\nname"}"#),
+            "{}",
+            text(&f)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wrapped_future_runs_in_the_scope_at_every_poll() {
+        let f = fields();
+        let seen = CallScope::Fields(f.clone())
+            .wrap(async {
+                let first = current_fields().map(|c| Arc::as_ptr(&c));
+                tokio::task::yield_now().await;
+                (first, current_fields().map(|c| Arc::as_ptr(&c)))
+            })
+            .await;
+        assert_eq!(seen, (Some(Arc::as_ptr(&f)), Some(Arc::as_ptr(&f))));
+        assert!(current_fields().is_none());
+    }
+
+    #[test]
+    fn without_fields_the_current_span_is_the_scope() {
+        assert!(matches!(CallScope::current(), CallScope::Span(_)));
+    }
+}
