@@ -113,7 +113,8 @@ pub(crate) fn call_stack(
             )
             .layer(OutputSchemaLayer)
             .service(back),
-    );
+    )
+    .for_workers(shared.workers.count());
     // Receipts are signed by their layer, and kept with a keyed call's answer by the
     // idempotency layer; nothing else of this stack uses them.
     match shared.receipts {

@@ -55,7 +55,8 @@ pub(crate) fn build_outbound_stack(
                 )
             }))
             .service(OutboundBack::new(outbound.clone())),
-    );
+    )
+    .for_workers(shared.workers.count());
     let body = BodyLimits {
         max_bytes: c.limits.max_body_bytes,
         deadline: Duration::from_millis(c.limits.body_timeout_ms),

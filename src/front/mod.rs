@@ -2,16 +2,19 @@
 //! service that turns a [`Rejection`] from the HTTP-stage layers into the front's envelope,
 //! and JSON response helpers.
 
+mod call_stack;
+
+pub use call_stack::CallStack;
+
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Principal, ToolCall, ToolSpec};
 use carapace_filters::{BoxFuture, Rejection};
@@ -23,112 +26,6 @@ use crate::receipts::ReceiptSlot;
 
 /// Every response carapace sends to callers.
 pub type Resp = Response<Full<Bytes>>;
-
-/// The call-stage stack a front hands decoded calls to, and which calls a layer of it (or its
-/// back) may sign, check, store or read a receipt for: only those get a [`ReceiptSlot`].
-///
-/// `Service::call` takes the stack by `&mut`, so a call needs a copy of its own for the moment
-/// it is started; copying the whole stack for every call (and dropping the copy) was most of a
-/// thousand instructions. A copy that started a call is kept for the next one instead.
-#[derive(Clone)]
-pub struct CallStack {
-    service: CallService,
-    spare: Arc<Mutex<Vec<CallService>>>,
-    receipts: ReceiptUse,
-}
-
-type CallService = tower::util::BoxCloneSyncService<ToolCall, CallOutcome, Rejection>;
-
-/// Copies of a stack kept for the next calls, at most (a copy is back as soon as its call has
-/// started, so about one per worker is in use).
-const SPARE_COPIES: usize = 16;
-
-/// Which calls of a [`CallStack`] have a use for a receipt slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReceiptUse {
-    EveryCall,
-    /// Only a call with an idempotency key: its stored answer keeps its receipt.
-    KeyedCalls,
-    None,
-}
-
-impl CallStack {
-    /// `service` as a call stack whose layers may use any call's receipt slot.
-    pub fn new<S>(service: S) -> Self
-    where
-        S: Service<ToolCall, Response = CallOutcome, Error = Rejection>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
-        CallStack {
-            service: tower::util::BoxCloneSyncService::new(service),
-            spare: Arc::default(),
-            receipts: ReceiptUse::EveryCall,
-        }
-    }
-
-    /// No layer of this stack signs or checks receipts; its idempotency layer, when
-    /// `keyed_answers`, stores and replays them with the answers of calls with a key.
-    pub fn without_receipts(mut self, keyed_answers: bool) -> Self {
-        self.receipts = match keyed_answers {
-            true => ReceiptUse::KeyedCalls,
-            false => ReceiptUse::None,
-        };
-        self
-    }
-
-    /// Whether `call` goes with a receipt slot.
-    fn has_receipt(&self, call: &ToolCall) -> bool {
-        match self.receipts {
-            ReceiptUse::EveryCall => true,
-            ReceiptUse::KeyedCalls => call.idempotency_key.is_some(),
-            ReceiptUse::None => false,
-        }
-    }
-
-    fn spare(&self) -> MutexGuard<'_, Vec<CallService>> {
-        self.spare.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Start `call` on a copy of the stack: a kept one when there is one. Every layer is ready
-    /// at once (limits are taken in `call`); should one not be, the call waits for it on its
-    /// copy, which is then not kept. The layers' `call` runs here, not when the returned future
-    /// is first polled, and the stack as a `Service` is always ready: readiness is each copy's.
-    pub fn start(&self, call: ToolCall) -> BoxFuture<Result<CallOutcome, Rejection>> {
-        let kept = self.spare().pop();
-        let mut copy = kept.unwrap_or_else(|| self.service.clone());
-        match copy.ready().now_or_never() {
-            Some(Ok(svc)) => {
-                let started = svc.call(call);
-                let mut spare = self.spare();
-                if spare.len() < SPARE_COPIES {
-                    spare.push(copy);
-                }
-                started
-            }
-            Some(Err(e)) => Box::pin(std::future::ready(Err(e))),
-            None => Box::pin(copy.oneshot(call)),
-        }
-    }
-}
-
-impl Service<ToolCall> for CallStack {
-    type Response = CallOutcome;
-    type Error = Rejection;
-    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        // Readiness is the started copy's (see `start`).
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: ToolCall) -> Self::Future {
-        self.start(call)
-    }
-}
 
 /// Put in a response's extensions by a front: which tool, and how the call ended.
 #[derive(Debug, Clone)]
@@ -378,8 +275,10 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::call_stack::tests::tool_call;
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
 
     /// Refuses readiness once, then is ready; counts the calls that reach it.
     #[derive(Clone)]
@@ -429,38 +328,6 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
-    /// A call of tool `t`, with idempotency key `key`.
-    fn tool_call(key: Option<&str>) -> ToolCall {
-        ToolCall {
-            call_id: "c1".into(),
-            tool: Arc::new(ToolSpec {
-                name: "t".into(),
-                app_name: None,
-                definition: None,
-                description: String::new(),
-                input: carapace_filters::schema::CompiledSchema::compile(
-                    serde_json::json!({"type": "object"}),
-                )
-                .unwrap(),
-                output: None,
-                timeout_ms_default: 1_000,
-                timeout_ms_max: 1_000,
-                idempotent: false,
-                side_effects: true,
-            }),
-            tenant_id: None,
-            args: serde_json::json!({}),
-            context: None,
-            timeout_ms: None,
-            idempotency_key: key.map(str::to_owned),
-            principal: Arc::new(Principal::local()),
-            credential: carapace_filters::call::Credential::None,
-            request_id: None,
-            trace_context: Vec::new(),
-            extensions: Default::default(),
-        }
-    }
-
     /// A stack whose layer leaves a receipt in every slot it is given (as the receipt layer
     /// and an idempotent replay do): the caller gets the receipt header exactly when the call
     /// had a slot.
@@ -508,107 +375,5 @@ mod tests {
         let keyed = || signing_stack().without_receipts(true);
         assert_eq!(receipt_header(keyed(), Some("k1")).await, r1);
         assert_eq!(receipt_header(keyed(), None).await, None);
-    }
-
-    /// Ready once polled a second time (waking its task), or refusing readiness; counts its
-    /// copies and the calls that reach it.
-    #[derive(Default)]
-    struct Counted {
-        copies: Arc<AtomicUsize>,
-        calls: Arc<AtomicUsize>,
-        polled: bool,
-        waits: bool,
-        refuses: bool,
-    }
-
-    impl Clone for Counted {
-        fn clone(&self) -> Self {
-            self.copies.fetch_add(1, Ordering::SeqCst);
-            Counted {
-                copies: self.copies.clone(),
-                calls: self.calls.clone(),
-                polled: false,
-                ..*self
-            }
-        }
-    }
-
-    impl Service<ToolCall> for Counted {
-        type Response = CallOutcome;
-        type Error = Rejection;
-        type Future = std::future::Ready<Result<CallOutcome, Rejection>>;
-
-        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-            if self.refuses {
-                return Poll::Ready(Err(Rejection::Overloaded));
-            }
-            if self.waits && !std::mem::replace(&mut self.polled, true) {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: ToolCall) -> Self::Future {
-            self.polled = false;
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok(CallOutcome::Ok {
-                output: serde_json::json!({}),
-                meta: None,
-                content: None,
-            }))
-        }
-    }
-
-    #[tokio::test]
-    async fn a_copy_of_the_stack_that_started_a_call_starts_the_next() {
-        let inner = Counted::default();
-        let (copies, calls) = (inner.copies.clone(), inner.calls.clone());
-        let stack = CallStack::new(inner);
-        let before = copies.load(Ordering::SeqCst);
-        for _ in 0..5 {
-            assert!(stack.start(tool_call(None)).await.is_ok());
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 5);
-        assert_eq!(
-            copies.load(Ordering::SeqCst) - before,
-            1,
-            "one copy for five calls"
-        );
-        // Two calls in flight at once: the copy was back as soon as the first had started.
-        let (a, b) = (stack.start(tool_call(None)), stack.start(tool_call(None)));
-        assert!(a.await.is_ok() && b.await.is_ok());
-        assert_eq!(calls.load(Ordering::SeqCst), 7);
-        assert_eq!(copies.load(Ordering::SeqCst) - before, 1);
-    }
-
-    #[tokio::test]
-    async fn a_stack_not_ready_at_once_is_waited_for_and_a_refusal_is_the_answer() {
-        let inner = Counted {
-            waits: true,
-            ..Counted::default()
-        };
-        let (copies, calls) = (inner.copies.clone(), inner.calls.clone());
-        let stack = CallStack::new(inner);
-        let before = copies.load(Ordering::SeqCst);
-        for _ in 0..2 {
-            assert!(stack.start(tool_call(None)).await.is_ok());
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
-        // A copy that was waited for is not kept.
-        assert_eq!(copies.load(Ordering::SeqCst) - before, 2);
-
-        let inner = Counted {
-            refuses: true,
-            ..Counted::default()
-        };
-        let calls = inner.calls.clone();
-        let refused = CallStack::new(inner).start(tool_call(None)).await;
-        assert!(matches!(refused, Err(Rejection::Overloaded)), "{refused:?}");
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            0,
-            "a refusing stack is never called"
-        );
     }
 }
