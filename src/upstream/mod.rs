@@ -383,7 +383,8 @@ impl AppClient {
     ) -> Result<(StatusCode, Bytes), Rejection> {
         if self.signer.is_some() {
             let headers = carapace_filters::call::app_headers(call);
-            let resp = self.send(Method::POST, path, headers, body).await?;
+            // Boxed: its future is larger than the unsigned path's, which would carry it.
+            let resp = Box::pin(self.send(Method::POST, path, headers, body)).await?;
             return Ok((resp.status, resp.body));
         }
         use tracing::Instrument;

@@ -177,9 +177,10 @@ impl Pools {
         let _waiting = self.enter(home).await;
         let mut conn = match self.checkout_conn(home) {
             Some(c) => c,
+            // Boxed: a connection is made rarely, and its future is most of this one's size,
+            // which every call's future would carry (and copy as it is moved) otherwise.
             None => Conn::new(
-                self.connector
-                    .connect()
+                Box::pin(self.connector.connect())
                     .await
                     .map_err(|e| Failure::Unsent(error_chain(&e)))?,
             ),
