@@ -3,7 +3,9 @@
 
 use std::collections::{hash_map, HashMap};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
 
@@ -35,14 +37,15 @@ impl InFlightCalls {
 
     /// Run `call` under `key` until it ends or [`cancel`](Self::cancel) names it. A second
     /// call under the same key takes the name over (callers must not reuse an id in flight).
-    /// The key is shared with the table (the caller may keep a copy, to name the call).
-    pub async fn run<T>(&self, key: Arc<CallKey>, call: impl Future<Output = T>) -> Finished<T> {
+    /// The key is shared with the table (the caller may keep a copy, to name the call). The
+    /// name is taken here, not when the returned future is first polled.
+    pub fn run<F: Future>(&self, key: Arc<CallKey>, call: F) -> InFlight<'_, F> {
         let (tx, cancelled) = oneshot::channel();
         self.lock().insert(key.clone(), tx);
-        let _entry = Entry { table: self, key };
-        tokio::select! {
-            out = call => Finished::Done(out),
-            Ok(()) = cancelled => Finished::Cancelled,
+        InFlight {
+            call,
+            cancelled: Some(cancelled),
+            _entry: Entry { table: self, key },
         }
     }
 
@@ -52,6 +55,38 @@ impl InFlightCalls {
             Some(tx) => tx.send(()).is_ok(),
             None => false,
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call in flight under its name (see [`InFlightCalls::run`]): no larger than the call
+    /// itself and a few words, so moving it costs no more than moving the call.
+    pub struct InFlight<'a, F> {
+        #[pin]
+        call: F,
+        // `None` once the table dropped its sender (a newer call took the name over).
+        cancelled: Option<oneshot::Receiver<()>>,
+        // Last: the receiver is dropped first, so that the entry finds its sender closed.
+        _entry: Entry<'a>,
+    }
+}
+
+impl<F: Future> Future for InFlight<'_, F> {
+    type Output = Finished<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(out) = this.call.poll(cx) {
+            return Poll::Ready(Finished::Done(out));
+        }
+        if let Some(cancelled) = this.cancelled {
+            match Pin::new(cancelled).poll(cx) {
+                Poll::Ready(Ok(())) => return Poll::Ready(Finished::Cancelled),
+                Poll::Ready(Err(_)) => *this.cancelled = None,
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -96,6 +131,23 @@ mod tests {
             Finished::Done(7)
         ));
         assert!(!table.cancel(&key("b")), "finished calls leave the table");
+        assert!(table.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_newer_call_under_the_same_name_takes_it_over_and_the_older_one_still_ends() {
+        let table = InFlightCalls::default();
+        let (older_tx, older_rx) = oneshot::channel::<u8>();
+        let mut older = Box::pin(table.run(key("a"), older_rx));
+        assert!(futures_util::poll!(older.as_mut()).is_pending());
+        let mut newer = Box::pin(table.run(key("a"), std::future::pending::<()>()));
+        assert!(futures_util::poll!(newer.as_mut()).is_pending());
+        // The name is the newer call's: cancelling it ends that one only.
+        assert!(table.cancel(&key("a")));
+        assert!(matches!(newer.await, Finished::Cancelled));
+        assert!(futures_util::poll!(older.as_mut()).is_pending());
+        older_tx.send(3).unwrap();
+        assert!(matches!(older.await, Finished::Done(Ok(3))));
         assert!(table.lock().is_empty());
     }
 }

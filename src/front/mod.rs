@@ -3,25 +3,23 @@
 //! and JSON response helpers.
 
 mod call_stack;
+mod envelope;
 
 pub use call_stack::CallStack;
+pub use envelope::{rejection_response, Envelope, EnvelopeFuture};
 
-use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tower::Service;
 
 use carapace_filters::call::{CallOutcome, Principal, ToolCall, ToolSpec};
-use carapace_filters::{BoxFuture, Rejection};
+use carapace_filters::Rejection;
 
-use crate::config::Protocol;
-use crate::errors::{self, ToolsV1Answers};
-use crate::ops::metrics::Metrics;
+use crate::errors;
 use crate::receipts::ReceiptSlot;
 
 /// Every response carapace sends to callers.
@@ -113,36 +111,40 @@ pub fn refused(r: &Rejection, encode: impl FnOnce(&Rejection) -> Resp) -> Resp {
 
 /// Run a decoded call through the call stage and encode its result with the front's codecs;
 /// every front goes through here. The call's receipt, when the stage made or checked one,
-/// goes into the response's headers.
-pub async fn run_call(
+/// goes into the response's headers. The stage's layers take the call here, before the
+/// returned future is first polled; the future holds only what encoding the result needs.
+pub fn run_call(
     calls: &CallStack,
     mut call: ToolCall,
     started: Instant,
     encode_outcome: impl FnOnce(&CallOutcome, &str, &str, u64) -> Resp,
     encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
-) -> Resp {
+) -> impl Future<Output = Resp> {
     let (call_id, tool) = (call.call_id.clone(), call.tool.clone());
     let receipt = calls.has_receipt(&call).then(ReceiptSlot::default);
     if let Some(slot) = &receipt {
         call.extensions.insert(slot.clone());
     }
-    let result = calls.start(call).await;
-    let ms = started.elapsed().as_millis() as u64;
-    let (resp, outcome) = match &result {
-        Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool.name, ms), "ok"),
-        Ok(o @ CallOutcome::AppError { .. }) => {
-            (encode_outcome(o, &call_id, &tool.name, ms), "app_error")
+    let started_call = calls.start(call);
+    async move {
+        let result = started_call.await;
+        let ms = started.elapsed().as_millis() as u64;
+        let (resp, outcome) = match &result {
+            Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool.name, ms), "ok"),
+            Ok(o @ CallOutcome::AppError { .. }) => {
+                (encode_outcome(o, &call_id, &tool.name, ms), "app_error")
+            }
+            Err(r) => {
+                log_withheld(r, &call_id, &tool.name);
+                (encode_rejection(r, &call_id, &tool.name, ms), r.reason())
+            }
+        };
+        let mut resp = recorded(resp, Some(tool), outcome);
+        if let Some(slot) = receipt {
+            slot.write_headers(resp.headers_mut());
         }
-        Err(r) => {
-            log_withheld(r, &call_id, &tool.name);
-            (encode_rejection(r, &call_id, &tool.name, ms), r.reason())
-        }
-    };
-    let mut resp = recorded(resp, Some(tool), outcome);
-    if let Some(slot) = receipt {
-        slot.write_headers(resp.headers_mut());
+        resp
     }
-    resp
 }
 
 /// A JSON response.
@@ -165,168 +167,10 @@ pub fn json_body(status: StatusCode, bytes: Vec<u8>) -> Resp {
     r
 }
 
-/// Turns the HTTP-stage rejections into the front's envelope and records metrics. The
-/// outermost service of every listener.
-pub struct Envelope<S> {
-    inner: S,
-    front: Protocol,
-    answers: ToolsV1Answers,
-    metrics: Arc<Metrics>,
-    /// Why the inner stack was not ready, answered to the next call.
-    not_ready: Option<Rejection>,
-}
-
-impl<S: Clone> Clone for Envelope<S> {
-    fn clone(&self) -> Self {
-        Envelope {
-            inner: self.inner.clone(),
-            front: self.front,
-            answers: self.answers,
-            metrics: self.metrics.clone(),
-            // A copy has not been polled ready yet.
-            not_ready: None,
-        }
-    }
-}
-
-impl<S> Envelope<S> {
-    /// `answers` applies to a tools-v1 front.
-    pub fn new(inner: S, front: Protocol, answers: ToolsV1Answers, metrics: Arc<Metrics>) -> Self {
-        Envelope {
-            inner,
-            front,
-            answers,
-            metrics,
-            not_ready: None,
-        }
-    }
-}
-
-/// The front's error envelope for a rejection that happened before a call was decoded.
-pub fn rejection_response(front: Protocol, answers: ToolsV1Answers, r: &Rejection) -> Resp {
-    match front {
-        Protocol::ToolsV1 => crate::tools_v1::error_response(r, ("", ""), 0, answers, false),
-        Protocol::SkillV1 => crate::skill_v1::error_response(r),
-        Protocol::Mcp => crate::mcp::refusal_response(r),
-    }
-}
-
-impl<S, B> Service<Request<B>> for Envelope<S>
-where
-    S: Service<Request<B>, Response = Resp, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Resp;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Resp, Infallible>>;
-
-    /// Ready when the inner stack is; a stack that refuses readiness is ready too, and the
-    /// next call gets the refusal in the front's envelope.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.not_ready = std::task::ready!(self.inner.poll_ready(cx)).err();
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let call = match self.not_ready.take() {
-            None => Ok(self.inner.call(req)),
-            Some(r) => Err(r),
-        };
-        let (front, answers) = (self.front, self.answers);
-        let metrics = self.metrics.clone();
-        let started = Instant::now();
-        Box::pin(async move {
-            let result = match call {
-                Ok(call) => call.await,
-                Err(e) => Err(e),
-            };
-            let resp = match result {
-                Ok(resp) => resp,
-                Err(r) => refused(&r, |r| rejection_response(front, answers, r)),
-            };
-            let record = resp.extensions().get::<CallRecord>();
-            let outcome = record.map_or("ok", |r| r.outcome);
-            let labels = match resp.extensions().get::<RefusalCode>() {
-                Some(code) => (code.0, outcome),
-                None => (outcome, ""),
-            };
-            if !matches!(outcome, "ok" | "app_error") {
-                tracing::info!(
-                    front = %front,
-                    tool = record.and_then(|r| r.tool.as_ref()).map(|t| t.name.as_str()).unwrap_or(""),
-                    reason = outcome,
-                    status = resp.status().as_u16(),
-                    "call refused"
-                );
-            }
-            metrics.observe(
-                front,
-                record
-                    .and_then(|r| r.tool.as_ref())
-                    .map(|t| t.name.as_str()),
-                labels,
-                started.elapsed(),
-            );
-            Ok(resp)
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::call_stack::tests::tool_call;
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use tower::ServiceExt;
-
-    /// Refuses readiness once, then is ready; counts the calls that reach it.
-    #[derive(Clone)]
-    struct RefusesOnce {
-        refused: Arc<AtomicUsize>,
-        calls: Arc<AtomicUsize>,
-    }
-
-    impl Service<Request<()>> for RefusesOnce {
-        type Response = Resp;
-        type Error = Rejection;
-        type Future = std::future::Ready<Result<Resp, Rejection>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-            match self.refused.fetch_add(1, Ordering::SeqCst) {
-                0 => Poll::Ready(Err(Rejection::Overloaded)),
-                _ => Poll::Ready(Ok(())),
-            }
-        }
-
-        fn call(&mut self, _: Request<()>) -> Self::Future {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok(json_response(StatusCode::OK, &serde_json::json!({}))))
-        }
-    }
-
-    #[tokio::test]
-    async fn a_stack_that_is_not_ready_is_answered_in_the_envelope_and_never_called() {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let inner = RefusesOnce {
-            refused: Arc::new(AtomicUsize::new(0)),
-            calls: calls.clone(),
-        };
-        let metrics = Arc::new(Metrics::default());
-        let answers = ToolsV1Answers::HttpStatus;
-        let mut svc = Envelope::new(inner, Protocol::ToolsV1, answers, metrics);
-        let mut answer = async || svc.ready().await.unwrap().call(Request::new(())).await;
-        let resp = answer().await.unwrap();
-        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            0,
-            "the inner stack was called"
-        );
-        let resp = answer().await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-    }
 
     /// A stack whose layer leaves a receipt in every slot it is given (as the receipt layer
     /// and an idempotent replay do): the caller gets the receipt header exactly when the call

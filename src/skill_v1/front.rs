@@ -1,5 +1,6 @@
 //! The skill-v1 front: `GET /manifest` and `POST /run` from callers, authenticated and decoded.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -11,6 +12,8 @@ use carapace_filters::call::{
 use carapace_filters::canonical::{parse_strict, write_canonical, CanonicalError};
 use carapace_filters::signature::{AuthMode, UnixClock};
 use carapace_filters::{BoxFuture, Rejection};
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use http::{HeaderName, Method, Request, StatusCode};
 use serde_json::{json, Value};
 use tower::Service;
@@ -398,6 +401,42 @@ pub(super) fn outcome_response(outcome: &CallOutcome, duration_ms: u64) -> Resp 
     }
 }
 
+impl SkillV1Front {
+    /// `POST /run`: the request is decoded and the call stage started here; the returned
+    /// future holds only what the answer needs (not the request, nor the call).
+    fn run(
+        &self,
+        req: &Request<Bytes>,
+    ) -> Result<impl Future<Output = Result<Resp, Rejection>> + Send + 'static, Rejection> {
+        let started = Instant::now();
+        let call = match self.decode(req, front::principal(req)?) {
+            Ok(mut call) => {
+                call.request_id = crate::edge::request_id(req);
+                crate::ops::call_fields::record(
+                    crate::ops::call_fields::CallField::Tool,
+                    call.tool.name.as_str(),
+                );
+                call.trace_context = crate::telemetry::outgoing_context(req.headers());
+                call
+            }
+            Err(r) => {
+                return Ok(Either::Left(std::future::ready(Ok(front::refused(
+                    &r,
+                    error_response,
+                )))))
+            }
+        };
+        let run = front::run_call(
+            &self.calls,
+            call,
+            started,
+            |o, _, _, ms| outcome_response(o, ms),
+            |r, _, _, _| error_response(r),
+        );
+        Ok(Either::Right(run.map(Ok)))
+    }
+}
+
 impl Service<Request<Bytes>> for SkillV1Front {
     type Response = Resp;
     type Error = Rejection;
@@ -408,33 +447,16 @@ impl Service<Request<Bytes>> for SkillV1Front {
     }
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        if req.method() == Method::POST && req.uri().path() == "/run" {
+            return match self.run(&req) {
+                Ok(run) => Box::pin(run),
+                Err(r) => Box::pin(std::future::ready(Err(r))),
+            };
+        }
         let this = self.clone();
         Box::pin(async move {
             match (req.method(), req.uri().path()) {
                 (&Method::GET, "/manifest") => Ok(this.manifest(&*front::principal(&req)?)),
-                (&Method::POST, "/run") => {
-                    let started = Instant::now();
-                    let decoded = this.decode(&req, front::principal(&req)?).map(|mut call| {
-                        call.request_id = crate::edge::request_id(&req);
-                        crate::ops::call_fields::record(
-                            crate::ops::call_fields::CallField::Tool,
-                            call.tool.name.as_str(),
-                        );
-                        call.trace_context = crate::telemetry::outgoing_context(req.headers());
-                        call
-                    });
-                    match decoded {
-                        Ok(call) => Ok(front::run_call(
-                            &this.calls,
-                            call,
-                            started,
-                            |o, _, _, ms| outcome_response(o, ms),
-                            |r, _, _, _| error_response(r),
-                        )
-                        .await),
-                        Err(r) => Ok(front::refused(&r, error_response)),
-                    }
-                }
                 (_, "/manifest") => Err(Rejection::MethodNotAllowed("GET".into())),
                 (_, "/run") => Err(Rejection::MethodNotAllowed("POST".into())),
                 (m, p) => Err(Rejection::NoRoute(format!("{m} {p}"))),

@@ -1,6 +1,7 @@
 //! The tools-v1 front: `GET /v1/tools` and `POST /v1/tools/call` from callers, decoded into calls.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -10,6 +11,7 @@ use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::canonical::parse_strict;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
+use futures_util::future::Either;
 use http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use tower::Service;
@@ -353,6 +355,66 @@ pub(super) fn outcome_response(
     }
 }
 
+impl ToolsV1Front {
+    /// `POST /v1/tools/call`: the request is decoded and the call stage started here; the
+    /// returned future holds only what the answer needs (not the request, nor the call).
+    fn call_tool(
+        &self,
+        req: &Request<Bytes>,
+    ) -> impl Future<Output = Result<Resp, Rejection>> + Send + 'static {
+        let started = Instant::now();
+        let answers = self.answers;
+        let principal = match front::principal(req) {
+            Ok(p) => p,
+            Err(r) => return Either::Left(std::future::ready(Err(r))),
+        };
+        let mut call = match decode(req.body(), &self.catalog, principal) {
+            Ok(call) => call,
+            Err(d) => {
+                let resp = front::refused(&d.rejection, |r| {
+                    error_response(r, (&d.call_id, &d.tool_name), 0, answers, d.malformed)
+                });
+                return Either::Left(std::future::ready(Ok(resp)));
+            }
+        };
+        call.request_id = crate::edge::request_id(req);
+        let scope = CallScope::current();
+        scope.record(CallField::Tool, call.tool.name.as_str());
+        if let Some(id) = call
+            .context
+            .as_ref()
+            .and_then(|c| c.get("trace_id"))
+            .and_then(Value::as_str)
+        {
+            scope.record(CallField::ContextTraceId, id);
+        }
+        call.trace_context = crate::telemetry::outgoing_context(req.headers());
+        // The name a cancel gives, and this call's own (shared).
+        let key = Arc::new(("tools-v1", call.principal.id.clone(), call.call_id.clone()));
+        let tool = call.tool.clone();
+        let run = front::run_call(
+            &self.calls,
+            call,
+            started,
+            outcome_response,
+            move |r, call_id, tool, ms| error_response(r, (call_id, tool), ms, answers, false),
+        );
+        let in_flight = self.in_flight.clone();
+        Either::Right(async move {
+            Ok(match in_flight.run(key.clone(), run).await {
+                Finished::Done(resp) => resp,
+                Finished::Cancelled => {
+                    let ms = started.elapsed().as_millis() as u64;
+                    let r = Rejection::Cancelled;
+                    let call = (key.2.as_str(), tool.name.as_str());
+                    let resp = error_response(&r, call, ms, answers, false);
+                    front::recorded(resp, Some(tool), r.reason())
+                }
+            })
+        })
+    }
+}
+
 impl Service<Request<Bytes>> for ToolsV1Front {
     type Response = Resp;
     type Error = Rejection;
@@ -363,9 +425,11 @@ impl Service<Request<Bytes>> for ToolsV1Front {
     }
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        if req.method() == Method::POST && req.uri().path() == "/v1/tools/call" {
+            return Box::pin(self.call_tool(&req));
+        }
         let this = self.clone();
         Box::pin(async move {
-            let answers = this.answers;
             match (req.method(), req.uri().path()) {
                 (&Method::GET, "/v1/tools") => Ok(this.list(&*front::principal(&req)?)),
                 // As the reference tool host: a paired caller can check the host is up.
@@ -374,58 +438,6 @@ impl Service<Request<Bytes>> for ToolsV1Front {
                 }
                 (&Method::POST, "/v1/tools/cancel") => {
                     Ok(this.cancel(&req, &*front::principal(&req)?))
-                }
-                (&Method::POST, "/v1/tools/call") => {
-                    let started = Instant::now();
-                    let principal = front::principal(&req)?;
-                    let decoded = decode(req.body(), &this.catalog, principal).map(|mut call| {
-                        call.request_id = crate::edge::request_id(&req);
-                        let scope = CallScope::current();
-                        scope.record(CallField::Tool, call.tool.name.as_str());
-                        if let Some(id) = call
-                            .context
-                            .as_ref()
-                            .and_then(|c| c.get("trace_id"))
-                            .and_then(Value::as_str)
-                        {
-                            scope.record(CallField::ContextTraceId, id);
-                        }
-                        call.trace_context = crate::telemetry::outgoing_context(req.headers());
-                        call
-                    });
-                    match decoded {
-                        Ok(call) => {
-                            // The name a cancel gives, and this call's own (shared).
-                            let key = Arc::new((
-                                "tools-v1",
-                                call.principal.id.clone(),
-                                call.call_id.clone(),
-                            ));
-                            let tool = call.tool.clone();
-                            let run = front::run_call(
-                                &this.calls,
-                                call,
-                                started,
-                                outcome_response,
-                                |r, call_id, tool, ms| {
-                                    error_response(r, (call_id, tool), ms, answers, false)
-                                },
-                            );
-                            Ok(match this.in_flight.run(key.clone(), run).await {
-                                Finished::Done(resp) => resp,
-                                Finished::Cancelled => {
-                                    let ms = started.elapsed().as_millis() as u64;
-                                    let r = Rejection::Cancelled;
-                                    let call = (key.2.as_str(), tool.name.as_str());
-                                    let resp = error_response(&r, call, ms, answers, false);
-                                    front::recorded(resp, Some(tool), r.reason())
-                                }
-                            })
-                        }
-                        Err(d) => Ok(front::refused(&d.rejection, |r| {
-                            error_response(r, (&d.call_id, &d.tool_name), 0, answers, d.malformed)
-                        })),
-                    }
                 }
                 (_, "/v1/tools") => Err(Rejection::MethodNotAllowed("GET".into())),
                 (_, "/v1/tools/call" | "/v1/tools/cancel") => {
