@@ -55,7 +55,10 @@ impl PeerDirectory for PeerStore {
 /// `s` in lower case, copied only when it has an upper-case letter (fingerprints made here
 /// never have one).
 fn lowercase(s: &str) -> std::borrow::Cow<'_, str> {
-    match s.bytes().any(|b| b.is_ascii_uppercase()) {
+    // Every byte looked at, without an early exit, so that the loop is vectorised: a
+    // fingerprint is checked on every request.
+    let upper = s.bytes().fold(false, |up, b| up | b.is_ascii_uppercase());
+    match upper {
         true => std::borrow::Cow::Owned(s.to_ascii_lowercase()),
         false => std::borrow::Cow::Borrowed(s),
     }
