@@ -1,17 +1,20 @@
-//! The generic HTTP edge of every caller listener, from tower-http, around the protocol
-//! stack: sensitive headers marked before anything can log them, a request id for every
-//! request, a span per request that every log line of the call is written in, and a panic in
-//! one call answered as `INTERNAL` in the front's own envelope while the process and the
-//! connection carry on.
+//! The generic HTTP edge of every caller listener around the protocol stack, in layers of its
+//! own (what tower-http's would do): sensitive headers marked before anything can log them, a
+//! request id for every request, a scope per request that every log line of the call is
+//! written in, and a panic in one call answered as `INTERNAL` in the front's own envelope
+//! while the process and the connection carry on.
 //!
 //! ```text
 //! CatchPanic -> SensitiveHeaders -> RequestIds -> CallSpan -> (a streamed body put in place)
 //!   -> the front's stack
 //! ```
 //!
-//! A front answers with a whole body; one that streams its answer (the MCP front's SSE) puts
-//! the stream in the answer's [`StreamedBody`] extension, and the edge sends that instead.
+//! Answers go out as an [`EdgeBody`], not boxed: a front answers with a whole body; one that
+//! streams its answer (the MCP front's SSE) puts the stream in the answer's [`StreamedBody`]
+//! extension, and the edge sends that instead.
 
+mod body;
+mod catch_panic;
 pub mod request_id;
 pub mod sensitive_headers;
 
@@ -25,12 +28,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
-use tower_http::catch_panic::{CatchPanicLayer, ResponseForPanic};
 
-use carapace_filters::Rejection;
-
-use crate::config::Protocol;
-use crate::errors::ToolsV1Answers;
 use crate::front::Resp;
 use crate::ops::call_fields::{self, CallFields, CallScope};
 use crate::ops::call_span::{CallSpanLayer, SpannedBody};
@@ -38,8 +36,8 @@ pub use request_id::request_id;
 use request_id::RequestIdLayer;
 use sensitive_headers::SensitiveHeadersLayer;
 
-/// The body of every answer to a caller.
-pub type EdgeBody = tower_http::body::UnsyncBoxBody<Bytes, tower_http::BoxError>;
+pub use body::EdgeBody;
+pub use catch_panic::{CatchPanic, CatchPanicFuture, CatchPanicLayer, PanicAnswer};
 
 /// A listener's whole stack, edge included.
 pub type HttpStack = BoxCloneSyncService<Request<CallerBody>, Response<EdgeBody>, Infallible>;
@@ -60,7 +58,7 @@ pub static SENSITIVE_HEADERS: [HeaderName; 6] = [
 pub struct StreamedBody(Arc<Mutex<Option<StreamBody>>>);
 
 /// A body that streams, as a front makes it.
-pub type StreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, tower_http::BoxError>;
+pub type StreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, tower::BoxError>;
 
 impl StreamedBody {
     pub fn new(body: StreamBody) -> Self {
@@ -69,7 +67,7 @@ impl StreamedBody {
 }
 
 /// The answer's body: its streamed body when it has one.
-fn streamed(resp: Resp) -> Response<StreamBody> {
+fn streamed(resp: Resp) -> Response<EdgeBody> {
     let (mut head, body) = resp.into_parts();
     let stream = head
         .extensions
@@ -78,37 +76,10 @@ fn streamed(resp: Resp) -> Response<StreamBody> {
     let body = match stream {
         // A stream outlives the answer: it is read in the call's span, which lasts until it
         // ends (this runs inside the call's span).
-        Some(stream) => SpannedBody::in_current_span(stream).boxed_unsync(),
-        None => body.map_err(|never| match never {}).boxed_unsync(),
+        Some(stream) => EdgeBody::Streamed(SpannedBody::in_current_span(stream).boxed_unsync()),
+        None => EdgeBody::Whole(body),
     };
     Response::from_parts(head, body)
-}
-
-/// Answers a call that panicked: `INTERNAL` in the front's envelope (the panic's text stays
-/// in the log).
-#[derive(Clone, Copy, Debug)]
-pub struct PanicAnswer {
-    pub front: Protocol,
-    pub answers: ToolsV1Answers,
-}
-
-impl ResponseForPanic for PanicAnswer {
-    type ResponseBody = http_body_util::Full<Bytes>;
-
-    fn response_for_panic(
-        &mut self,
-        err: Box<dyn std::any::Any + Send + 'static>,
-    ) -> Response<Self::ResponseBody> {
-        let what = err
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| err.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!(panic = %what, "a call panicked; answered INTERNAL");
-        let r = Rejection::Internal("a call panicked".into());
-        let resp: Resp = crate::front::rejection_response(self.front, self.answers, &r);
-        resp
-    }
 }
 
 /// [`SENSITIVE_HEADERS`], and `credential_header` when it is not among them.
@@ -159,7 +130,7 @@ where
     S::Future: Send + 'static,
 {
     let svc = ServiceBuilder::new()
-        .layer(CatchPanicLayer::custom(panic))
+        .layer(CatchPanicLayer::new(panic))
         .layer(SensitiveHeadersLayer::new(sensitive_names(
             credential_header,
         )))

@@ -290,7 +290,7 @@ struct FrameBody(mpsc::Receiver<Frame<Bytes>>);
 
 impl http_body::Body for FrameBody {
     type Data = Bytes;
-    type Error = tower_http::BoxError;
+    type Error = tower::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,

@@ -336,7 +336,7 @@ struct EventStream {
 
 impl http_body::Body for EventStream {
     type Data = Bytes;
-    type Error = tower_http::BoxError;
+    type Error = tower::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,

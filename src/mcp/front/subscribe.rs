@@ -219,7 +219,7 @@ struct HubBody {
 
 impl http_body::Body for HubBody {
     type Data = Bytes;
-    type Error = tower_http::BoxError;
+    type Error = tower::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
