@@ -15,7 +15,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Method, Uri};
@@ -62,8 +62,30 @@ pub struct CallFields {
     request_id: HeaderValue,
     method: Method,
     uri: Uri,
-    tool: OnceLock<Box<str>>,
-    context_trace_id: OnceLock<Box<str>>,
+    recorded: Mutex<Recorded>,
+}
+
+/// The fields a call recorded, in the order it recorded them, every value kept (as a span's
+/// text grows): the first two in place (a call records its tool and perhaps its context's
+/// trace id), any more (the items of an MCP batch) after them.
+#[derive(Debug, Default)]
+struct Recorded {
+    first: [Option<(CallField, Box<str>)>; 2],
+    more: Vec<(CallField, Box<str>)>,
+}
+
+impl Recorded {
+    fn push(&mut self, field: CallField, value: &str) {
+        let entry = Some((field, value.into()));
+        match self.first.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = entry,
+            None => self.more.extend(entry),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(CallField, Box<str>)> {
+        self.first.iter().flatten().chain(&self.more)
+    }
 }
 
 impl CallFields {
@@ -73,18 +95,18 @@ impl CallFields {
             request_id,
             method,
             uri,
-            tool: OnceLock::new(),
-            context_trace_id: OnceLock::new(),
+            recorded: Mutex::default(),
         }
     }
 
-    /// Record `field` (the first value recorded is kept).
+    /// Record `field`: written after the fields recorded before it, as a span's record
+    /// appends to its text (a second value of a field is written too).
     pub fn record(&self, field: CallField, value: &str) {
-        let slot = match field {
-            CallField::Tool => &self.tool,
-            CallField::ContextTraceId => &self.context_trace_id,
-        };
-        let _ = slot.set(value.into());
+        self.recorded().push(field, value);
+    }
+
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        self.recorded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The text the span would show: `call{request_id="…" method="…" path="…"}` with the
@@ -97,13 +119,8 @@ impl CallFields {
             self.method.as_str(),
             self.uri.path()
         )?;
-        for (field, slot) in [
-            (CallField::Tool, &self.tool),
-            (CallField::ContextTraceId, &self.context_trace_id),
-        ] {
-            if let Some(value) = slot.get() {
-                write!(w, " {}={:?}", field.name(), &**value)?;
-            }
+        for (field, value) in self.recorded().iter() {
+            write!(w, " {}={:?}", field.name(), &**value)?;
         }
         w.write_char('}')
     }
@@ -114,9 +131,10 @@ thread_local! {
     static CURRENT: RefCell<Option<Arc<CallFields>>> = const { RefCell::new(None) };
 }
 
-/// The fields of the call running on this thread, when it keeps them beside it.
+/// The fields of the call running on this thread, when it keeps them beside it (none while
+/// the thread's locals are being destroyed: a line logged then has no call).
 pub fn current_fields() -> Option<Arc<CallFields>> {
-    CURRENT.with(|c| c.borrow().clone())
+    CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
 }
 
 /// Where a call's fields are: its span, beside it, or nowhere (logging below `info`).
@@ -146,9 +164,12 @@ impl CallScope {
     pub fn enter(&self) -> Entered<'_> {
         match self {
             CallScope::Span(span) => Entered::Span(span.enter()),
-            CallScope::Fields(fields) => {
-                Entered::Fields(CURRENT.with(|c| c.borrow_mut().replace(Arc::clone(fields))))
-            }
+            CallScope::Fields(fields) => Entered::Fields(
+                CURRENT
+                    .try_with(|c| c.borrow_mut().replace(Arc::clone(fields)))
+                    .ok()
+                    .flatten(),
+            ),
         }
     }
 
@@ -161,7 +182,7 @@ impl CallScope {
     /// `future`, polled in this scope (what `tracing::Instrument` does for a span).
     pub fn wrap<F>(self, future: F) -> InScope<F> {
         InScope {
-            inner: future,
+            inner: Some(future),
             scope: self,
         }
     }
@@ -194,7 +215,7 @@ impl Drop for Entered<'_> {
     fn drop(&mut self) {
         if let Entered::Fields(before) = self {
             let before = before.take();
-            let ours = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), before));
+            let ours = CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), before));
             // Dropped outside the borrow.
             drop(ours);
         }
@@ -202,11 +223,20 @@ impl Drop for Entered<'_> {
 }
 
 pin_project_lite::pin_project! {
-    /// A future polled in a [`CallScope`] ([`CallScope::wrap`]).
+    /// A future polled, and dropped, in a [`CallScope`] ([`CallScope::wrap`]).
     pub struct InScope<F> {
+        // `None` only while it is dropped.
         #[pin]
-        inner: F,
+        inner: Option<F>,
         scope: CallScope,
+    }
+
+    impl<F> PinnedDrop for InScope<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            let _entered = this.scope.enter();
+            this.inner.set(None);
+        }
     }
 }
 
@@ -216,7 +246,8 @@ impl<F: Future> Future for InScope<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let _entered = this.scope.enter();
-        this.inner.poll(cx)
+        let inner = this.inner.as_pin_mut().expect("only dropped without it");
+        inner.poll(cx)
     }
 }
 
@@ -258,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn recorded_fields_follow_in_a_fixed_order_and_the_first_value_stays() {
+    fn recorded_fields_follow_in_the_order_recorded_every_value_kept() {
         let f = fields();
         assert_eq!(
             text(&f),
@@ -271,7 +302,7 @@ mod tests {
         });
         assert_eq!(
             text(&f),
-            r#"call{request_id="0af7651916cd43dd" method="POST" path="/v1/tools/call" tool="memory.query" context_trace_id="trace-1"}"#
+            r#"call{request_id="0af7651916cd43dd" method="POST" path="/v1/tools/call" context_trace_id="trace-1" tool="memory.query" tool="another"}"#
         );
     }
 
@@ -283,6 +314,33 @@ mod tests {
             text(&f).ends_with(r#" tool="a \"quoted\"\nname"}"#),
             "{}",
             text(&f)
+        );
+    }
+
+    #[test]
+    fn a_wrapped_future_is_dropped_in_the_scope() {
+        /// Never ready; notes the call fields current when it is dropped.
+        struct NotesOnDrop(Arc<Mutex<Option<Option<Arc<CallFields>>>>>);
+        impl Drop for NotesOnDrop {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap() = Some(current_fields());
+            }
+        }
+        impl Future for NotesOnDrop {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+                Poll::Pending
+            }
+        }
+        let f = fields();
+        let noted = Arc::new(Mutex::new(None));
+        let wrapped = CallScope::Fields(f.clone()).wrap(NotesOnDrop(noted.clone()));
+        drop(wrapped);
+        let at_drop = noted.lock().unwrap().take().expect("dropped");
+        assert!(at_drop.is_some_and(|s| Arc::ptr_eq(&s, &f)));
+        assert!(
+            current_fields().is_none(),
+            "the scope is left after the drop"
         );
     }
 

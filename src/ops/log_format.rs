@@ -303,6 +303,9 @@ mod tests {
             tracing::debug!(status = 200, "answered");
         });
         tracing::warn!(reason = ?"rate_limited", "refused");
+        // A second tool (the next item of an MCP batch): a span's text grows by it.
+        record(CallField::Tool, "memory.append");
+        tracing::error!("app failed");
     }
 
     #[test]
@@ -357,6 +360,9 @@ mod tests {
                 ),
                 format!(
                     r#" WARN {call} context_trace_id="trace-1"}}: carapace::ops::log_format::tests: refused reason="rate_limited""#
+                ),
+                format!(
+                    r#"ERROR {call} context_trace_id="trace-1" tool="memory.append"}}: carapace::ops::log_format::tests: app failed"#
                 ),
             ]
         );
