@@ -407,9 +407,13 @@ impl SkillV1Front {
     fn run(
         &self,
         req: &Request<Bytes>,
-    ) -> Result<impl Future<Output = Result<Resp, Rejection>> + Send + 'static, Rejection> {
+    ) -> impl Future<Output = Result<Resp, Rejection>> + Send + 'static {
         let started = Instant::now();
-        let call = match self.decode(req, front::principal(req)?) {
+        let principal = match front::principal(req) {
+            Ok(p) => p,
+            Err(r) => return Either::Left(std::future::ready(Err(r))),
+        };
+        let call = match self.decode(req, principal) {
             Ok(mut call) => {
                 call.request_id = crate::edge::request_id(req);
                 crate::ops::call_fields::record(
@@ -420,10 +424,8 @@ impl SkillV1Front {
                 call
             }
             Err(r) => {
-                return Ok(Either::Left(std::future::ready(Ok(front::refused(
-                    &r,
-                    error_response,
-                )))))
+                let resp = front::refused(&r, error_response);
+                return Either::Left(std::future::ready(Ok(resp)));
             }
         };
         let run = front::run_call(
@@ -433,7 +435,7 @@ impl SkillV1Front {
             |o, _, _, ms| outcome_response(o, ms),
             |r, _, _, _| error_response(r),
         );
-        Ok(Either::Right(run.map(Ok)))
+        Either::Right(run.map(Ok))
     }
 }
 
@@ -448,10 +450,7 @@ impl Service<Request<Bytes>> for SkillV1Front {
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
         if req.method() == Method::POST && req.uri().path() == "/run" {
-            return match self.run(&req) {
-                Ok(run) => Box::pin(run),
-                Err(r) => Box::pin(std::future::ready(Err(r))),
-            };
+            return Box::pin(self.run(&req));
         }
         let this = self.clone();
         Box::pin(async move {
