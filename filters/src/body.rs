@@ -1,16 +1,23 @@
 //! Body size limit and body deadline. A declared `Content-Length` over the limit is refused
 //! before a byte of the body is read; otherwise the body is collected under the limit and a
 //! deadline (against slow uploads) and handed on as `Bytes`.
+//!
+//! The deadline's timer is set only when the body is found waiting: a body that is already
+//! whole when the request is handled (a small call's, read with its head) takes no timer, and
+//! a body of one frame is handed on without a copy.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use std::task::{Context, Poll};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tower::{Layer, Service};
 
-use crate::{BoxFuture, Rejection};
+use crate::Rejection;
 
 /// Limits of [`BodyLimitLayer`].
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +29,28 @@ pub struct BodyLimits {
 }
 
 /// Collects the request body under [`BodyLimits`].
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use carapace_filters::body::{BodyLimitLayer, BodyLimits};
+/// use carapace_filters::Rejection;
+/// use http_body_util::Full;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let limits = BodyLimits { max_bytes: 4, deadline: Duration::from_secs(5) };
+/// let app = service_fn(|req: http::Request<Bytes>| async move {
+///     Ok::<_, Rejection>(req.into_body().len())
+/// });
+/// let svc = BodyLimitLayer::new(limits).layer(app);
+/// let small = http::Request::new(Full::new(Bytes::from_static(b"1234")));
+/// assert_eq!(svc.clone().oneshot(small).await.unwrap(), 4);
+/// let large = http::Request::new(Full::new(Bytes::from_static(b"12345")));
+/// let refused = svc.oneshot(large).await.unwrap_err();
+/// assert!(matches!(refused, Rejection::PayloadTooLarge { limit: 4 }));
+/// # });
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimitLayer {
     limits: BodyLimits,
@@ -52,15 +81,13 @@ pub struct BodyLimit<S> {
 
 impl<S, B> Service<http::Request<B>> for BodyLimit<S>
 where
-    S: Service<http::Request<Bytes>, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Body + Send + 'static,
-    B::Data: Send,
+    S: Service<http::Request<Bytes>, Error = Rejection> + Clone,
+    B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Response = S::Response;
     type Error = Rejection;
-    type Future = BoxFuture<Result<S::Response, Rejection>>;
+    type Future = BodyLimitFuture<S, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -68,31 +95,175 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let limits = self.limits;
+        if content_length(&req).is_some_and(|declared| declared > limits.max_bytes) {
+            return BodyLimitFuture::Refused {
+                rejection: Some(Rejection::PayloadTooLarge {
+                    limit: limits.max_bytes,
+                }),
+            };
+        }
         // Take the service that was driven to readiness; leave a clone in its place.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            if let Some(declared) = content_length(&req) {
-                if declared > limits.max_bytes {
-                    return Err(Rejection::PayloadTooLarge {
-                        limit: limits.max_bytes,
-                    });
-                }
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        BodyLimitFuture::Collecting {
+            body,
+            rest: Some(Box::new(Collecting {
+                parts,
+                inner,
+                limits,
+                bytes: Collected::Empty,
+                deadline: None,
+            })),
+        }
+    }
+}
+
+/// What a body's collection keeps beside the body (boxed: the future is small whichever
+/// state it is in).
+struct Collecting<S> {
+    parts: http::request::Parts,
+    inner: S,
+    limits: BodyLimits,
+    bytes: Collected,
+    /// Set when the body was first found waiting.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+/// The body's bytes so far: one frame's are kept as they came.
+enum Collected {
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Collected {
+    fn len(&self) -> usize {
+        match self {
+            Collected::Empty => 0,
+            Collected::One(b) => b.len(),
+            Collected::Many(b) => b.len(),
+        }
+    }
+
+    fn push(&mut self, mut data: impl Buf) {
+        *self = match std::mem::replace(self, Collected::Empty) {
+            Collected::Empty => Collected::One(data.copy_to_bytes(data.remaining())),
+            Collected::One(first) => {
+                let mut many = BytesMut::with_capacity(first.len() + data.remaining());
+                many.extend_from_slice(&first);
+                many.put(data);
+                Collected::Many(many)
             }
-            let (parts, body) = req.into_parts();
-            let limited = Limited::new(body, limits.max_bytes as usize);
-            let bytes = match tokio::time::timeout(limits.deadline, limited.collect()).await {
-                Err(_) => return Err(Rejection::BodyTimeout(limits.deadline)),
-                Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                    return Err(Rejection::PayloadTooLarge {
-                        limit: limits.max_bytes,
-                    })
+            Collected::Many(mut many) => {
+                many.put(data);
+                Collected::Many(many)
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Collected::Empty => Bytes::new(),
+            Collected::One(b) => b,
+            Collected::Many(b) => b.freeze(),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`BodyLimit`]: the body collected, then the inner service's call.
+    #[project = BodyLimitProj]
+    pub enum BodyLimitFuture<S, B>
+    where
+        S: Service<http::Request<Bytes>>,
+    {
+        Collecting {
+            #[pin]
+            body: B,
+            rest: Option<Box<Collecting<S>>>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+        },
+        Refused {
+            rejection: Option<Rejection>,
+        },
+    }
+}
+
+impl<S, B> Future for BodyLimitFuture<S, B>
+where
+    S: Service<http::Request<Bytes>, Error = Rejection>,
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = Result<S::Response, Rejection>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let call = match self.as_mut().project() {
+                BodyLimitProj::Calling { future } => return future.poll(cx),
+                BodyLimitProj::Refused { rejection } => {
+                    return Poll::Ready(Err(rejection.take().expect("polled after completion")))
                 }
-                Ok(Err(e)) => return Err(Rejection::invalid(format!("reading body: {e}"))),
-                Ok(Ok(collected)) => collected.to_bytes(),
+                BodyLimitProj::Collecting { body, rest } => {
+                    let c = rest.as_mut().expect("polled after completion");
+                    ready!(collect(body, c, cx))?;
+                    let Collecting {
+                        parts,
+                        mut inner,
+                        bytes,
+                        ..
+                    } = *rest.take().expect("checked above");
+                    inner.call(http::Request::from_parts(parts, bytes.into_bytes()))
+                }
             };
-            inner.call(http::Request::from_parts(parts, bytes)).await
-        })
+            self.set(BodyLimitFuture::Calling { future: call });
+        }
+    }
+}
+
+/// Read `body`'s frames into `c` until it ends, its limit is passed, or it waits past the
+/// deadline (the timer set when it first waits).
+fn collect<S, B>(
+    mut body: Pin<&mut B>,
+    c: &mut Collecting<S>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), Rejection>>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let limits = c.limits;
+    loop {
+        match body.as_mut().poll_frame(cx) {
+            Poll::Ready(None) => return Poll::Ready(Ok(())),
+            Poll::Ready(Some(Err(e))) => {
+                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                return Poll::Ready(Err(Rejection::invalid(format!("reading body: {e}"))));
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                // Trailers are not passed on.
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if (c.bytes.len() + data.remaining()) as u64 > limits.max_bytes {
+                    return Poll::Ready(Err(Rejection::PayloadTooLarge {
+                        limit: limits.max_bytes,
+                    }));
+                }
+                c.bytes.push(data);
+            }
+            Poll::Pending => {
+                let deadline = c
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limits.deadline)));
+                ready!(deadline.as_mut().poll(cx));
+                return Poll::Ready(Err(Rejection::BodyTimeout(limits.deadline)));
+            }
+        }
     }
 }
 
@@ -169,6 +340,102 @@ mod tests {
         let req = http::Request::new(StreamBody::new(futures_never()));
         let err = svc.oneshot(req).await.unwrap_err();
         assert!(matches!(err, Rejection::BodyTimeout(d) if d == LIMITS.deadline));
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+    }
+
+    /// A body fed through a channel: each item a frame, or the stream's error.
+    type FrameResult = Result<http_body::Frame<Bytes>, std::io::Error>;
+    type Feed = tokio::sync::mpsc::UnboundedSender<Result<&'static [u8], std::io::Error>>;
+
+    fn fed() -> (
+        Feed,
+        StreamBody<impl futures_core::Stream<Item = FrameResult> + Send>,
+    ) {
+        struct Fed(tokio::sync::mpsc::UnboundedReceiver<Result<&'static [u8], std::io::Error>>);
+        impl futures_core::Stream for Fed {
+            type Item = FrameResult;
+            fn poll_next(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<Option<Self::Item>> {
+                self.0.poll_recv(cx).map(|item| {
+                    item.map(|r| r.map(|b| http_body::Frame::data(Bytes::from_static(b))))
+                })
+            }
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (tx, StreamBody::new(Fed(rx)))
+    }
+
+    fn echo_body(
+        seen: Arc<AtomicUsize>,
+    ) -> impl Service<http::Request<Bytes>, Response = Bytes, Error = Rejection, Future = impl Send>
+           + Clone {
+        tower::service_fn(move |req: http::Request<Bytes>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, Rejection>(req.into_body()) }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_in_frames_that_wait_is_passed_on_whole_and_in_order() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let svc = BodyLimitLayer::new(LIMITS).layer(echo_body(seen.clone()));
+        let (tx, body) = fed();
+        tx.send(Ok(b"12")).unwrap();
+        let call = tokio::spawn(svc.oneshot(http::Request::new(body)));
+        // Within the deadline, in three more frames, with waits between them.
+        for frame in [&b"34"[..], b"5", b"678"] {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tx.send(Ok(frame)).unwrap();
+        }
+        drop(tx);
+        assert_eq!(
+            call.await.unwrap().unwrap(),
+            Bytes::from_static(b"12345678")
+        );
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stalls_after_a_frame_hits_the_deadline() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let svc = BodyLimitLayer::new(LIMITS).layer(echo_body(seen.clone()));
+        let (tx, body) = fed();
+        tx.send(Ok(b"1234")).unwrap();
+        let err = svc.oneshot(http::Request::new(body)).await.unwrap_err();
+        assert!(matches!(err, Rejection::BodyTimeout(d) if d == LIMITS.deadline));
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn frames_over_the_limit_together_are_refused() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let svc = BodyLimitLayer::new(LIMITS).layer(echo_body(seen.clone()));
+        let (tx, body) = fed();
+        for frame in [&b"1234"[..], b"5678", b"9"] {
+            tx.send(Ok(frame)).unwrap();
+        }
+        drop(tx);
+        let err = svc.oneshot(http::Request::new(body)).await.unwrap_err();
+        assert!(matches!(err, Rejection::PayloadTooLarge { limit: 8 }));
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_fails_is_refused_with_its_reason() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let svc = BodyLimitLayer::new(LIMITS).layer(echo_body(seen.clone()));
+        let (tx, body) = fed();
+        tx.send(Ok(b"12")).unwrap();
+        tx.send(Err(std::io::Error::other("connection reset")))
+            .unwrap();
+        let err = svc.oneshot(http::Request::new(body)).await.unwrap_err();
+        assert!(
+            matches!(&err, Rejection::InvalidRequest { message, .. } if message == "reading body: connection reset"),
+            "{err:?}"
+        );
         assert_eq!(seen.load(Ordering::SeqCst), 0);
     }
 

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::io::{self, Write as _};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -135,19 +136,20 @@ pub(super) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     // A TLS stream may hold records back until flushed.
     conn.stream.flush().await.map_err(ExchangeError::Write)?;
     conn.buf.clear();
+    // Nothing of the answer can be here yet: read before the first parse.
     let head = loop {
-        if let Some(head) = parse_head(&mut conn.buf, keep_headers)? {
-            break head;
-        }
-        if conn.buf.len() > MAX_HEAD_BYTES {
-            return Err(ExchangeError::Malformed("answer head too large".into()));
-        }
         if fill(conn).await? == 0 {
             return Err(if conn.buf.is_empty() {
                 ExchangeError::NoAnswer
             } else {
                 ExchangeError::Malformed("the connection closed in the answer's head".into())
             });
+        }
+        if let Some(head) = parse_head(&mut conn.buf, keep_headers)? {
+            break head;
+        }
+        if conn.buf.len() > MAX_HEAD_BYTES {
+            return Err(ExchangeError::Malformed("answer head too large".into()));
         }
     };
     let bodiless = *method == Method::HEAD
@@ -197,9 +199,12 @@ async fn fill<S: AsyncRead + AsyncWrite + Unpin>(
 /// `keep`; `None` while incomplete.
 fn parse_head(buf: &mut BytesMut, keep: bool) -> Result<Option<Head>, ExchangeError> {
     loop {
-        let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut lines);
-        let len = match resp.parse(buf) {
+        // The parser writes the slots it fills: the rest (most of them) are never touched.
+        let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut lines)
+        {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(ExchangeError::Malformed(e.to_string())),
