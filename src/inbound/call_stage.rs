@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use carapace_filters::authorization::AuthorizationLayer;
-use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::kill_switch::KillSwitchLayer;
 use carapace_filters::rate_limit::{KeyedLimits, Rate, ToolRateLimitLayer};
 use carapace_filters::schema::{InputSchemaLayer, OutputSchemaLayer};
@@ -16,10 +15,10 @@ use carapace_filters::signature::{
     AuthMode, ReplayGuard, SignatureLayer, SignatureVerifier, SigningKey,
 };
 use carapace_filters::timeout::CallTimeoutLayer;
-use carapace_filters::Rejection;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
+use super::app_back::AppBack;
 use crate::app::AppConn;
 use crate::config::{AuthModeConfig, CallerAuthMode, Loaded, Protocol, RateConfig};
 use crate::front::CallStack;
@@ -124,15 +123,11 @@ pub(crate) fn call_stack(
 }
 
 /// The app's back for its protocol; tools connected callers offer go to them (the relay).
-fn back(
-    cfg: &Loaded,
-    shared: &Shared,
-    app: AppConn,
-) -> BoxCloneSyncService<ToolCall, CallOutcome, Rejection> {
+fn back(cfg: &Loaded, shared: &Shared, app: AppConn) -> AppBack {
     let c = &cfg.config;
-    let back: BoxCloneSyncService<ToolCall, CallOutcome, Rejection> = match (c.app.protocol, app) {
-        (_, AppConn::Mcp(server)) => BoxCloneSyncService::new(McpBack::new(server)),
-        (Protocol::ToolsV1, AppConn::Http(app)) => BoxCloneSyncService::new(ToolsV1Back::new(app)),
+    let back = match (c.app.protocol, app) {
+        (_, AppConn::Mcp(server)) => AppBack::Mcp(McpBack::new(server)),
+        (Protocol::ToolsV1, AppConn::Http(app)) => AppBack::ToolsV1(ToolsV1Back::new(app)),
         (Protocol::Mcp, AppConn::Http(_)) => unreachable!("an MCP app is reached as one"),
         (Protocol::SkillV1, AppConn::Http(app)) => {
             let skill = c.app.skill.as_ref().expect("validated");
@@ -145,18 +140,19 @@ fn back(
                     cfg.app_secret.clone().expect("validated"),
                 )
             });
-            BoxCloneSyncService::new(SkillV1Back::new(
+            AppBack::SkillV1(Box::new(SkillV1Back::new(
                 app,
                 &skill.skill_id,
                 &skill.protocol_version,
                 signing,
-            ))
+            )))
         }
     };
     match &shared.relay {
-        Some(relay) => {
-            BoxCloneSyncService::new(crate::relay::RelayRouter::new(relay.clone(), back))
-        }
+        Some(relay) => AppBack::Relay(crate::relay::RelayRouter::new(
+            relay.clone(),
+            BoxCloneSyncService::new(back),
+        )),
         None => back,
     }
 }

@@ -4,6 +4,7 @@
 //! each decoded call through the call stage (per-tool kill-switch and rate limit,
 //! authorization, signature, schemas, timeout, the back). A pairing's result is installed here.
 
+mod app_back;
 pub(crate) mod call_stage;
 pub(crate) mod http_stage;
 pub(crate) mod installer;
