@@ -32,14 +32,16 @@
 pub mod detectors;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use serde_json::Value;
 use tower::{Layer, Service};
 
-use crate::call::{CallOutcome, ToolCall};
-use crate::{BoxFuture, Rejection};
+use crate::call::{CallOutcome, ToolCall, ToolSpec};
+use crate::Rejection;
 pub use detectors::{Detectors, Found, PatternError};
 
 /// Most findings logged for one call.
@@ -342,31 +344,68 @@ pub struct SecretGuardService<S> {
 impl<S> Service<ToolCall> for SecretGuardService<S>
 where
     S: Service<ToolCall, Response = CallOutcome, Error = Rejection>,
-    S::Future: Send + 'static,
 {
     type Response = CallOutcome;
     type Error = Rejection;
-    type Future = BoxFuture<Result<CallOutcome, Rejection>>;
+    type Future = SecretGuardFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut call: ToolCall) -> Self::Future {
-        let guard = self.guard.clone();
-        let tool = call.tool.name.clone();
         if self.scanned == Scanned::Arguments {
-            if let Err(r) = guard.check(&tool, vec![("/args", &mut call.args)]) {
-                return Box::pin(async move { Err(r) });
+            let guard = &self.guard;
+            if let Err(r) = guard.check(&call.tool.name, vec![("/args", &mut call.args)]) {
+                return SecretGuardFuture::Refused { rejection: Some(r) };
             }
-            return Box::pin(self.inner.call(call));
+            return SecretGuardFuture::Passed {
+                inner: self.inner.call(call),
+            };
         }
-        let fut = self.inner.call(call);
-        Box::pin(async move {
-            let mut outcome = fut.await?;
-            guard.guard_outcome(&tool, &mut outcome)?;
-            Ok(outcome)
-        })
+        let tool = call.tool.clone();
+        SecretGuardFuture::Guarded {
+            inner: self.inner.call(call),
+            guard: self.guard.clone(),
+            tool,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Response future of [`SecretGuardService`]: the arguments' refusal, the call passed on
+    /// (its arguments checked), or the call with its result to check.
+    #[project = SecretGuardProj]
+    pub enum SecretGuardFuture<F> {
+        Refused { rejection: Option<Rejection> },
+        Passed { #[pin] inner: F },
+        Guarded {
+            #[pin]
+            inner: F,
+            guard: Arc<SecretGuard>,
+            tool: Arc<ToolSpec>,
+        },
+    }
+}
+
+impl<F> Future for SecretGuardFuture<F>
+where
+    F: Future<Output = Result<CallOutcome, Rejection>>,
+{
+    type Output = Result<CallOutcome, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            SecretGuardProj::Refused { rejection } => {
+                Poll::Ready(Err(rejection.take().expect("polled after completion")))
+            }
+            SecretGuardProj::Passed { inner } => inner.poll(cx),
+            SecretGuardProj::Guarded { inner, guard, tool } => {
+                let mut outcome = ready!(inner.poll(cx))?;
+                guard.guard_outcome(&tool.name, &mut outcome)?;
+                Poll::Ready(Ok(outcome))
+            }
+        }
     }
 }
 
