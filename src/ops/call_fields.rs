@@ -57,7 +57,6 @@ impl CallField {
 }
 
 /// A call's fields kept beside it: what its span would have held.
-#[derive(Debug)]
 pub struct CallFields {
     request_id: HeaderValue,
     method: Method,
@@ -85,6 +84,13 @@ impl Recorded {
 
     fn iter(&self) -> impl Iterator<Item = &(CallField, Box<str>)> {
         self.first.iter().flatten().chain(&self.more)
+    }
+}
+
+/// As its log text: the target's path, never its query (which may carry a credential).
+impl fmt::Debug for CallFields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f)
     }
 }
 
@@ -254,6 +260,22 @@ impl<F: Future> Future for InScope<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_the_path_and_never_the_query() {
+        let fields = CallFields::new(
+            HeaderValue::from_static("r-1"),
+            Method::POST,
+            Uri::from_static("/v1/tools/call?access_token=s3cr3t"),
+        );
+        fields.record(CallField::Tool, "memory.query");
+        let shown = format!("{fields:?}");
+        assert_eq!(
+            shown,
+            r#"call{request_id="r-1" method="POST" path="/v1/tools/call" tool="memory.query"}"#
+        );
+        assert!(!shown.contains("s3cr3t"));
+    }
 
     fn fields() -> Arc<CallFields> {
         Arc::new(CallFields::new(
