@@ -273,16 +273,16 @@ mod tests {
             json!({"agent_id": 1, "session_id": "s"}),
             json!({"agent_id": "a", "session_id": null}),
         ];
-        let members = [
-            "platform",
-            "channel_id",
-            "actor_id",
-            "isolation_key",
-            "trace_id",
-            "request_origin",
-            "unknown",
-            "Agent_id",
-        ];
+        // Every member the schema names (taken from it, not from the check), and two it does
+        // not.
+        let named = schema["properties"]["context"]["properties"]
+            .as_object()
+            .expect("the schema names members");
+        let members: Vec<&str> = named
+            .keys()
+            .map(String::as_str)
+            .chain(["unknown", "Agent_id"])
+            .collect();
         let values = [
             json!("x"),
             json!("agent_turn"),
