@@ -45,7 +45,12 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 OUT = os.path.join(BENCH, "out")
 CARAPACE = os.path.join(ROOT, "target", "release", "carapace")
-LOADGEN = os.path.join(ROOT, "target", "release", "examples", "loadgen")
+# The load generator builds in a target directory of its own: carapace's release build takes
+# the profile (RUSTFLAGS), which would otherwise make the two rebuild each other's crates.
+LOADGEN_TARGET = os.path.join(ROOT, "target", "loadgen")
+LOADGEN = os.path.join(LOADGEN_TARGET, "release", "examples", "loadgen")
+# The profile release builds are optimised with (bench/pgo.py writes it).
+PROFILE = os.path.join(ROOT, "link", "carapace.profdata")
 # mimalloc's entry points behind carapace's global allocator (src/bin/carapace/allocator.rs):
 # every Rust allocation, zeroed allocation and reallocation is a call to exactly one of them
 # (earlier builds, on the `mimalloc` crate, used the aligned ones only).
@@ -149,14 +154,24 @@ def allocator_entries(binary):
     return [f for f in ALLOCATOR_ENTRIES if f in names]
 
 
+def release_env():
+    """The environment of carapace's release build: with the profile, as the image is built."""
+    flags = os.environ.get("RUSTFLAGS", "")
+    if os.path.isfile(PROFILE):
+        flags = f"{flags} -Cprofile-use={PROFILE}".strip()
+    return dict(os.environ, RUSTFLAGS=flags)
+
+
 def build():
-    """carapace as `cargo build --release` and the image build it (normal dependencies only),
-    then the load generator. Built together, the example's dev-dependencies would add their
-    features to the shared crates (tokio's `test-util` among them) and the binary measured
-    would not be the one users run."""
-    log("cargo build --release --bin carapace; cargo build --release --example loadgen")
-    run(["cargo", "build", "--release", "--bin", "carapace"], cwd=ROOT)
-    run(["cargo", "build", "--release", "--example", "loadgen"], cwd=ROOT)
+    """carapace as the image builds it (`cargo build --release`, normal dependencies only, with
+    the profile), then the load generator. Built together, the example's dev-dependencies would
+    add their features to the shared crates (tokio's `test-util` among them) and the binary
+    measured would not be the one users run."""
+    log("cargo build --release --bin carapace (with link/carapace.profdata); "
+        "cargo build --release --example loadgen (target/loadgen)")
+    run(["cargo", "build", "--release", "--bin", "carapace"], cwd=ROOT, env=release_env())
+    run(["cargo", "build", "--release", "--example", "loadgen"], cwd=ROOT,
+        env=dict(os.environ, CARGO_TARGET_DIR=LOADGEN_TARGET))
 
 
 def p(*parts):

@@ -51,9 +51,15 @@ def profile(name, port):
     proc = c.start(f"order-{name}", cmd)
     try:
         c.wait_port(port, proc, name, timeout=180)
-        res = c.loadgen((name, port), ["--mode", "rate", "--rate", "20", "--connections", "1"],
-                        1.0, 0)
-        if "error" in res or res.get("errors"):
+        # The port opens before the app's tools are discovered (slowly, under callgrind): the
+        # first warm-ups may be refused.
+        for attempt in range(10):
+            res = c.loadgen((name, port),
+                            ["--mode", "rate", "--rate", "20", "--connections", "1"], 1.0, 0)
+            if "error" not in res and not res.get("errors"):
+                break
+            time.sleep(1)
+        else:
             raise SystemExit(f"{name}: warm-up failed: {res}")
     finally:
         proc.send_signal(signal.SIGTERM)
