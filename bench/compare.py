@@ -27,6 +27,7 @@ import argparse
 import atexit
 import datetime
 import glob
+import hashlib
 import importlib
 import json
 import os
@@ -155,10 +156,18 @@ def allocator_entries(binary):
 
 
 def release_env():
-    """The environment of carapace's release build: with the profile, as the image is built."""
+    """The environment of carapace's release build: with the profile, as the image is built.
+    Cargo does not see a file named in RUSTFLAGS change, only the flags: the profile is used
+    from a copy named by its content, so that a new profile rebuilds every crate with it."""
     flags = os.environ.get("RUSTFLAGS", "")
     if os.path.isfile(PROFILE):
-        flags = f"{flags} -Cprofile-use={PROFILE}".strip()
+        with open(PROFILE, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        copy = os.path.join(ROOT, "target", "profiles", f"carapace-{digest}.profdata")
+        if not os.path.isfile(copy):
+            os.makedirs(os.path.dirname(copy), exist_ok=True)
+            shutil.copyfile(PROFILE, copy)
+        flags = f"{flags} -Cprofile-use={copy}".strip()
     return dict(os.environ, RUSTFLAGS=flags)
 
 
