@@ -415,6 +415,19 @@ def wait_port(port, proc, name, timeout=20):
     raise RuntimeError(f"{name} did not listen on {port} within {timeout}s")
 
 
+def warm_up(name, port, attempts=10):
+    """A second of calls at 20/s until one passes without an error: carapace opens its port
+    before the app's tools are discovered, so the first calls may be refused (slowly started,
+    under callgrind or instrumented). Returns the last loadgen result."""
+    for _ in range(attempts):
+        res = loadgen((name, port), ["--mode", "rate", "--rate", "20", "--connections", "1"],
+                      1.0, 0)
+        if "error" not in res and not res.get("errors"):
+            return res
+        time.sleep(1)
+    raise SystemExit(f"{name}: warm-up failed: {res}")
+
+
 def proc_tree(pid):
     """pid and all its descendants (nginx: master and worker)."""
     children = {}

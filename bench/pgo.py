@@ -64,6 +64,7 @@ def train(binary, name, port, seconds):
     proc = c.start(f"pgo-{name}", [binary, "serve", "-c", c.p(name, "carapace.yaml")], env)
     try:
         c.wait_port(port, proc, name, timeout=60)
+        c.warm_up(name, port)
         for extra in (["--mode", "closed", "--connections", "32"],
                       ["--mode", "rate", "--rate", "1000", "--connections", "32"],
                       ["--mode", "connect", "--connections", "16"]):

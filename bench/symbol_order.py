@@ -24,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
@@ -51,16 +50,7 @@ def profile(name, port):
     proc = c.start(f"order-{name}", cmd)
     try:
         c.wait_port(port, proc, name, timeout=180)
-        # The port opens before the app's tools are discovered (slowly, under callgrind): the
-        # first warm-ups may be refused.
-        for attempt in range(10):
-            res = c.loadgen((name, port),
-                            ["--mode", "rate", "--rate", "20", "--connections", "1"], 1.0, 0)
-            if "error" not in res and not res.get("errors"):
-                break
-            time.sleep(1)
-        else:
-            raise SystemExit(f"{name}: warm-up failed: {res}")
+        c.warm_up(name, port)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
