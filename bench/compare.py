@@ -94,6 +94,17 @@ RATES = [1000, 3000]
 
 STARTED = []  # Popen objects, each the leader of its own process group
 
+# This machine is a virtual one: in some hours the host runs other guests on its cores, and a
+# measurement taken then says more about them than about the target. The kernel counts that
+# time as steal (/proc/stat). A measurement with more than STEAL_MAX percent of the machine's
+# time stolen is taken again once the host has been quiet for QUIET_S seconds (waiting at most
+# QUIET_WAIT_S), at most ATTEMPTS times in all; the least disturbed one is kept, and every kept
+# measurement reports its steal.
+STEAL_MAX = 2.0
+ATTEMPTS = 5
+QUIET_S = 3
+QUIET_WAIT_S = 120
+
 
 def log(msg):
     print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
@@ -531,6 +542,49 @@ def loadgen(target, extra, duration, warmup, pids=None):
     return res
 
 
+def host_ticks():
+    """(steal, total) clock ticks of all CPUs so far, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def wait_quiet():
+    """Wait until the host has stolen at most STEAL_MAX percent of QUIET_S seconds in a row,
+    or QUIET_WAIT_S have passed."""
+    deadline = time.monotonic() + QUIET_WAIT_S
+    while time.monotonic() < deadline:
+        steal0, total0 = host_ticks()
+        time.sleep(QUIET_S)
+        steal1, total1 = host_ticks()
+        if 100.0 * (steal1 - steal0) / max(1, total1 - total0) <= STEAL_MAX:
+            return
+    log(f"  the host was not quiet for {QUIET_WAIT_S} s")
+
+
+def undisturbed(what, measure):
+    """`measure()` until the host steals at most STEAL_MAX percent of the machine's time
+    during it (at most ATTEMPTS times); the least disturbed result, with its `steal_pct`
+    and `attempts`."""
+    best = None
+    for attempt in range(1, ATTEMPTS + 1):
+        steal0, total0 = host_ticks()
+        res = measure()
+        steal1, total1 = host_ticks()
+        res["steal_pct"] = 100.0 * (steal1 - steal0) / max(1, total1 - total0)
+        res["attempts"] = attempt
+        if best is None or res["steal_pct"] < best["steal_pct"]:
+            best = res
+        if "error" in res or res["steal_pct"] <= STEAL_MAX:
+            break
+        log(f"  {what}: the host took {res['steal_pct']:.1f}% of the machine's time "
+            f"(over {STEAL_MAX:g}%), measuring again")
+        wait_quiet()
+    if best["steal_pct"] > STEAL_MAX:
+        log(f"  {what}: kept at {best['steal_pct']:.1f}% steal after {ATTEMPTS} attempts")
+    return best
+
+
 def loadgen_window(target, extra, duration, warmup, begin, end):
     """Run loadgen, calling `begin()` when its measured window starts (after the warm-up) and
     `end()` when it ends. Its result, with `window_s`: the time from `begin` to `end`."""
@@ -713,8 +767,9 @@ def main():
             log(f"round {rnd + 1}/{args.rounds}: saturation, 32 connections, {sat_s} s")
             for name, port in order:
                 pids = pids_of(name)
-                res = loadgen((name, port), ["--mode", "closed", "--connections", "32"],
-                              sat_s, warm, pids)
+                res = undisturbed(name, lambda: loadgen(
+                    (name, port), ["--mode", "closed", "--connections", "32"], sat_s, warm,
+                    pids))
                 res["rss_peak_kb"] = status_kb(pids, "VmHWM")
                 res["rss_after_kb"] = status_kb(pids, "VmRSS")
                 res["rss_after_anon_kb"] = status_kb(pids, "RssAnon")
@@ -732,12 +787,13 @@ def main():
                 log(f"round {rnd + 1}/{args.rounds}: fixed rate {rate}/s, 32 connections, "
                     f"{rate_s} s")
                 for name, port in order:
-                    res = loadgen((name, port), ["--mode", "rate", "--rate", str(rate),
-                                                 "--connections", "32"], rate_s, warm)
+                    res = undisturbed(name, lambda: loadgen(
+                        (name, port), ["--mode", "rate", "--rate", str(rate),
+                                       "--connections", "32"], rate_s, warm))
                     rr[name][f"rate_{rate}"] = res
                     lat = res.get("latency_us", {})
                     log(f"  {name:14s} p50 {lat.get('p50')} µs  p99 {lat.get('p99')} µs  "
-                        f"errors {res.get('errors', res.get('error'))}")
+                        f"errors {res.get('errors', res.get('error'))}{fmt_steal(res)}")
                     time.sleep(0.5)
             targets = fresh()
             log(f"round {rnd + 1}/{args.rounds}: new mTLS connections, 16 connections, "
@@ -745,8 +801,8 @@ def main():
             for name, port in order:
                 if port is None:
                     continue
-                res = loadgen((name, port), ["--mode", "connect", "--connections", "16"],
-                              conn_s, warm)
+                res = undisturbed(name, lambda: loadgen(
+                    (name, port), ["--mode", "connect", "--connections", "16"], conn_s, warm))
                 rr[name]["connect"] = res
                 log(f"  {name:14s} {fmt_rps(res)}")
                 time.sleep(0.5)
@@ -780,7 +836,7 @@ def brief(results):
         cpu = s.get("cpu_ms_per_1k")
         print(f"| {r['label']} | {f0(s.get('throughput_rps'))} | "
               f"{f1(cpu) if cpu else '-'} | {lat[0]} | {lat[1]} |")
-    for line in provable_cost(results):
+    for line in provable_cost(results) + steal_note(results):
         print(line)
 
 
@@ -800,6 +856,20 @@ def provable_cost(results):
     return lines
 
 
+def steal_note(results):
+    """One sentence on how much of the machine the host took during the kept measurements."""
+    kept = [m for t in results["targets"].values() for r in t.get("rounds", [])
+            for m in r.values() if "steal_pct" in m]
+    if not kept:
+        return []
+    again = sum(1 for m in kept if m["attempts"] > 1)
+    over = sum(1 for m in kept if m["steal_pct"] > STEAL_MAX)
+    worst = max(m["steal_pct"] for m in kept)
+    return ["", f"Host steal time during the {len(kept)} kept measurements: at most "
+            f"{worst:.1f}% of the machine's time; {again} taken again for more than "
+            f"{STEAL_MAX:g}%, {over} kept above it after {ATTEMPTS} attempts."]
+
+
 def report(results):
     table = tables(results)
     with open(p(named("table.md")), "w") as f:
@@ -816,7 +886,11 @@ def fmt_rps(res):
     if "error" in res:
         return res["error"]
     err = f"  errors {res['errors']} ({res['first_error']})" if res["errors"] else ""
-    return f"{res['throughput_rps']:.0f}/s{err}"
+    return f"{res['throughput_rps']:.0f}/s{err}{fmt_steal(res)}"
+
+
+def fmt_steal(res):
+    return f"  steal {res['steal_pct']:.1f}%" if "steal_pct" in res else ""
 
 
 def med(values):
@@ -921,6 +995,7 @@ def tables(results):
         "RSS peak MB (after 1st saturation run) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    note = steal_note(results)
     for name, label, port in TARGETS:
         t = R.get(name, {})
         s = t.get("summary")
@@ -942,6 +1017,7 @@ def tables(results):
         cells.append(f1(s["rss_peak_kb"] / 1024) + (" (app)" if port is None else ""))
         lines.append("| " + " | ".join(cells) + " |")
 
+    lines += note
     cost = provable_cost(results)
     if cost:
         lines += ["", "The ledger and receipts on the full stack (same run):", "", *cost]
