@@ -549,15 +549,20 @@ def host_ticks():
     return ticks[7], sum(ticks)
 
 
+def stolen_since(start):
+    """The percentage of the machine's time the host took since `start` (a `host_ticks()`)."""
+    steal, total = host_ticks()
+    return 100.0 * (steal - start[0]) / max(1, total - start[1])
+
+
 def wait_quiet():
     """Wait until the host has stolen at most STEAL_MAX percent of QUIET_S seconds in a row,
     or QUIET_WAIT_S have passed."""
     deadline = time.monotonic() + QUIET_WAIT_S
     while time.monotonic() < deadline:
-        steal0, total0 = host_ticks()
+        start = host_ticks()
         time.sleep(QUIET_S)
-        steal1, total1 = host_ticks()
-        if 100.0 * (steal1 - steal0) / max(1, total1 - total0) <= STEAL_MAX:
+        if stolen_since(start) <= STEAL_MAX:
             return
     log(f"  the host was not quiet for {QUIET_WAIT_S} s")
 
@@ -568,10 +573,9 @@ def undisturbed(what, measure):
     and `attempts`."""
     best = None
     for attempt in range(1, ATTEMPTS + 1):
-        steal0, total0 = host_ticks()
+        start = host_ticks()
         res = measure()
-        steal1, total1 = host_ticks()
-        res["steal_pct"] = 100.0 * (steal1 - steal0) / max(1, total1 - total0)
+        res["steal_pct"] = stolen_since(start)
         res["attempts"] = attempt
         if best is None or res["steal_pct"] < best["steal_pct"]:
             best = res
@@ -995,7 +999,6 @@ def tables(results):
         "RSS peak MB (after 1st saturation run) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    note = steal_note(results)
     for name, label, port in TARGETS:
         t = R.get(name, {})
         s = t.get("summary")
@@ -1017,7 +1020,7 @@ def tables(results):
         cells.append(f1(s["rss_peak_kb"] / 1024) + (" (app)" if port is None else ""))
         lines.append("| " + " | ".join(cells) + " |")
 
-    lines += note
+    lines += steal_note(results)
     cost = provable_cost(results)
     if cost:
         lines += ["", "The ledger and receipts on the full stack (same run):", "", *cost]
