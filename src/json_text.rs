@@ -67,6 +67,48 @@ impl Object<'_> {
         object(self.name(name), members);
         self
     }
+
+    /// A member whose value is a list of one object, written by `members`.
+    pub fn list_of_one(&mut self, name: &str, members: impl FnOnce(&mut Object<'_>)) -> &mut Self {
+        let out = self.name(name);
+        out.push(b'[');
+        object(out, members);
+        out.push(b']');
+        self
+    }
+
+    /// A member whose value is the JSON text of `value` as a string: the bytes of
+    /// `serde_json::to_string(value)` written as a string, in one pass and without the text
+    /// itself.
+    pub fn text_of(&mut self, name: &str, value: &Value) -> &mut Self {
+        let out = self.name(name);
+        out.push(b'"');
+        serde_json::to_writer(InString(&mut *out), value).expect("a JSON value writes into memory");
+        out.push(b'"');
+        self
+    }
+}
+
+/// Writes JSON text as the inside of a JSON string. `serde_json` writes no control character
+/// as it is (in its strings they are escapes, and compact text has no whitespace), so `"` and
+/// `\` are the only bytes to escape, each with a `\` before it.
+struct InString<'a>(&'a mut Vec<u8>);
+
+impl std::io::Write for InString<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while let Some(i) = memchr::memchr2(b'"', b'\\', rest) {
+            self.0.extend_from_slice(&rest[..i]);
+            self.0.extend_from_slice(&[b'\\', rest[i]]);
+            rest = &rest[i + 1..];
+        }
+        self.0.extend_from_slice(rest);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Whether `s` is written between quotes as it is: no `"`, `\` or control character.
@@ -109,6 +151,33 @@ mod tests {
             let mut out = Vec::new();
             string(&mut out, s);
             assert_eq!(out, serde_json::to_vec(s).unwrap(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn a_value_as_text_is_the_bytes_of_its_text_written_as_a_string() {
+        let mut every_char = String::new();
+        for b in 0u8..0x80 {
+            every_char.push(b as char);
+        }
+        for value in [
+            json!({"q": "a\"b\\c", "n": [1, 2.5, null, -0.0, 1e300], "z": {"y": true}}),
+            json!("tab\tnewline\n\u{0}\u{1f}\u{7f} ünï ✓ \u{2028} 🦀 \\\""),
+            json!(every_char),
+            json!([]),
+            json!(null),
+            json!(7),
+        ] {
+            let mut out = Vec::new();
+            object(&mut out, |o| {
+                o.list_of_one("content", |b| {
+                    b.text_of("text", &value).str("type", "text");
+                });
+            });
+            let text = serde_json::to_string(&value).unwrap();
+            let expected =
+                serde_json::to_vec(&json!({"content": [{"text": text, "type": "text"}]}));
+            assert_eq!(out, expected.unwrap(), "{value}");
         }
     }
 

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::Request;
-use serde::Serialize;
 use serde_json::{Map, Value};
 
 use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
@@ -18,6 +17,7 @@ use carapace_filters::Rejection;
 use super::{complete, refused, Era, McpFront};
 use crate::front::{self, Resp};
 use crate::in_flight::Finished;
+use crate::json_text;
 use crate::mcp::back::relay::{log_level, CallerStream, ClientFeatures};
 use crate::mcp::early::ToolLimitTaken;
 use crate::mcp::jsonrpc::{result_response, McpError};
@@ -248,63 +248,40 @@ fn new_call_id() -> String {
 /// The answer to a call whose result is the app's output as it is (an HTTP app: no content
 /// blocks of its own), written from borrowed parts: the same bytes as
 /// `result_response(id, complete(tool_result(..)))`, without copying the output into a result
-/// first.
+/// first, and its text block written straight from the output.
 fn output_answer(id: &Value, output: &Value, version: &str, structured: bool) -> Resp {
-    // Members in the order of the result values (sorted by name).
-    #[derive(Serialize)]
-    struct Answer<'a> {
-        id: &'a Value,
-        jsonrpc: &'static str,
-        result: OutputResult<'a>,
-    }
-    #[derive(Serialize)]
-    struct OutputResult<'a> {
-        #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
-        meta: Option<ServerMeta>,
-        content: [TextBlock; 1],
-        #[serde(rename = "isError")]
-        is_error: bool,
-        #[serde(rename = "resultType", skip_serializing_if = "Option::is_none")]
-        result_type: Option<&'static str>,
-        #[serde(rename = "structuredContent", skip_serializing_if = "Option::is_none")]
-        structured: Option<&'a Value>,
-    }
-    #[derive(Serialize)]
-    struct TextBlock {
-        text: String,
-        #[serde(rename = "type")]
-        kind: &'static str,
-    }
-    #[derive(Serialize)]
-    struct ServerMeta {
-        #[serde(rename = "io.modelcontextprotocol/serverInfo")]
-        server_info: ServerInfo,
-    }
-    #[derive(Serialize)]
-    struct ServerInfo {
-        name: &'static str,
-        version: &'static str,
-    }
     let modern = version == MODERN_VERSION;
-    let text = serde_json::to_string(output).expect("JSON values serialize");
     // Before 2026-07-28 structured content is an object.
     let structured = structured && (modern || output.is_object());
-    let server_info = ServerInfo {
-        name: "carapace",
-        version: env!("CARGO_PKG_VERSION"),
-    };
-    let answer = Answer {
-        id,
-        jsonrpc: "2.0",
-        result: OutputResult {
-            meta: modern.then_some(ServerMeta { server_info }),
-            content: [TextBlock { text, kind: "text" }],
-            is_error: false,
-            result_type: modern.then_some("complete"),
-            structured: structured.then_some(output),
-        },
-    };
-    front::json_response(http::StatusCode::OK, &answer)
+    let mut body = Vec::with_capacity(256);
+    // Members in the order of the result values (sorted by name).
+    json_text::object(&mut body, |answer| {
+        answer
+            .value("id", id)
+            .str("jsonrpc", "2.0")
+            .object("result", |result| {
+                if modern {
+                    result.object("_meta", |meta| {
+                        meta.object("io.modelcontextprotocol/serverInfo", |info| {
+                            info.str("name", "carapace")
+                                .str("version", env!("CARGO_PKG_VERSION"));
+                        });
+                    });
+                }
+                result
+                    .list_of_one("content", |block| {
+                        block.text_of("text", output).str("type", "text");
+                    })
+                    .bool("isError", false);
+                if modern {
+                    result.str("resultType", "complete");
+                }
+                if structured {
+                    result.value("structuredContent", output);
+                }
+            });
+    });
+    front::json_body(http::StatusCode::OK, body)
 }
 
 /// Whether the caller takes trailer fields: HTTP/2, or HTTP/1.1 with `TE: trailers` (an
@@ -367,6 +344,7 @@ mod tests {
             json!({"b": [1, 2.5, "x"], "a": {"z": null, "y": true}}),
             json!("just text, with \"quotes\" and \u{e9}"),
             json!([1, 2, 3]),
+            json!({"path": "C:\\tmp\\x", "raw": "tab\tcontrol\u{1}", "n": null}),
         ];
         let versions = [
             MODERN_VERSION,
