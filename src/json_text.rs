@@ -133,12 +133,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Every ASCII character, in order.
+    fn every_ascii() -> String {
+        (0u8..0x80).map(char::from).collect()
+    }
+
     #[test]
     fn strings_are_the_bytes_serde_json_writes() {
-        let mut every_byte = String::new();
-        for b in 0u8..0x80 {
-            every_byte.push(b as char);
-        }
+        let every_byte = every_ascii();
         for s in [
             "",
             "plain id-1",
@@ -156,14 +158,10 @@ mod tests {
 
     #[test]
     fn a_value_as_text_is_the_bytes_of_its_text_written_as_a_string() {
-        let mut every_char = String::new();
-        for b in 0u8..0x80 {
-            every_char.push(b as char);
-        }
         for value in [
             json!({"q": "a\"b\\c", "n": [1, 2.5, null, -0.0, 1e300], "z": {"y": true}}),
             json!("tab\tnewline\n\u{0}\u{1f}\u{7f} ünï ✓ \u{2028} 🦀 \\\""),
-            json!(every_char),
+            json!(every_ascii()),
             json!([]),
             json!(null),
             json!(7),
