@@ -100,7 +100,7 @@ fn called_tool<B>(req: &Request<B>) -> Option<String> {
     {
         return None;
     }
-    decode_header_value(h.get(&NAME_HEADER)?.to_str().ok()?)
+    decode_header_value(h.get(&NAME_HEADER)?.to_str().ok()?).map(Into::into)
 }
 
 impl<S> MirroredHeaderCheck<S> {

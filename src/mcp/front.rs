@@ -6,12 +6,14 @@ mod era;
 use era::{declares_modern, session_error, Declared, Era};
 mod subscribe;
 
+use std::future::Ready;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
+use futures_util::future::{Either, FutureExt};
 use http::{HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Map, Value};
@@ -133,7 +135,10 @@ impl McpFront {
         }))
     }
 
-    async fn handle(&self, req: Request<Bytes>) -> Result<Resp, Rejection> {
+    /// A request's answer. A call is decoded and handed to the call stage here, before the
+    /// returned future is first polled: the future holds only what the answer needs, and it
+    /// is boxed once.
+    fn handle(&self, req: Request<Bytes>) -> Result<Answer, Rejection> {
         if req.uri().path() != self.cfg.path {
             return Err(Rejection::NoRoute(req.uri().path().to_string()));
         }
@@ -145,25 +150,27 @@ impl McpFront {
                 .any(|o| o.as_bytes() == origin.as_bytes())
             {
                 let e = McpError::Origin(String::from_utf8_lossy(origin.as_bytes()).into());
-                return Ok(refused(None, &e));
+                return Ok(answered(refused(None, &e)));
             }
         }
         let principal = front::principal(&req)?;
         match *req.method() {
             Method::POST => {}
-            Method::DELETE => return Ok(self.end_session(&req, &principal)),
-            // The paths other than one message are boxed: the future of a call (the hot
-            // path) is then no larger than its own needs, and a request's future is moved
-            // whole into its box.
+            Method::DELETE => return Ok(answered(self.end_session(&req, &principal))),
             Method::GET if self.server.is_some() => {
-                return Ok(Box::pin(self.events(&req, &principal)).await)
+                let this = self.clone();
+                return Ok(Box::pin(async move { this.events(&req, &principal).await }));
             }
-            _ => return Ok(refused(None, &McpError::HttpMethod("POST, DELETE"))),
+            _ => {
+                let e = McpError::HttpMethod("POST, DELETE");
+                return Ok(answered(refused(None, &e)));
+            }
         }
         if req.body().trim_ascii_start().starts_with(b"[") {
-            return Ok(Box::pin(self.batch(&req, &principal)).await);
+            let this = self.clone();
+            return Ok(Box::pin(async move { this.batch(&req, &principal).await }));
         }
-        Ok(self.message(req, principal).await)
+        Ok(self.message(req, principal))
     }
 
     /// A JSON-RPC batch: only the 2025-03-26 revision has them (its clients may send them,
@@ -210,39 +217,43 @@ impl McpFront {
         front::json_response(StatusCode::OK, &Value::Array(answers))
     }
 
-    /// One JSON-RPC message.
-    async fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Resp {
+    /// One JSON-RPC message; a `tools/call` is started here.
+    fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Answer {
         let (id, params) = match wire::read_tools_call(req.body()) {
             Some(call) => (call.id, call.params),
             None => match jsonrpc::decode(req.body()) {
                 Ok(Message::Request { id, method, params }) if method == "tools/call" => {
                     (id, CallParams::from_map(params))
                 }
-                // Boxed, so that a call's future is no larger than its own needs.
-                decoded => return Box::pin(self.other_message(req, principal, decoded)).await,
+                decoded => {
+                    let this = self.clone();
+                    return Box::pin(
+                        async move { this.other_message(&req, principal, decoded).await },
+                    );
+                }
             },
         };
         let era = match self.era(&req, "tools/call", &Declared::of_call(&params), &principal) {
             Ok(era) => era,
-            Err(e) => return refused(Some(&id), &e),
+            Err(e) => return answered(refused(Some(&id), &e)),
         };
-        self.tools_call(req, id, params, principal, era).await
+        self.tools_call(&req, id, params, principal, era)
     }
 
     /// Every message but a `tools/call` request.
     async fn other_message(
         &self,
-        req: Request<Bytes>,
+        req: &Request<Bytes>,
         principal: Arc<Principal>,
         decoded: Result<Message, (Option<Value>, McpError)>,
     ) -> Resp {
         let (id, method, params) = match decoded {
             Err((id, e)) => return refused(id.as_ref(), &e),
             Ok(Message::Response { id, reply }) => {
-                return self.response(&req, &principal, id, reply)
+                return self.response(req, &principal, id, reply)
             }
             Ok(Message::Notification { method, params }) => {
-                return match self.session_of(&req, &principal) {
+                return match self.session_of(req, &principal) {
                     Err(e @ McpError::SessionNotFound) => refused(None, &e),
                     Ok(Some(s)) if method == "notifications/cancelled" => {
                         if let Some(id) = params.get("requestId") {
@@ -258,10 +269,10 @@ impl McpFront {
         let declared = Declared::of(&method, &params);
         // `initialize` opens a handshake-era session; 2026-07-28 removed it (and `ping`), so
         // a request that declares 2026-07-28 gets "method not found" for them below.
-        if method == "initialize" && !declares_modern(&req, &declared) {
+        if method == "initialize" && !declares_modern(req, &declared) {
             return self.initialize(&id, &params, &principal);
         }
-        let era = match self.era(&req, &method, &declared, &principal) {
+        let era = match self.era(req, &method, &declared, &principal) {
             Ok(era) => era,
             Err(e) => return refused(Some(&id), &e),
         };
@@ -497,18 +508,31 @@ impl McpFront {
     }
 }
 
+/// What the front answers a request with: the future of its answer, boxed once.
+type Answer = BoxFuture<Resp>;
+
+/// The front's future: a refusal before any answer, or the answer.
+type Answered = futures_util::future::Map<Answer, fn(Resp) -> Result<Resp, Rejection>>;
+
+/// An answer known now.
+fn answered(resp: Resp) -> Answer {
+    Box::pin(std::future::ready(resp))
+}
+
 impl Service<Request<Bytes>> for McpFront {
     type Response = Resp;
     type Error = Rejection;
-    type Future = BoxFuture<Result<Resp, Rejection>>;
+    type Future = Either<Ready<Result<Resp, Rejection>>, Answered>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.handle(req).await })
+        match self.handle(req) {
+            Ok(answer) => Either::Right(answer.map(Ok as fn(Resp) -> Result<Resp, Rejection>)),
+            Err(r) => Either::Left(std::future::ready(Err(r))),
+        }
     }
 }
 

@@ -50,8 +50,9 @@ pub const NAME_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-nam
 /// 2025 revisions: the session a request belongs to.
 pub const SESSION_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-session-id");
 
-/// A mirrored header's value, with the `=?base64?…?=` form decoded (2026-07-28).
-pub fn decode_header_value(v: &str) -> Option<String> {
+/// A mirrored header's value, with the `=?base64?…?=` form decoded (2026-07-28); borrowed
+/// when it is plain.
+pub fn decode_header_value(v: &str) -> Option<std::borrow::Cow<'_, str>> {
     use base64::Engine;
     match v
         .strip_prefix("=?base64?")
@@ -59,8 +60,8 @@ pub fn decode_header_value(v: &str) -> Option<String> {
     {
         Some(b64) => {
             let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-            String::from_utf8(bytes).ok()
+            String::from_utf8(bytes).ok().map(Into::into)
         }
-        None => Some(v.to_owned()),
+        None => Some(v.into()),
     }
 }

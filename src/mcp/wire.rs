@@ -30,8 +30,9 @@ pub struct CallParams {
     pub name: Option<String>,
     /// `arguments`, as given (the front requires an object or `null`).
     pub arguments: Option<Value>,
-    /// `_meta`, when it is an object.
-    pub meta: Option<CallMeta>,
+    /// `_meta`, when it is an object (boxed: the parameters are moved through the front's
+    /// dispatch, and most of their size would be `_meta`'s five values).
+    pub meta: Option<Box<CallMeta>>,
     /// `inputResponses` and `requestState`, when given.
     pub retry: Option<RetryInput>,
 }
@@ -67,13 +68,13 @@ impl CallParams {
             _ => None,
         };
         let meta = match params.remove("_meta") {
-            Some(Value::Object(mut m)) => Some(CallMeta {
+            Some(Value::Object(mut m)) => Some(Box::new(CallMeta {
                 version: m.remove(META_VERSION),
                 capabilities: m.remove(META_CAPABILITIES),
                 log_level: m.remove(META_LOG_LEVEL),
                 progress_token: m.remove(META_PROGRESS),
                 idempotency_key: m.remove(META_IDEMPOTENCY_KEY),
-            }),
+            })),
             _ => None,
         };
         CallParams {
@@ -138,7 +139,7 @@ impl<'de> Deserialize<'de> for CallParams {
                     match &*key {
                         "name" => once(&mut name, map.next_value::<Value>()?)?,
                         "arguments" => once(&mut arguments, map.next_value::<Value>()?)?,
-                        "_meta" => once(&mut meta, map.next_value::<CallMeta>()?)?,
+                        "_meta" => once(&mut meta, map.next_value::<BoxedMeta>()?.0)?,
                         k @ ("inputResponses" | "requestState") => {
                             let value = map.next_value::<Value>()?;
                             if retry.insert(k.to_owned(), value).is_some() {
@@ -165,16 +166,19 @@ impl<'de> Deserialize<'de> for CallParams {
     }
 }
 
-impl<'de> Deserialize<'de> for CallMeta {
+/// A request's `_meta`, read into its box (not moved there once read).
+struct BoxedMeta(Box<CallMeta>);
+
+impl<'de> Deserialize<'de> for BoxedMeta {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = CallMeta;
+            type Value = BoxedMeta;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a request's _meta object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CallMeta, A::Error> {
-                let mut m = CallMeta::default();
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<BoxedMeta, A::Error> {
+                let mut m = Box::<CallMeta>::default();
                 while let Some(Text(key)) = map.next_key()? {
                     let slot = match &*key {
                         META_VERSION => &mut m.version,
@@ -189,7 +193,7 @@ impl<'de> Deserialize<'de> for CallMeta {
                     };
                     once(slot, map.next_value::<Value>()?)?;
                 }
-                Ok(m)
+                Ok(BoxedMeta(m))
             }
         }
         d.deserialize_map(V)

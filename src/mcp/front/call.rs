@@ -4,6 +4,7 @@
 //! ([`crate::mcp::stream`]); in the older era a `notifications/cancelled` naming the request
 //! ends it.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,8 +15,8 @@ use serde_json::{Map, Value};
 use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::Rejection;
 
-use super::{complete, refused, Era, McpFront};
-use crate::front::{self, Resp};
+use super::{answered, complete, refused, Answer, Era, McpFront};
+use crate::front::{self, CallStack, Resp};
 use crate::in_flight::Finished;
 use crate::json_text;
 use crate::mcp::back::relay::{log_level, CallerStream, ClientFeatures};
@@ -24,18 +25,20 @@ use crate::mcp::jsonrpc::{result_response, McpError};
 use crate::mcp::results::{refusal_result, tool_result};
 use crate::mcp::stream::{self, StreamContext};
 use crate::mcp::wire::CallParams;
-use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
+use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
 
 impl McpFront {
-    /// `tools/call` in `era`.
-    pub(super) async fn tools_call(
+    /// `tools/call` in `era`: the call is decoded and handed to the call stage here; the
+    /// answer's future holds only what the answer needs (nothing of the request).
+    pub(super) fn tools_call(
         &self,
-        req: Request<Bytes>,
+        req: &Request<Bytes>,
         id: Value,
-        params: CallParams,
+        mut params: CallParams,
         principal: Arc<Principal>,
         era: Era,
-    ) -> Resp {
+    ) -> Answer {
+        let started = Instant::now();
         let meta = params.meta.as_ref();
         // Log messages: a 2026-07-28 caller asks per request; an older session gets them all
         // unless it set a level.
@@ -45,84 +48,41 @@ impl McpFront {
                 let level = level.and_then(Value::as_str).and_then(log_level);
                 let caps = meta.and_then(|m| m.capabilities.as_ref());
                 let features = ClientFeatures::of(caps);
-                (MODERN_VERSION.to_owned(), None, features, level)
+                (MODERN_VERSION, None, features, level)
             }
             Era::Legacy(s) => {
+                // A session's version is one carapace negotiated.
+                let negotiated = SUPPORTED_VERSIONS.into_iter().find(|v| *v == s.version);
+                let Some(version) = negotiated else {
+                    let e = McpError::UnsupportedVersion(s.version);
+                    return answered(refused(Some(&id), &e));
+                };
                 let level = self.sessions.log_level(&s.id).unwrap_or(0);
-                (s.version, Some(s.id), s.features, Some(level))
+                (version, Some(s.id), s.features, Some(level))
             }
         };
         // Only an MCP server says anything while a call runs.
-        let relay = (self.server.is_some() && accepts_stream(&req)).then(|| {
+        let relay = (self.server.is_some() && accepts_stream(req)).then(|| {
             let progress = meta.and_then(|m| m.progress_token.clone());
             CallerStream::new(progress, features, session.is_some(), logs)
         });
         let (stream, messages) = relay.unzip();
-        let cancel_key = session
-            .clone()
-            .map(|s| Arc::new(("mcp", s, id.to_string())));
-        // Each future made where it is awaited (or boxed): a future bound first and awaited
-        // later can take its room twice in this one.
-        let Some(messages) = messages else {
-            return self
-                .clone()
-                .cancellable_call(req, id, params, principal, version, stream, cancel_key)
-                .await;
-        };
-        let cx = StreamContext {
-            answers: self.sessions.answers().clone(),
-            session,
-            guard: self
-                .guard
-                .clone()
-                .map(|g| (g, params.name.clone().unwrap_or_default())),
-            receipts: self.receipts && takes_trailers(&req),
-        };
-        let call = self
-            .clone()
-            .cancellable_call(req, id, params, principal, version, stream, cancel_key);
-        Box::pin(stream::respond(Box::pin(call), messages, cx)).await
-    }
-
-    /// The call, which in an older-era session a `notifications/cancelled` naming `key`
-    /// ends.
-    #[allow(clippy::too_many_arguments)]
-    async fn cancellable_call(
-        self,
-        req: Request<Bytes>,
-        id: Value,
-        params: CallParams,
-        principal: Arc<Principal>,
-        version: String,
-        stream: Option<CallerStream>,
-        key: Option<Arc<crate::in_flight::CallKey>>,
-    ) -> Resp {
-        let Some(key) = key else {
-            return self
-                .call(&req, id, params, principal, &version, stream)
-                .await;
-        };
-        let call = self.call(&req, id.clone(), params, principal, &version, stream);
-        match Box::pin(self.in_flight.run(key, call)).await {
-            Finished::Done(resp) => resp,
-            Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
-        }
-    }
-
-    /// Decode into the internal call and run it through the call stage.
-    async fn call(
-        &self,
-        req: &Request<Bytes>,
-        id: Value,
-        mut params: CallParams,
-        principal: Arc<Principal>,
-        version: &str,
-        stream: Option<CallerStream>,
-    ) -> Resp {
-        let started = Instant::now();
+        let streamed = messages.map(|messages| {
+            let cx = StreamContext {
+                answers: self.sessions.answers().clone(),
+                session: session.clone(),
+                guard: self
+                    .guard
+                    .clone()
+                    .map(|g| (g, params.name.clone().unwrap_or_default())),
+                receipts: self.receipts && takes_trailers(req),
+            };
+            (messages, cx)
+        });
+        let cancel_key = session.map(|s| Arc::new(("mcp", s, id.to_string())));
         let mut call = match self.decode_call(req, &mut params, principal) {
             Ok(call) => call,
-            Err(e) => return refused(Some(&id), &e),
+            Err(e) => return answered(refused(Some(&id), &e)),
         };
         if let Some(stream) = stream {
             call.extensions.insert(stream);
@@ -134,38 +94,32 @@ impl McpFront {
             crate::ops::call_fields::CallField::Tool,
             call.tool.name.as_str(),
         );
-        let legacy_structured = version != LEGACY_VERSIONS[2];
         let limit_taken = req
             .extensions()
             .get::<ToolLimitTaken>()
             .is_some_and(|t| t.0 == call.tool.name);
-        front::run_call(
-            if limit_taken {
-                &self.header_checked
-            } else {
-                &self.calls
-            },
-            call,
-            started,
-            |outcome, _, _, _| match outcome {
-                CallOutcome::Ok {
-                    output,
-                    content: None,
-                    ..
-                } => output_answer(&id, output, version, legacy_structured),
-                _ => result_response(
-                    &id,
-                    complete(tool_result(outcome, version, legacy_structured), version),
-                ),
-            },
-            |r, _, _, _| {
-                let mut resp = result_response(&id, complete(refusal_result(r), version));
-                let code = crate::errors::tools_v1(r).0;
-                resp.extensions_mut().insert(front::RefusalCode(code));
-                resp
-            },
-        )
-        .await
+        let stack = if limit_taken {
+            &self.header_checked
+        } else {
+            &self.calls
+        };
+        let call: Answer = match cancel_key {
+            None => Box::pin(answer(stack, call, started, id, version)),
+            Some(key) => {
+                let run = answer(stack, call, started, id.clone(), version);
+                let in_flight = self.in_flight.clone();
+                Box::pin(async move {
+                    match in_flight.run(key, run).await {
+                        Finished::Done(resp) => resp,
+                        Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
+                    }
+                })
+            }
+        };
+        match streamed {
+            None => call,
+            Some((messages, cx)) => Box::pin(stream::respond(call, messages, cx)),
+        }
     }
 
     /// The call `params` describe; its `arguments` are moved out of them.
@@ -236,6 +190,42 @@ impl McpFront {
             extensions: Default::default(),
         })
     }
+}
+
+/// The call run through `stack` and answered as a `tools/call` result to `id` in `version`.
+/// The stage's layers take the call now; the future holds only what the answer needs.
+fn answer(
+    stack: &CallStack,
+    call: ToolCall,
+    started: Instant,
+    id: Value,
+    version: &'static str,
+) -> impl Future<Output = Resp> + Send + 'static {
+    let legacy_structured = version != LEGACY_VERSIONS[2];
+    // One of the two encodes the answer; an id is a number or a short string.
+    let refused_id = id.clone();
+    front::run_call(
+        stack,
+        call,
+        started,
+        move |outcome, _, _, _| match outcome {
+            CallOutcome::Ok {
+                output,
+                content: None,
+                ..
+            } => output_answer(&id, output, version, legacy_structured),
+            _ => result_response(
+                &id,
+                complete(tool_result(outcome, version, legacy_structured), version),
+            ),
+        },
+        move |r, _, _, _| {
+            let mut resp = result_response(&refused_id, complete(refusal_result(r), version));
+            let code = crate::errors::tools_v1(r).0;
+            resp.extensions_mut().insert(front::RefusalCode(code));
+            resp
+        },
+    )
 }
 
 /// A call id for the internal call: `mcp-` and 24 random hex digits.
