@@ -151,6 +151,19 @@ impl KeyedLimits {
         }
     }
 
+    /// Whether `key` has a limit (its own or the default): whether [`check`](Self::check)
+    /// takes a cell for it.
+    pub fn limits(&self, key: &str) -> bool {
+        match &self.backend {
+            Backend::Local {
+                default, overrides, ..
+            } => default.is_some() || overrides.contains_key(key),
+            Backend::Shared {
+                default, overrides, ..
+            } => default.is_some() || overrides.contains_key(key),
+        }
+    }
+
     /// Take one cell for `key`, or say how long until one is available.
     pub fn check(&self, key: &str) -> LimitCheck {
         match &self.backend {
@@ -409,6 +422,9 @@ mod tests {
         }
         assert!(l.now("slow").is_ok());
         assert!(l.now("slow").is_err());
+        assert!(l.limits("slow") && !l.limits("fast"));
+        let everyone = KeyedLimits::new(Some(rate(1, 1)), []);
+        assert!(everyone.limits("fast"));
     }
 
     #[test]

@@ -6,9 +6,9 @@
 //! refused call costs no body read and no JSON parse. Only requests whose
 //! `MCP-Protocol-Version` is 2026-07-28 (the revision that makes the front check the headers)
 //! are decided here; everything else goes on to the call stage, which checks the same things,
-//! in the same order (kill-switch, rate limit, authorization). A call that passed here carries
-//! [`ToolLimitTaken`], and the front runs it through a call stack without the per-tool limiter,
-//! so it is counted once.
+//! in the same order (kill-switch, rate limit, authorization). A call that took its tool's cell
+//! here carries [`ToolLimitTaken`], and the front runs it through a call stack without the
+//! per-tool limiter, so it is counted once.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -27,7 +27,8 @@ use super::{
     decode_header_value, METHOD_HEADER, MODERN_VERSION, NAME_HEADER, PROTOCOL_VERSION_HEADER,
 };
 
-/// Marks a request whose tool (named here) took its per-tool rate-limit cell from the headers.
+/// Marks a request whose tool (named here) took its per-tool rate-limit cell from the headers
+/// (a tool without a limit takes none, and its request is not marked).
 /// Only [`MirroredHeaderCheck`] inserts it; callers cannot set request extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolLimitTaken(pub String);
@@ -145,7 +146,10 @@ where
             Err(limited) => return Gated::reject(limited),
             Ok(pending) => pending,
         };
-        req.extensions_mut().insert(ToolLimitTaken(tool));
+        // Only a cell taken needs the mark (a tool without a limit takes none in either place).
+        if self.limits.limits(&tool) {
+            req.extensions_mut().insert(ToolLimitTaken(tool));
+        }
         match pending {
             None => match authorized {
                 Ok(()) => Gated::inner(self.inner.call(req)),
@@ -251,6 +255,11 @@ mod tests {
             matches!(second, Err(Rejection::RateLimited { scope: "tool", .. })),
             "{second:?}"
         );
+        // A tool without a limit takes no cell: unmarked, and never limited.
+        for _ in 0..3 {
+            let other = run(limits.clone(), request("u", Principal::local())).await;
+            assert_eq!(other.unwrap(), None);
+        }
         // Not a modern tools/call: untouched, unmarked.
         let mut list = request("t", Principal::local());
         list.headers_mut()
