@@ -43,7 +43,8 @@ const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// Most messages in one (2025-03-26) batch.
 const MAX_BATCH: usize = 32;
 
-/// The MCP front service; see the module docs. A request's copy of it is one reference count.
+/// The MCP front service; see the module docs. A copy of it is one reference count (a
+/// `tools/call` takes none; the other messages' futures hold one).
 #[derive(Clone)]
 pub struct McpFront(Arc<FrontParts>);
 
@@ -51,7 +52,7 @@ pub struct McpFront(Arc<FrontParts>);
 #[derive(Clone)]
 pub struct FrontParts {
     catalog: Arc<CatalogHandle>,
-    /// Shared: a front is cloned for every request, its call stages once per call.
+    /// Shared by every copy of the front.
     calls: Arc<CallStack>,
     /// The call stage without the per-tool rate limit, for calls that took their cell in
     /// [`super::early`].
@@ -136,8 +137,8 @@ impl McpFront {
     }
 
     /// A request's answer. A call is decoded and handed to the call stage here, before the
-    /// returned future is first polled: the future holds only what the answer needs, and it
-    /// is boxed once.
+    /// returned future is first polled: the future holds only what the answer needs (the
+    /// stage's future, the id and the version), in one box (a streamed answer adds its own).
     fn handle(&self, req: Request<Bytes>) -> Result<Answer, Rejection> {
         if req.uri().path() != self.cfg.path {
             return Err(Rejection::NoRoute(req.uri().path().to_string()));
@@ -508,11 +509,11 @@ impl McpFront {
     }
 }
 
-/// What the front answers a request with: the future of its answer, boxed once.
+/// What the front answers a request with: the future of its answer, in a box.
 type Answer = BoxFuture<Resp>;
 
 /// The front's future: a refusal before any answer, or the answer.
-type Answered = futures_util::future::Map<Answer, fn(Resp) -> Result<Resp, Rejection>>;
+type FrontFuture = futures_util::future::Map<Answer, fn(Resp) -> Result<Resp, Rejection>>;
 
 /// An answer known now.
 fn answered(resp: Resp) -> Answer {
@@ -522,7 +523,7 @@ fn answered(resp: Resp) -> Answer {
 impl Service<Request<Bytes>> for McpFront {
     type Response = Resp;
     type Error = Rejection;
-    type Future = Either<Ready<Result<Resp, Rejection>>, Answered>;
+    type Future = Either<Ready<Result<Resp, Rejection>>, FrontFuture>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))

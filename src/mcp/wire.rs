@@ -30,8 +30,8 @@ pub struct CallParams {
     pub name: Option<String>,
     /// `arguments`, as given (the front requires an object or `null`).
     pub arguments: Option<Value>,
-    /// `_meta`, when it is an object (boxed: the parameters are moved through the front's
-    /// dispatch, and most of their size would be `_meta`'s five values).
+    /// `_meta`, when it is an object (boxed: the parameters are moved from the reader through
+    /// `message` to `tools_call`, and most of their size would be `_meta`'s five values).
     pub meta: Option<Box<CallMeta>>,
     /// `inputResponses` and `requestState`, when given.
     pub retry: Option<RetryInput>,
