@@ -350,6 +350,62 @@ async fn two_replicas_sharing_the_session_key_serve_one_session() {
     assert_eq!(env.app.received().len(), 3);
 }
 
+/// A session sealed with the shared key at a version this build does not serve (another
+/// build's, in a rolling upgrade) cannot be continued: every method answers 404, so that the
+/// client starts a new session; nothing reaches the app.
+#[tokio::test]
+async fn a_session_at_a_version_this_build_does_not_serve_is_not_found() {
+    use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
+    let env = Env::new().await;
+    let key = env.path().join("session.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let front = format!(", mcp: {{ session_key: {{ file: {} }} }}", key.display());
+    let r = env.start(&front_yaml(&env, &front, "")).await;
+    let gw = env.gateway(&r);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}}});
+    let i = post(&gw, &init, &[]).await;
+    let served = i.headers["mcp-session-id"].to_str().unwrap().to_string();
+    // The same caller's session, sealed with the same key at another version.
+    let payload = served.split('.').next().unwrap();
+    let claims: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+    let principal = claims["p"].as_str().unwrap();
+    let sessions = carapace::mcp::session::Sessions::new(&[7u8; 32], &Default::default());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for version in ["2025-11-25", "2024-11-05"] {
+        let session = sessions
+            .open(version, principal, Default::default(), now_ms)
+            .unwrap();
+        let headers = [("mcp-session-id", session)];
+        let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+        let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "memory.append", "arguments": {"text": version}}});
+        let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+        for body in [&list, &call, &ping] {
+            let resp = post(&gw, body, &headers).await;
+            if version == "2024-11-05" {
+                assert_eq!(
+                    resp.status,
+                    StatusCode::NOT_FOUND,
+                    "{body}: {:?}",
+                    resp.json()
+                );
+                assert_eq!(resp.json()["id"], body["id"], "{:?}", resp.json());
+            } else {
+                assert_eq!(resp.status, StatusCode::OK, "{body}: {:?}", resp.json());
+            }
+        }
+    }
+    assert_eq!(
+        env.app.received().len(),
+        1,
+        "only the call in the served session"
+    );
+}
+
 /// The official Python SDK (`tests/interop/requirements.txt`) over the Unix socket, pinned to
 /// each era and in its `auto` mode: tools listed, a good call reaches the app, bad arguments
 /// come back as a tool error, an unknown tool is refused.

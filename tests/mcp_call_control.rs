@@ -87,6 +87,15 @@ async fn a_cancelled_notification_drops_the_call_in_flight() {
         .unwrap()
         .contains("cancelled"));
     common::wait_until(|| env.app.abandoned() == 1).await;
+    // Recorded with its tool, as the tools-v1 front records a cancelled call.
+    let m = env
+        .ops(&r)
+        .send(http::Method::GET, "/metrics", &[], "")
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&m.body);
+    let line = r#"carapace_requests_total{front="mcp",tool="memory.query",outcome="CANCELLED",reason="cancelled"} 1"#;
+    assert!(text.contains(line), "missing {line} in\n{text}");
 }
 
 /// A 2026-07-28 `tools/call` to a switched-off tool is refused from its headers, before the

@@ -279,7 +279,7 @@ impl McpFront {
         };
         let version = match &era {
             Era::Modern => MODERN_VERSION,
-            Era::Legacy(s) => s.version.as_str(),
+            Era::Legacy(s) => s.version,
         };
         let result = match method.as_str() {
             "ping" if matches!(era, Era::Legacy(_)) => Ok(json!({})),

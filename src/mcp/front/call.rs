@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::Request;
 use serde_json::{Map, Value};
 
-use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
+use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall, ToolSpec};
 use carapace_filters::Rejection;
 
 use super::{answered, complete, refused, Answer, Era, McpFront};
@@ -25,7 +25,7 @@ use crate::mcp::jsonrpc::{result_response, McpError};
 use crate::mcp::results::{refusal_result, tool_result};
 use crate::mcp::stream::{self, StreamContext};
 use crate::mcp::wire::CallParams;
-use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION, SUPPORTED_VERSIONS};
+use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
 
 impl McpFront {
     /// `tools/call` in `era`: the call is decoded and handed to the call stage here; the
@@ -51,14 +51,8 @@ impl McpFront {
                 (MODERN_VERSION, None, features, level)
             }
             Era::Legacy(s) => {
-                // A session's version is one carapace negotiated.
-                let negotiated = SUPPORTED_VERSIONS.into_iter().find(|v| *v == s.version);
-                let Some(version) = negotiated else {
-                    let e = McpError::UnsupportedVersion(s.version);
-                    return answered(refused(Some(&id), &e));
-                };
                 let level = self.sessions.log_level(&s.id).unwrap_or(0);
-                (version, Some(s.id), s.features, Some(level))
+                (s.version, Some(s.id), s.features, Some(level))
             }
         };
         // Only an MCP server says anything while a call runs.
@@ -106,12 +100,13 @@ impl McpFront {
         let call: Answer = match cancel_key {
             None => Box::pin(answer(stack, call, started, id, version)),
             Some(key) => {
+                let tool = call.tool.clone();
                 let run = answer(stack, call, started, id.clone(), version);
                 let in_flight = self.in_flight.clone();
                 Box::pin(async move {
                     match in_flight.run(key, run).await {
                         Finished::Done(resp) => resp,
-                        Finished::Cancelled => refused(Some(&id), &McpError::Cancelled),
+                        Finished::Cancelled => cancelled(&id, tool),
                     }
                 })
             }
@@ -226,6 +221,16 @@ fn answer(
             resp
         },
     )
+}
+
+/// The answer to a call cancelled in flight, recorded with its tool as the tools-v1 front
+/// records one.
+fn cancelled(id: &Value, tool: Arc<ToolSpec>) -> Resp {
+    let r = Rejection::Cancelled;
+    let mut resp = refused(Some(id), &McpError::Cancelled);
+    resp.extensions_mut()
+        .insert(front::RefusalCode(crate::errors::tools_v1(&r).0));
+    front::recorded(resp, Some(tool), r.reason())
 }
 
 /// A call id for the internal call: `mcp-` and 24 random hex digits.

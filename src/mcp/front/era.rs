@@ -29,7 +29,8 @@ pub(super) enum Era {
 /// An older-era session a request names.
 pub(super) struct LiveSession {
     pub(super) id: String,
-    pub(super) version: String,
+    /// The version negotiated for the session: one of [`LEGACY_VERSIONS`].
+    pub(super) version: &'static str,
     /// What the client can answer of the server's requests.
     pub(super) features: ClientFeatures,
 }
@@ -89,6 +90,13 @@ impl McpFront {
             .sessions
             .resume(id, &principal.id, (self.clock)())
             .map_err(session_error)?;
+        // A session sealed at a version this build does not serve (by another build sharing
+        // the key, as in a rolling upgrade) is one it cannot continue: the client starts a
+        // new one, as for any session not found.
+        let version = LEGACY_VERSIONS
+            .into_iter()
+            .find(|v| *v == claims.version)
+            .ok_or(McpError::SessionNotFound)?;
         // The session's version governs; the header must name a handshake-era version
         // carapace serves (the reference SDK servers take any of them within a session).
         match header(req.headers(), &PROTOCOL_VERSION_HEADER) {
@@ -98,7 +106,7 @@ impl McpFront {
             _ => Ok(Some(LiveSession {
                 id: id.to_owned(),
                 features: claims.features(),
-                version: claims.version,
+                version,
             })),
         }
     }
