@@ -77,13 +77,19 @@ impl Object<'_> {
         self
     }
 
-    /// A member whose value is the JSON text of `value` as a string: the bytes of
-    /// `serde_json::to_string(value)` written as a string, in one pass and without the text
-    /// itself.
-    pub fn text_of(&mut self, name: &str, value: &Value) -> &mut Self {
+    /// A member whose value is `json`, JSON text written by `serde_json` (compact), as it is.
+    pub fn json(&mut self, name: &str, json: &[u8]) -> &mut Self {
+        self.name(name).extend_from_slice(json);
+        self
+    }
+
+    /// A member whose value is `json`, JSON text written by `serde_json` (compact), as a
+    /// string: the bytes `serde_json` writes for that text as a string, in one pass.
+    pub fn text_of(&mut self, name: &str, json: &[u8]) -> &mut Self {
         let out = self.name(name);
+        out.reserve(json.len() + 2);
         out.push(b'"');
-        serde_json::to_writer(InString(&mut *out), value).expect("a JSON value writes into memory");
+        write_in_string(out, json);
         out.push(b'"');
         self
     }
@@ -92,23 +98,14 @@ impl Object<'_> {
 /// Writes JSON text as the inside of a JSON string. `serde_json` writes no control character
 /// as it is (in its strings they are escapes, and compact text has no whitespace), so `"` and
 /// `\` are the only bytes to escape, each with a `\` before it.
-struct InString<'a>(&'a mut Vec<u8>);
-
-impl std::io::Write for InString<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut rest = buf;
-        while let Some(i) = memchr::memchr2(b'"', b'\\', rest) {
-            self.0.extend_from_slice(&rest[..i]);
-            self.0.extend_from_slice(&[b'\\', rest[i]]);
-            rest = &rest[i + 1..];
-        }
-        self.0.extend_from_slice(rest);
-        Ok(buf.len())
+fn write_in_string(out: &mut Vec<u8>, json: &[u8]) {
+    let mut rest = json;
+    while let Some(i) = memchr::memchr2(b'"', b'\\', rest) {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(&[b'\\', rest[i]]);
+        rest = &rest[i + 1..];
     }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    out.extend_from_slice(rest);
 }
 
 /// Whether `s` is written between quotes as it is: no `"`, `\` or control character.
@@ -157,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn a_value_as_text_is_the_bytes_of_its_text_written_as_a_string() {
+    fn json_text_as_a_string_and_as_it_is_are_the_bytes_serde_json_writes() {
         for value in [
             json!({"q": "a\"b\\c", "n": [1, 2.5, null, -0.0, 1e300], "z": {"y": true}}),
             json!("tab\tnewline\n\u{0}\u{1f}\u{7f} ünï ✓ \u{2028} 🦀 \\\""),
@@ -167,14 +164,17 @@ mod tests {
             json!(7),
         ] {
             let mut out = Vec::new();
+            let json = serde_json::to_vec(&value).unwrap();
             object(&mut out, |o| {
                 o.list_of_one("content", |b| {
-                    b.text_of("text", &value).str("type", "text");
-                });
+                    b.text_of("text", &json).str("type", "text");
+                })
+                .json("structuredContent", &json);
             });
             let text = serde_json::to_string(&value).unwrap();
-            let expected =
-                serde_json::to_vec(&json!({"content": [{"text": text, "type": "text"}]}));
+            let expected = serde_json::to_vec(
+                &json!({"content": [{"text": text, "type": "text"}], "structuredContent": value}),
+            );
             assert_eq!(out, expected.unwrap(), "{value}");
         }
     }

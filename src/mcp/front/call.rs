@@ -243,12 +243,15 @@ fn new_call_id() -> String {
 /// The answer to a call whose result is the app's output as it is (an HTTP app: no content
 /// blocks of its own), written from borrowed parts: the same bytes as
 /// `result_response(id, complete(tool_result(..)))`, without copying the output into a result
-/// first, and its text block written straight from the output.
+/// first; the output's JSON text is written once, and copied into the text block (as a
+/// string) and the structured content.
 fn output_answer(id: &Value, output: &Value, version: &str, structured: bool) -> Resp {
     let modern = version == MODERN_VERSION;
     // Before 2026-07-28 structured content is an object.
     let structured = structured && (modern || output.is_object());
-    let mut body = Vec::with_capacity(256);
+    // The output's text, written once for both places it goes.
+    let json = serde_json::to_vec(output).expect("a JSON value writes into memory");
+    let mut body = Vec::with_capacity(256 + 2 * json.len());
     // Members in the order of the result values (sorted by name).
     json_text::object(&mut body, |answer| {
         answer
@@ -265,14 +268,14 @@ fn output_answer(id: &Value, output: &Value, version: &str, structured: bool) ->
                 }
                 result
                     .list_of_one("content", |block| {
-                        block.text_of("text", output).str("type", "text");
+                        block.text_of("text", &json).str("type", "text");
                     })
                     .bool("isError", false);
                 if modern {
                     result.str("resultType", "complete");
                 }
                 if structured {
-                    result.value("structuredContent", output);
+                    result.json("structuredContent", &json);
                 }
             });
     });
