@@ -41,7 +41,7 @@ const DEVIATIONS: [(&str, &str); 5] = [
     ),
 ];
 
-/// The app, and how many calls reached it.
+/// The app, and how many calls reached it with a request id.
 async fn test_tool_app() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -58,7 +58,11 @@ async fn test_tool_app() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
                  "output_schema": null, "timeout_ms_default": 1000, "timeout_ms_max": 5000,
                  "idempotent": true, "side_effects": false}]}),
                 _ => {
-                    counted.fetch_add(1, Ordering::SeqCst);
+                    // Every call carries the request id of the caller's request (a batch's
+                    // items too); one without is not counted.
+                    if req.headers().contains_key("x-request-id") {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
                     let body = req.into_body().collect().await.unwrap().to_bytes();
                     let call: Value = serde_json::from_slice(&body).unwrap();
                     json!({"version": "v1", "call_id": call["call_id"], "tool_name": call["tool_name"],
@@ -171,6 +175,7 @@ async fn the_eat_mcp_vectors_pass_through_the_mcp_front() {
             }
         }
     }
-    // Only the two good calls (one alone, one in the batch) reached the app.
+    // Only the two good calls (one alone, one in the batch) reached the app, each with a
+    // request id.
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

@@ -1,6 +1,9 @@
 //! A request id for every request: the caller's `x-request-id` when it is usable and single,
-//! else one carapace makes; put on the request (its header and a [`RequestId`] extension, which
-//! the fronts give their calls, and so the app) and on the answer.
+//! else one carapace makes; put on the request as a [`RequestId`] extension (the fronts give it
+//! to their calls, and so to the app) and on the answer. The request's own headers keep only a
+//! caller's id that was kept: an unusable or repeated one is removed, and one carapace makes is
+//! not added (nothing after the edge reads the header, and adding one to a request whose header
+//! table hyper sized to what it parsed would grow the table).
 //!
 //! What tower-http's `SetRequestIdLayer` and `PropagateRequestIdLayer` did here, with the
 //! check of the caller's id before them, in one layer: the id is looked up once per request
@@ -91,11 +94,11 @@ where
         let mut sent = headers.get_all(REQUEST_ID).iter();
         let id = match (sent.next(), sent.next()) {
             (Some(v), None) if is_usable_request_id(v) => v.clone(),
-            // None, an unusable one, or more than one: replaced by one carapace makes.
+            (None, _) => random_request_id(),
+            // An unusable one, or more than one: none goes on; carapace makes one.
             _ => {
-                let id = random_request_id();
-                headers.insert(REQUEST_ID, id.clone());
-                id
+                headers.remove(REQUEST_ID);
+                random_request_id()
             }
         };
         req.extensions_mut().insert(RequestId(id.clone()));
@@ -196,11 +199,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_missing_unusable_or_repeated_id_is_replaced_by_one_carapace_makes() {
+    async fn a_missing_unusable_or_repeated_id_is_replaced_by_one_carapace_makes_in_the_extension()
+    {
         for sent in [&[][..], &["a b"], &["<script>"], &["one", "two"]] {
             let (headers, ext, answered) = ids(sent, None).await;
             assert!(is_made(&ext), "{sent:?}: {ext}");
-            assert_eq!(headers, std::slice::from_ref(&ext), "{sent:?}");
+            assert!(headers.is_empty(), "{sent:?}: {headers:?}");
             assert_eq!(answered, ext, "{sent:?}");
         }
         let (_, a, _) = ids(&[], None).await;

@@ -36,6 +36,7 @@ use super::wire::{self, CallParams};
 use super::{LEGACY_VERSIONS, MODERN_VERSION, SESSION_HEADER, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
 use crate::config::mcp::McpFrontConfig;
+use crate::edge::request_id::RequestId;
 use crate::front::{self, CallStack, Resp};
 use crate::in_flight::InFlightCalls;
 
@@ -205,6 +206,9 @@ impl McpFront {
             let mut one = Request::new(Bytes::from(serde_json::to_vec(&item).expect("a value")));
             *one.uri_mut() = req.uri().clone();
             *one.headers_mut() = req.headers().clone();
+            if let Some(id) = req.extensions().get::<RequestId>() {
+                one.extensions_mut().insert(id.clone());
+            }
             let resp = self.message(one, principal.clone()).await;
             if resp.status() == StatusCode::ACCEPTED {
                 continue;

@@ -251,7 +251,8 @@ fn output_answer(id: &Value, output: &Value, version: &str, structured: bool) ->
     let structured = structured && (modern || output.is_object());
     // The output's text, written once for both places it goes.
     let json = serde_json::to_vec(output).expect("a JSON value writes into memory");
-    let mut body = Vec::with_capacity(256 + 2 * json.len());
+    // Room for the envelope, the text (escaped: at most twice as long) and the output.
+    let mut body = Vec::with_capacity(256 + 3 * json.len());
     // Members in the order of the result values (sorted by name).
     json_text::object(&mut body, |answer| {
         answer
