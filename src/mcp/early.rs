@@ -10,6 +10,7 @@
 //! here carries [`ToolLimitTaken`], and the front runs it through a call stack without the
 //! per-tool limiter, so it is counted once.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -91,8 +92,8 @@ pub struct MirroredHeaderCheck<S> {
     clock: UnixClock,
 }
 
-/// The tool a modern `tools/call` names in its headers.
-fn called_tool<B>(req: &Request<B>) -> Option<String> {
+/// The tool a modern `tools/call` names in its headers (borrowed when it needs no decoding).
+fn called_tool<B>(req: &Request<B>) -> Option<Cow<'_, str>> {
     let h = req.headers();
     let is = |name: &HeaderName, value: &str| h.get(name).is_some_and(|v| v == value);
     if req.method() != http::Method::POST
@@ -101,7 +102,7 @@ fn called_tool<B>(req: &Request<B>) -> Option<String> {
     {
         return None;
     }
-    decode_header_value(h.get(&NAME_HEADER)?.to_str().ok()?).map(Into::into)
+    decode_header_value(h.get(&NAME_HEADER)?.to_str().ok()?)
 }
 
 impl<S> MirroredHeaderCheck<S> {
@@ -146,9 +147,14 @@ where
             Err(limited) => return Gated::reject(limited),
             Ok(pending) => pending,
         };
-        // Only a cell taken needs the mark (a tool without a limit takes none in either place).
-        if self.limits.limits(&tool) {
-            req.extensions_mut().insert(ToolLimitTaken(tool));
+        // Only a cell taken needs the mark (a tool without a limit takes none in either place);
+        // only the mark owns a copy of the tool's name.
+        if let Some(taken) = self
+            .limits
+            .limits(&tool)
+            .then(|| ToolLimitTaken(tool.into_owned()))
+        {
+            req.extensions_mut().insert(taken);
         }
         match pending {
             None => match authorized {
