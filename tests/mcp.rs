@@ -398,6 +398,22 @@ async fn a_session_at_a_version_this_build_does_not_serve_is_not_found() {
                 assert_eq!(resp.status, StatusCode::OK, "{body}: {:?}", resp.json());
             }
         }
+        // Nor can it be ended.
+        let end = gw
+            .send(
+                Method::DELETE,
+                "/mcp",
+                &[("mcp-session-id", headers[0].1.as_str())],
+                "",
+            )
+            .await
+            .unwrap();
+        let ended = if version == "2024-11-05" {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(end.status, ended, "{version}");
     }
     assert_eq!(
         env.app.received().len(),

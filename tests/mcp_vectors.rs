@@ -41,7 +41,10 @@ const DEVIATIONS: [(&str, &str); 5] = [
     ),
 ];
 
-/// The app, and how many calls reached it with a request id.
+/// The request id every message of the test is sent with.
+const REQUEST_ID: &str = "vectors-1";
+
+/// The app, and how many calls reached it with the test's request id.
 async fn test_tool_app() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -59,8 +62,12 @@ async fn test_tool_app() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
                  "idempotent": true, "side_effects": false}]}),
                 _ => {
                     // Every call carries the request id of the caller's request (a batch's
-                    // items too); one without is not counted.
-                    if req.headers().contains_key("x-request-id") {
+                    // items too); one without it is not counted.
+                    if req
+                        .headers()
+                        .get("x-request-id")
+                        .is_some_and(|v| v == REQUEST_ID)
+                    {
                         counted.fetch_add(1, Ordering::SeqCst);
                     }
                     let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -103,7 +110,10 @@ async fn the_eat_mcp_vectors_pass_through_the_mcp_front() {
     let i = client.post_json("/mcp", &[], &init).await.unwrap();
     assert_eq!(i.json()["result"]["protocolVersion"], "2025-03-26");
     let session = i.headers["mcp-session-id"].to_str().unwrap().to_string();
-    let headers = [("mcp-session-id", session.as_str())];
+    let headers = [
+        ("mcp-session-id", session.as_str()),
+        ("x-request-id", REQUEST_ID),
+    ];
 
     for case in &cases {
         let name = case["test_name"].as_str().unwrap();

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::back::relay::ClientFeatures;
 use super::stream::PendingAnswers;
+use super::LEGACY_VERSIONS;
 use crate::config::mcp::{McpFrontConfig, MIN_SESSION_KEY_BYTES};
 
 /// Most sessions one process tracks; beyond it new sessions are refused until old ones age out.
@@ -152,6 +153,12 @@ impl Sessions {
         if claims.principal != principal || now_ms.saturating_sub(claims.issued_ms) > self.max_ms {
             return Err(SessionRefused::NotFound);
         }
+        // A session sealed at a version this build does not serve (by another build sharing
+        // the key, as in a rolling upgrade) cannot be continued here, nor ended: the client
+        // starts a new one, as for any session not found.
+        if !LEGACY_VERSIONS.contains(&claims.version.as_str()) {
+            return Err(SessionRefused::NotFound);
+        }
         let mut seen = self.lock();
         if seen.len() >= MAX_TRACKED_SESSIONS && !seen.contains_key(id) {
             return Err(SessionRefused::Full);
@@ -237,6 +244,16 @@ mod tests {
             ..McpFrontConfig::default()
         };
         Sessions::new(key, &cfg)
+    }
+
+    #[test]
+    fn a_session_at_a_version_this_build_does_not_serve_is_not_found_nor_ended() {
+        let s = sessions(&[1; 32]);
+        let id = s
+            .open("2024-11-05", "gw", ClientFeatures::default(), 1_000)
+            .unwrap();
+        assert_eq!(s.resume(&id, "gw", 2_000), Err(SessionRefused::NotFound));
+        assert_eq!(s.end(&id, "gw", 2_000), Err(SessionRefused::NotFound));
     }
 
     #[test]

@@ -90,9 +90,8 @@ impl McpFront {
             .sessions
             .resume(id, &principal.id, (self.clock)())
             .map_err(session_error)?;
-        // A session sealed at a version this build does not serve (by another build sharing
-        // the key, as in a rolling upgrade) is one it cannot continue: the client starts a
-        // new one, as for any session not found.
+        // `resume` refuses a session sealed at a version this build does not serve; its
+        // version is one of ours.
         let version = LEGACY_VERSIONS
             .into_iter()
             .find(|v| *v == claims.version)
