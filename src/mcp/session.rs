@@ -44,6 +44,11 @@ pub struct SessionClaims {
 }
 
 impl SessionClaims {
+    /// The session's version when it is one this build serves (one of [`LEGACY_VERSIONS`]).
+    pub fn served_version(&self) -> Option<&'static str> {
+        LEGACY_VERSIONS.into_iter().find(|v| *v == self.version)
+    }
+
     /// What the client said at `initialize` it can answer.
     pub fn features(&self) -> ClientFeatures {
         ClientFeatures::from_bits(self.features)
@@ -156,7 +161,7 @@ impl Sessions {
         // A session sealed at a version this build does not serve (by another build sharing
         // the key, as in a rolling upgrade) cannot be continued here, nor ended: the client
         // starts a new one, as for any session not found.
-        if !LEGACY_VERSIONS.contains(&claims.version.as_str()) {
+        if claims.served_version().is_none() {
             return Err(SessionRefused::NotFound);
         }
         let mut seen = self.lock();

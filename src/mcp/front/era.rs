@@ -90,12 +90,8 @@ impl McpFront {
             .sessions
             .resume(id, &principal.id, (self.clock)())
             .map_err(session_error)?;
-        // `resume` refuses a session sealed at a version this build does not serve; its
-        // version is one of ours.
-        let version = LEGACY_VERSIONS
-            .into_iter()
-            .find(|v| *v == claims.version)
-            .ok_or(McpError::SessionNotFound)?;
+        // `resume` refuses a session sealed at a version this build does not serve.
+        let version = claims.served_version().ok_or(McpError::SessionNotFound)?;
         // The session's version governs; the header must name a handshake-era version
         // carapace serves (the reference SDK servers take any of them within a session).
         match header(req.headers(), &PROTOCOL_VERSION_HEADER) {
