@@ -9,6 +9,7 @@
 //! `first_request_timeout_ms`. The [`ConnectionTable`] keeps such connections, and every
 //! other unpaired one, from ever locking out a paired peer.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -94,6 +95,8 @@ struct ConnectionStack {
 }
 
 type StackFuture = <HttpStack as Service<Request<CallerBody>>>::Future;
+/// A request waiting for its stack's readiness on a copy of its own.
+type WaitingFuture = Pin<Box<Oneshot<HttpStack, Request<CallerBody>>>>;
 
 impl ConnectionStack {
     fn new(stacks: Arc<ArcSwap<HttpStack>>) -> Self {
@@ -106,17 +109,19 @@ impl ConnectionStack {
     fn call(
         &self,
         req: Request<CallerBody>,
-    ) -> Either<StackFuture, Oneshot<HttpStack, Request<CallerBody>>> {
+    ) -> Either<StackFuture, WaitingFuture> {
         let current = self.stacks.load();
         let mut copy = self.copy.lock().unwrap_or_else(|e| e.into_inner());
         if !Arc::ptr_eq(&copy.0, &current) {
             *copy = (Arc::clone(&current), current.as_ref().clone());
         }
         // Every layer is ready at once (limits are taken in `call`); should one not be, the
-        // request waits for readiness on a copy of its own.
+        // request waits for readiness on a copy of its own (boxed: it holds the request, and
+        // held inline would make every request's future, which hyper moves into place, as
+        // large).
         match copy.1.ready().now_or_never() {
             Some(Ok(svc)) => Either::Left(svc.call(req)),
-            _ => Either::Right(copy.1.clone().oneshot(req)),
+            _ => Either::Right(Box::pin(copy.1.clone().oneshot(req))),
         }
     }
 }

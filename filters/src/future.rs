@@ -58,12 +58,11 @@ pin_project! {
     pub enum Gated<S, R, F> {
         /// Decided without waiting: refused, or already delegated.
         Decided { #[pin] future: ReadyOr<F> },
-        /// Waiting for the check; `service` is ready and is called once the check passes.
-        Checking {
-            check: BoxFuture<Result<(), Rejection>>,
-            service: Option<S>,
-            request: Option<R>,
-        },
+        /// Waiting for the check; its service is ready and is called once the check passes.
+        /// Boxed: the request waits here only on this slower path (a shared store's answer),
+        /// and held inline it would make every request's future, and every layer's around it,
+        /// as large as a request.
+        Checking { pending: Option<Box<Pending<S, R>>> },
         /// The check passed: the inner service's future.
         Calling { #[pin] future: F },
     }
@@ -87,11 +86,20 @@ impl<S, R, F> Gated<S, R, F> {
     /// Call the ready `service` with `request` once `check` passes.
     pub fn checking(check: BoxFuture<Result<(), Rejection>>, service: S, request: R) -> Self {
         Gated::Checking {
-            check,
-            service: Some(service),
-            request: Some(request),
+            pending: Some(Box::new(Pending {
+                check,
+                service,
+                request,
+            })),
         }
     }
+}
+
+/// What a [`Gated`] future keeps while its check runs.
+pub struct Pending<S, R> {
+    check: BoxFuture<Result<(), Rejection>>,
+    service: S,
+    request: R,
 }
 
 impl<S, R, T> Future for Gated<S, R, S::Future>
@@ -105,16 +113,17 @@ where
             match self.as_mut().project() {
                 GatedProj::Decided { future } => return future.poll(cx),
                 GatedProj::Calling { future } => return future.poll(cx),
-                GatedProj::Checking {
-                    check,
-                    service,
-                    request,
-                } => {
-                    if let Err(r) = ready!(check.as_mut().poll(cx)) {
+                GatedProj::Checking { pending } => {
+                    let p = pending.as_mut().expect("Gated polled after completion");
+                    if let Err(r) = ready!(p.check.as_mut().poll(cx)) {
+                        pending.take();
                         return Poll::Ready(Err(r));
                     }
-                    let mut service = service.take().expect("Gated polled after completion");
-                    let request = request.take().expect("Gated polled after completion");
+                    let Pending {
+                        mut service,
+                        request,
+                        ..
+                    } = *pending.take().expect("checked above");
                     let future = service.call(request);
                     self.set(Gated::Calling { future });
                 }

@@ -100,28 +100,30 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(future) => CatchPanicFuture {
-                future: Some(future),
-                answered: None,
+            Ok(future) => CatchPanicFuture::Calling {
+                future,
                 answer: self.answer,
             },
-            Err(panic) => CatchPanicFuture {
-                future: None,
+            Err(panic) => CatchPanicFuture::Answered {
                 answered: Some(self.answer.answer(panic)),
-                answer: self.answer,
             },
         }
     }
 }
 
 pin_project_lite::pin_project! {
-    /// Response future of [`CatchPanic`].
-    pub struct CatchPanicFuture<F> {
-        #[pin]
-        future: Option<F>,
-        // The answer to a panic in `call`.
-        answered: Option<Response<EdgeBody>>,
-        answer: PanicAnswer,
+    /// Response future of [`CatchPanic`]: the inner call's, or the answer to a panic in
+    /// `call` (either, not both: the future is as large as the larger).
+    #[project = CatchPanicProj]
+    pub enum CatchPanicFuture<F> {
+        Calling {
+            #[pin]
+            future: F,
+            answer: PanicAnswer,
+        },
+        Answered {
+            answered: Option<Response<EdgeBody>>,
+        },
     }
 }
 
@@ -132,17 +134,16 @@ where
     type Output = Result<Response<EdgeBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if let Some(resp) = this.answered.take() {
-            return Poll::Ready(Ok(resp));
-        }
-        let future = this
-            .future
-            .as_pin_mut()
-            .expect("CatchPanicFuture polled after it answered");
-        match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(poll) => poll,
-            Err(panic) => Poll::Ready(Ok(this.answer.answer(panic))),
+        match self.project() {
+            CatchPanicProj::Answered { answered } => Poll::Ready(Ok(answered
+                .take()
+                .expect("CatchPanicFuture polled after it answered"))),
+            CatchPanicProj::Calling { future, answer } => {
+                match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+                    Ok(poll) => poll,
+                    Err(panic) => Poll::Ready(Ok(answer.answer(panic))),
+                }
+            }
         }
     }
 }

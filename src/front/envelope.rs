@@ -80,13 +80,14 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let (call, refusal) = match self.not_ready.take() {
-            None => (Some(self.inner.call(req)), None),
-            Some(r) => (None, Some(r)),
+        let call = match self.not_ready.take() {
+            None => Called::Calling {
+                future: self.inner.call(req),
+            },
+            Some(r) => Called::Refused { refusal: Some(r) },
         };
         EnvelopeFuture {
             call,
-            refusal,
             front: self.front,
             answers: self.answers,
             metrics: self.metrics.clone(),
@@ -100,13 +101,21 @@ pin_project_lite::pin_project! {
     /// and metrics need (no box, and the inner future is not moved once started).
     pub struct EnvelopeFuture<F> {
         #[pin]
-        call: Option<F>,
-        // The inner stack's refusal of readiness, answered instead of a call.
-        refusal: Option<Rejection>,
+        call: Called<F>,
         front: Protocol,
         answers: ToolsV1Answers,
         metrics: Arc<Metrics>,
         started: Instant,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner stack's call, or its refusal of readiness answered instead of one (either,
+    /// not both: as large as the larger).
+    #[project = CalledProj]
+    enum Called<F> {
+        Calling { #[pin] future: F },
+        Refused { refusal: Option<Rejection> },
     }
 }
 
@@ -118,10 +127,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let result = match (this.refusal.take(), this.call.as_pin_mut()) {
-            (Some(r), _) => Err(r),
-            (None, Some(call)) => std::task::ready!(call.poll(cx)),
-            (None, None) => panic!("EnvelopeFuture polled after it answered"),
+        let result = match this.call.project() {
+            CalledProj::Refused { refusal } => Err(refusal
+                .take()
+                .expect("EnvelopeFuture polled after it answered")),
+            CalledProj::Calling { future } => std::task::ready!(future.poll(cx)),
         };
         let (front, answers) = (*this.front, *this.answers);
         let resp = match result {
