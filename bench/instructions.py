@@ -4,7 +4,7 @@ move with the machine's noise, for comparing two builds on a change too small fo
 
     python3 bench/instructions.py [--no-build] [--only carapace-full,carapace-fwd,carapace-mcp]
                                   [--baseline BIN] [--rate 100] [--duration 10]
-    python3 bench/instructions.py --only carapace-fwd,nginx,haproxy
+    python3 bench/instructions.py --only carapace-fwd,nginx,haproxy [--cache-sim]
 
 Same setup as bench/compare.py (its certificates, configurations and load generator; the app
 runs natively). Each target (carapace's, and nginx and HAProxy when named: their worker
@@ -16,6 +16,12 @@ the window divided by the requests answered in it: all of the proxy's own work f
 its TLS, HTTP, JSON and the event loop's turns, and nothing of the kernel's. At a fixed, low
 rate every request is served on its own, so the event loop's cost per wake-up is included.
 Writes bench/out/instructions.json and a table to stdout; the dumps stay in bench/out.
+
+`--cache-sim` also has callgrind simulate the caches and the branch predictor (its model of
+this machine's L1 instruction and data caches and last level, per process: no kernel, no other
+process evicting anything, so a floor of the native misses) and adds per request: L1
+instruction-cache misses, L1 data-cache misses, last-level misses and mispredicted branches.
+Where two programs run about the same instructions at different speeds, these say why.
 """
 
 import argparse
@@ -34,15 +40,25 @@ DEFAULT_TARGETS = "carapace-full,carapace-fwd,carapace-mcp"
 PEERS = ["nginx", "haproxy"]
 
 
-def under_callgrind():
+# What `--cache-sim` reports per request: a column's name and the callgrind events it sums.
+SIMULATED = [
+    ("I1 misses", ["I1mr"]),
+    ("D1 misses", ["D1mr", "D1mw"]),
+    ("LL misses", ["ILmr", "DLmr", "DLmw"]),
+    ("mispredicted branches", ["Bcm", "Bim"]),
+]
+
+
+def under_callgrind(cache_sim):
     """Start the targets under callgrind (instrumentation off until switched on; nginx's worker
     is a child of its master)."""
     plain = c.start
+    sim = ["--cache-sim=yes", "--branch-sim=yes"] if cache_sim else []
 
     def start(name, cmd, env=None):
         if name in c.CARAPACES or name in PEERS:
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes",
-                   f"--callgrind-out-file={c.p(f'callgrind.{name}.%p')}", *cmd]
+                   *sim, f"--callgrind-out-file={c.p(f'callgrind.{name}.%p')}", *cmd]
         return plain(name, cmd, env)
 
     c.start = start
@@ -53,12 +69,16 @@ def control(pid, *args):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def total_ir(pid):
-    """Ir of the newest dump of `pid` (its `summary:`/`totals:` line)."""
+def totals(pid):
+    """Every event's total in the newest dump of `pid` (its `events:` and `summary:`/`totals:`
+    lines), by event name."""
     dumps = sorted(glob.glob(c.p(f"callgrind.*.{pid}*")), key=os.path.getmtime)
+    events = None
     for line in open(dumps[-1]):
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("summary:", "totals:")) and events:
+            return dict(zip(events, map(int, line.split()[1:])))
     raise RuntimeError(f"no totals in {dumps[-1]}")
 
 
@@ -73,8 +93,13 @@ def measure(target, pid, rate, duration):
     if "error" in res or res.get("errors"):
         return {"error": res.get("error") or res.get("first_error")}
     requests = res["throughput_rps"] * res["window_s"]
-    ir = total_ir(pid)
-    return {"requests": requests, "instructions": ir, "per_request": ir / requests}
+    events = totals(pid)
+    ir = events["Ir"]
+    out = {"requests": requests, "instructions": ir, "per_request": ir / requests}
+    for column, names in SIMULATED:
+        if all(n in events for n in names):
+            out[column] = sum(events[n] for n in names) / requests
+    return out
 
 
 def main():
@@ -85,6 +110,8 @@ def main():
     ap.add_argument("--rate", type=int, default=100)
     ap.add_argument("--duration", type=float, default=10)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="also simulate the caches and branch predictor (slower)")
     args = ap.parse_args()
     keep = args.only.split(",")
     c.TARGETS[:] = [t for t in c.TARGETS
@@ -99,7 +126,7 @@ def main():
     c.make_configs()
     for f in glob.glob(c.p("callgrind.*")):
         os.remove(f)
-    under_callgrind()
+    under_callgrind(args.cache_sim)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = {}
     try:
@@ -116,13 +143,16 @@ def main():
         c.stop_all()
     with open(c.p("instructions.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print("| target | requests counted | instructions / request |")
-    print("|---|---:|---:|")
+    columns = [col for col, _ in SIMULATED if args.cache_sim]
+    print("| target | requests counted | instructions / request |"
+          + "".join(f" {col} / request |" for col in columns))
+    print("|---|---:|---:|" + "---:|" * len(columns))
     for name, r in results.items():
         if "error" in r:
-            print(f"| {c.LABEL[name]} | error: {r['error']} | |")
+            print(f"| {c.LABEL[name]} | error: {r['error']} | |" + " |" * len(columns))
             continue
-        print(f"| {c.LABEL[name]} | {r['requests']:,.0f} | {r['per_request']:,.0f} |")
+        print(f"| {c.LABEL[name]} | {r['requests']:,.0f} | {r['per_request']:,.0f} |"
+              + "".join(f" {r.get(col, 0):,.1f} |" for col in columns))
 
 
 if __name__ == "__main__":
