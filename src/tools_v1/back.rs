@@ -140,13 +140,14 @@ impl Service<ToolCall> for ToolsV1Back {
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let app = self.app.clone();
-        Box::pin(async move { call_app(&app, &call).await })
+        Box::pin(call_app(self.app.clone(), call))
     }
 }
 
-/// Call a tools-v1 app (or peer) with `call` and decode its answer.
-pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
+/// Call a tools-v1 app (or peer) with `call` and decode its answer (owning both: the boxed
+/// future is this one, not one around it).
+pub async fn call_app(app: AppClient, call: ToolCall) -> Result<CallOutcome, Rejection> {
+    let call = &call;
     let body = request_body(call);
     let (status, body) = app
         .post_call("/v1/tools/call", call, Bytes::from(body))
