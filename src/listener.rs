@@ -106,10 +106,7 @@ impl ConnectionStack {
     }
 
     /// Start `req` on the current stack.
-    fn call(
-        &self,
-        req: Request<CallerBody>,
-    ) -> Either<StackFuture, WaitingFuture> {
+    fn call(&self, req: Request<CallerBody>) -> Either<StackFuture, WaitingFuture> {
         let current = self.stacks.load();
         let mut copy = self.copy.lock().unwrap_or_else(|e| e.into_inner());
         if !Arc::ptr_eq(&copy.0, &current) {
