@@ -50,12 +50,15 @@ pub const NAME_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-nam
 /// 2025 revisions: the session a request belongs to.
 pub const SESSION_HEADER: http::HeaderName = http::HeaderName::from_static("mcp-session-id");
 
+/// How a mirrored header's value in the encoded form starts (`=?base64?…?=`).
+pub const ENCODED_HEADER_PREFIX: &str = "=?base64?";
+
 /// A mirrored header's value, with the `=?base64?…?=` form decoded (2026-07-28); borrowed
 /// when it is plain.
 pub fn decode_header_value(v: &str) -> Option<std::borrow::Cow<'_, str>> {
     use base64::Engine;
     match v
-        .strip_prefix("=?base64?")
+        .strip_prefix(ENCODED_HEADER_PREFIX)
         .and_then(|r| r.strip_suffix("?="))
     {
         Some(b64) => {

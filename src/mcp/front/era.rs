@@ -14,7 +14,7 @@ use crate::mcp::back::relay::ClientFeatures;
 use crate::mcp::jsonrpc::McpError;
 use crate::mcp::session::SessionRefused;
 use crate::mcp::wire::CallParams;
-use crate::mcp::{decode_header_value, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::mcp::{decode_header_value, ENCODED_HEADER_PREFIX, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::mcp::{META_CAPABILITIES, META_VERSION};
 use crate::mcp::{METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER};
 
@@ -171,6 +171,15 @@ fn agree(h: &HeaderMap, name: &HeaderName, body: &str) -> Result<(), McpError> {
             "the `{name}` header is required"
         )));
     };
+    // The usual case, decided without checking the header's text byte by byte: the header is
+    // the body's (ASCII) value as it is. An ASCII header value is text, and one that is not in
+    // the encoded form is its own decoding, so this is the answer of the full check below.
+    if raw.as_bytes() == body.as_bytes()
+        && body.is_ascii()
+        && !body.starts_with(ENCODED_HEADER_PREFIX)
+    {
+        return Ok(());
+    }
     let value = raw
         .to_str()
         .ok()
@@ -182,4 +191,47 @@ fn agree(h: &HeaderMap, name: &HeaderName, body: &str) -> Result<(), McpError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn agrees(raw: &[u8], body: &str) -> Result<(), String> {
+        let mut h = HeaderMap::new();
+        h.insert(NAME_HEADER, HeaderValue::from_bytes(raw).unwrap());
+        agree(&h, &NAME_HEADER, body).map_err(|e| match e {
+            McpError::HeaderMismatch(why) => why,
+            other => panic!("not a header mismatch: {other:?}"),
+        })
+    }
+
+    #[test]
+    fn a_header_agrees_with_the_body_as_it_is_or_in_the_encoded_form() {
+        assert_eq!(agrees(b"memory.query", "memory.query"), Ok(()));
+        // "café" in the encoded form.
+        assert_eq!(agrees(b"=?base64?Y2Fmw6k=?=", "caf\u{e9}"), Ok(()));
+        let other = agrees(b"memory.append", "memory.query").unwrap_err();
+        assert!(other.contains("does not match"), "{other}");
+        assert!(agrees(b"", "memory.query").is_err());
+    }
+
+    #[test]
+    fn the_same_bytes_do_not_agree_when_they_are_not_plain_text() {
+        // Raw UTF-8 is not a header's text: it must come in the encoded form.
+        let raw = agrees("caf\u{e9}".as_bytes(), "caf\u{e9}").unwrap_err();
+        assert!(raw.contains("malformed"), "{raw}");
+        // A value in the encoded form is decoded before comparing, even when the body holds
+        // the same characters ("bWVtb3J5" is "memory").
+        let encoded = agrees(b"=?base64?bWVtb3J5?=", "=?base64?bWVtb3J5?=").unwrap_err();
+        assert!(encoded.contains("does not match"), "{encoded}");
+    }
+
+    #[test]
+    fn a_missing_header_is_refused() {
+        let h = HeaderMap::new();
+        let e = agree(&h, &METHOD_HEADER, "tools/call").unwrap_err();
+        assert!(matches!(e, McpError::HeaderMismatch(why) if why.contains("required")));
+    }
 }
