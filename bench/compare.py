@@ -1018,7 +1018,8 @@ def tables(results):
         if not s:
             lines.append(f"| {label} | failed: {t.get('error', 'not run')} | | | | | | |")
             continue
-        cells = [label, f0(s["throughput_rps"])]
+        sat_errors = s.get("saturation_errors")
+        cells = [label, f0(s["throughput_rps"]) + (f" ({sat_errors} errors)" if sat_errors else "")]
         for rate in RATES:
             r = s[f"rate_{rate}"]
             cell = " / ".join(ms(r[q]) for q in ["p50", "p99", "p999", "max"])
