@@ -390,7 +390,7 @@ impl ToolsV1Front {
         }
         call.trace_context = crate::telemetry::outgoing_context(req.headers());
         // The name a cancel gives, and this call's own (shared).
-        let key = Arc::new(("tools-v1", call.principal.id.clone(), call.call_id.clone()));
+        let key = ("tools-v1", call.principal.id.clone(), call.call_id.clone());
         let tool = call.tool.clone();
         let run = front::run_call(
             &self.calls,
@@ -401,12 +401,12 @@ impl ToolsV1Front {
         );
         let in_flight = self.in_flight.clone();
         Either::Right(async move {
-            Ok(match in_flight.run(key.clone(), run).await {
+            Ok(match in_flight.run(key, run).await {
                 Finished::Done(resp) => resp,
-                Finished::Cancelled => {
+                Finished::Cancelled((_, _, call_id)) => {
                     let ms = started.elapsed().as_millis() as u64;
                     let r = Rejection::Cancelled;
-                    let call = (key.2.as_str(), tool.name.as_str());
+                    let call = (call_id.as_str(), tool.name.as_str());
                     let resp = error_response(&r, call, ms, answers, false);
                     front::recorded(resp, Some(tool), r.reason())
                 }

@@ -225,14 +225,14 @@ impl Hash for Key {
     }
 }
 
-/// Passes a `u64` through unchanged: table keys are already keyed SipHash
-/// values, hashing them again would only cost time.
+/// Passes a `u64` through unchanged, for tables whose keys are already hashes (the nonce
+/// store's keys are keyed SipHash values; hashing them again would only cost time).
 #[derive(Default)]
-struct IdentityHasher(u64);
+pub struct IdentityHasher(u64);
 
 impl Hasher for IdentityHasher {
     fn write(&mut self, bytes: &[u8]) {
-        // Not reached for `Key`, which only calls `write_u64`.
+        // Not reached for keys that only call `write_u64`; a plain fold, not a panic.
         for &b in bytes {
             self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }

@@ -73,7 +73,7 @@ impl McpFront {
             };
             (messages, cx)
         });
-        let cancel_key = session.map(|s| Arc::new(("mcp", s, id.to_string())));
+        let cancel_key = session.map(|s| ("mcp", s, id.to_string()));
         let mut call = match self.decode_call(req, &mut params, principal) {
             Ok(call) => call,
             Err(e) => return answered(refused(Some(&id), &e)),
@@ -106,7 +106,7 @@ impl McpFront {
                 Box::pin(async move {
                     match in_flight.run(key, run).await {
                         Finished::Done(resp) => resp,
-                        Finished::Cancelled => cancelled(&id, tool),
+                        Finished::Cancelled(_) => cancelled(&id, tool),
                     }
                 })
             }
