@@ -774,9 +774,10 @@ def main():
             log(f"round {rnd + 1}/{args.rounds}: saturation, 32 connections, {sat_s} s")
             for name, port in order:
                 def saturate():
+                    pids = pids_of(name)
                     res = loadgen((name, port), ["--mode", "closed", "--connections", "32"],
-                                  sat_s, warm, pids_of(name))
-                    res["pids"] = pids_of(name)
+                                  sat_s, warm, pids)
+                    res["pids"] = pids
                     return res
 
                 # A retry starts from fresh processes: the full stack's nonces (live for 5

@@ -389,7 +389,7 @@ impl ToolsV1Front {
             scope.record(CallField::ContextTraceId, id);
         }
         call.trace_context = crate::telemetry::outgoing_context(req.headers());
-        // The name a cancel gives, and this call's own (shared).
+        // The name a cancel gives (handed back if the call is cancelled).
         let key = ("tools-v1", call.principal.id.clone(), call.call_id.clone());
         let tool = call.tool.clone();
         let run = front::run_call(
