@@ -2,11 +2,23 @@
 # Run every fuzz target for SECONDS (default 30) on a copy of its seed corpus, so that the
 # checkout is never written to. Installs the nightly toolchain and cargo-fuzz when missing.
 # A crash (or leak, timeout, out-of-memory) fails the run; the input is kept under
-# fuzz/artifacts/<target>/ and printed. Usage: fuzz/run.sh [SECONDS] [TARGET...]
+# fuzz/artifacts/<target>/ and printed.
+#
+#   fuzz/run.sh [SECONDS] [TARGET...]
+#   fuzz/run.sh --build              # install the tools and build every target, run none
+#
+# FUZZ_JOBS=N runs N targets at a time (default 1), each for SECONDS on a core of its own:
+# give it no more than the cores that are free.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_only=false
+if [ "${1:-}" = --build ]; then
+  build_only=true
+  shift
+fi
 seconds=${1:-30}
+jobs=${FUZZ_JOBS:-1}
 # No sanitizer by default: carapace is safe Rust, and the coverage-guided search is what finds
 # its bugs (panics, hangs, memory growth); FUZZ_SANITIZER=address adds ASan for a deeper run.
 sanitizer=${FUZZ_SANITIZER:-none}
@@ -47,20 +59,36 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 cargo +nightly fuzz build -s "$sanitizer"
+if $build_only; then
+  exit 0
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for t in "${targets[@]}"; do
-  echo "== fuzz $t (${seconds}s)"
+
+# One target: its report goes to $work/<target>.report, printed in the targets' order below.
+fuzz_one() {
+  local t=$1 report="$work/$1.report"
+  echo "== fuzz $t (${seconds}s)" >"$report"
   mkdir -p "$work/$t"
   cp -r "fuzz/corpus/$t/." "$work/$t/"
   # -print_final_stats gives the executions per second; the summary line is kept.
   if ! cargo +nightly fuzz run -s "$sanitizer" "$t" "$work/$t" -- -max_total_time="$seconds" \
       -rss_limit_mb=2048 -print_final_stats=1 >"$work/$t.log" 2>&1; then
-    tail -n 60 "$work/$t.log"
-    echo "fuzz target $t failed (input under fuzz/artifacts/$t/)" >&2
-    exit 1
+    tail -n 60 "$work/$t.log" >>"$report"
+    echo "fuzz target $t failed (input under fuzz/artifacts/$t/)" >>"$report"
+    return 1
   fi
-  grep -E '^(Done|stat::number_of_executed_units|stat::average_exec_per_sec)' "$work/$t.log" || true
-  echo "corpus: $(find "$work/$t" -type f | wc -l) files"
+  grep -E '^(Done|stat::number_of_executed_units|stat::average_exec_per_sec)' "$work/$t.log" \
+    >>"$report" || true
+  echo "corpus: $(find "$work/$t" -type f | wc -l) files" >>"$report"
+}
+export -f fuzz_one
+export work seconds sanitizer
+
+status=0
+printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'fuzz_one "$1"' _ {} || status=1
+for t in "${targets[@]}"; do
+  cat "$work/$t.report" 2>/dev/null || echo "== fuzz $t: not run"
 done
+[ "$status" = 0 ] || { echo "fuzzing failed" >&2; exit 1; }
