@@ -70,8 +70,10 @@ trap 'rm -rf "$work"' EXIT
 fuzz_one() {
   local t=$1 report="$work/$1.report"
   echo "== fuzz $t (${seconds}s)" >"$report"
-  mkdir -p "$work/$t"
-  cp -r "fuzz/corpus/$t/." "$work/$t/"
+  if ! mkdir -p "$work/$t" || ! cp -r "fuzz/corpus/$t/." "$work/$t/" 2>>"$report"; then
+    echo "fuzz target $t: no seed corpus fuzz/corpus/$t/" >>"$report"
+    return 1
+  fi
   # -print_final_stats gives the executions per second; the summary line is kept.
   if ! cargo +nightly fuzz run -s "$sanitizer" "$t" "$work/$t" -- -max_total_time="$seconds" \
       -rss_limit_mb=2048 -print_final_stats=1 >"$work/$t.log" 2>&1; then
