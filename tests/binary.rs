@@ -615,11 +615,23 @@ async fn sigterm_drains_calls_in_flight_then_exits_0() {
 /// Request headers.
 type Headers<'a> = Vec<(&'a str, &'a str)>;
 
-/// One skill-v1 front run (HMAC or API key): a good call, a bad one, a replay. Returns the
-/// signatures and header values that must not be logged.
-async fn secret_run(env: &Env, mode: &str, secret: &str) -> Vec<String> {
-    let dir = env.path().join(mode);
-    std::fs::create_dir_all(&dir).unwrap();
+/// A signed `memory.query` run of `query`, at the current time with a fresh nonce.
+fn query_run(secret: &[u8], query: &str) -> Value {
+    signed_run(
+        secret,
+        "memory",
+        "memory.query",
+        json!({"query": query}),
+        now_ms(),
+        &nonce(),
+    )
+}
+
+/// A skill-v1 front (`mode`: `hmac` or `api_key`, its key from `CARAPACE_TEST_KEY`) on a Unix
+/// socket in `dir` over the harness's memory app, with `extra` configuration; returns the
+/// configuration's path and the socket's.
+fn skill_front_config(env: &Env, dir: &Path, mode: &str, extra: &str) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
     let cfg = dir.join("carapace.yaml");
     let sock = dir.join("skill.sock");
     std::fs::write(
@@ -635,7 +647,7 @@ listeners:
   unix: {{ path: {sock} }}
 app: {{ protocol: tools-v1, address: "http://{app}" }}
 ops: {{ address: "" }}
-log: {{ format: json, level: trace }}
+{extra}
 "#,
             d = dir.display(),
             sock = sock.display(),
@@ -643,6 +655,14 @@ log: {{ format: json, level: trace }}
         ),
     )
     .unwrap();
+    (cfg, sock)
+}
+
+/// One skill-v1 front run (HMAC or API key): a good call, a bad one, a replay. Returns the
+/// signatures and header values that must not be logged.
+async fn secret_run(env: &Env, mode: &str, secret: &str) -> Vec<String> {
+    let dir = env.path().join(mode);
+    let (cfg, sock) = skill_front_config(env, &dir, mode, "log: { format: json, level: trace }");
     let mut srv = Serve::spawn(
         &cfg,
         &env.path().join("carapace.log"),
@@ -652,14 +672,7 @@ log: {{ format: json, level: trace }}
     let client = unix(&sock);
     let mut sensitive = Vec::new();
 
-    let good = signed_run(
-        secret.as_bytes(),
-        "memory",
-        "memory.query",
-        json!({"query": "x"}),
-        now_ms(),
-        &nonce(),
-    );
+    let good = query_run(secret.as_bytes(), "x");
     let sig = good["signature"].as_str().unwrap().to_string();
     sensitive.push(sig.clone());
     // The signed payload, in its canonical and its wire form.
@@ -667,14 +680,7 @@ log: {{ format: json, level: trace }}
     signed.as_object_mut().unwrap().remove("signature");
     sensitive.push(carapace_filters::canonical::canonical_string(&signed).unwrap());
     sensitive.push(good.to_string());
-    let bad = signed_run(
-        b"not-the-secret",
-        "memory",
-        "memory.query",
-        json!({"query": "x"}),
-        now_ms(),
-        &nonce(),
-    );
+    let bad = query_run(b"not-the-secret", "x");
     // What the failed attempt presented is not logged either.
     sensitive.push(bad["signature"].as_str().unwrap().to_string());
     if mode == "api_key" {
@@ -709,6 +715,38 @@ log: {{ format: json, level: trace }}
 
     srv.stop().await;
     sensitive
+}
+
+/// A nonce accepted just before the process is killed (SIGKILL: no shutdown, no flush) is
+/// still refused after the restart: its journal record was in the kernel before the call
+/// went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nonce_accepted_before_a_kill_is_refused_after_the_restart() {
+    let env = Env::new().await;
+    let (cfg, sock) = skill_front_config(&env, env.path(), "hmac", "");
+    let secret = "kill-test-secret";
+    let envs = [("CARAPACE_TEST_KEY", secret)];
+    let log = env.path().join("carapace.log");
+    let good = query_run(secret.as_bytes(), "x");
+
+    let mut srv = Serve::spawn(&cfg, &log, &envs);
+    wait_serving(&sock, "/manifest", "memory.query").await;
+    let r = unix(&sock).post_json("/run", &[], &good).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    srv.signal("KILL");
+    let status = srv.wait_exit(WAIT).await;
+    assert_eq!(status.code(), None, "killed by a signal: {status}");
+
+    let mut srv = Serve::spawn(&cfg, &log, &envs);
+    wait_serving(&sock, "/manifest", "memory.query").await;
+    let r = unix(&sock).post_json("/run", &[], &good).await.unwrap();
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{:?}", r.json());
+    assert_eq!(code(&r), "NONCE_REPLAY");
+    // A new nonce still goes through.
+    let fresh = query_run(secret.as_bytes(), "y");
+    let r = unix(&sock).post_json("/run", &[], &fresh).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    srv.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

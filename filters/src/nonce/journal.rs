@@ -7,6 +7,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::tail::MappedTail;
 use super::{is_live, Key, Table};
 
 /// Magic at the start of a journal file (the version is part of it).
@@ -21,12 +22,12 @@ pub(super) struct Journal {
     pub(super) path: PathBuf,
     /// The SipHash key, written into every rewritten header.
     pub(super) key: [u8; 16],
-    pub(super) writer: Box<dyn Write + Send>,
+    pub(super) appender: Appender,
     /// Records in the file (after the header).
     pub(super) records: u64,
     /// Compact once `records` exceeds this.
     pub(super) compact_above: u64,
-    /// A failed append may have left a partial record: rewrite the file from
+    /// A failed `write` may have left a partial record: rewrite the file from
     /// memory before appending again.
     pub(super) dirty: bool,
     /// Exclusive lock on `<path>.lock`, held while the store lives: two processes
@@ -50,20 +51,16 @@ impl Journal {
             self.install(file, records);
         }
         let record = encode_record(key.get(), expiry);
-        match self
-            .writer
-            .write_all(&record)
-            .and_then(|()| self.writer.flush())
-        {
-            Ok(()) => {
-                self.records += 1;
-                Ok(())
+        let appended = match &mut self.appender {
+            // An error there comes before anything is stored: nothing to repair.
+            Appender::Mapped(tail) => tail.append(&record),
+            Appender::Written(writer) => {
+                let written = writer.write_all(&record).and_then(|()| writer.flush());
+                self.dirty = written.is_err();
+                written
             }
-            Err(e) => {
-                self.dirty = true;
-                Err(e)
-            }
-        }
+        };
+        appended.map(|()| self.records += 1)
     }
 
     /// Rewrites the file from `map` (already purged). On failure the current
@@ -84,12 +81,37 @@ impl Journal {
     }
 
     fn install(&mut self, file: File, records: u64) {
-        self.writer = Box::new(file);
+        self.appender = Appender::for_file(file, records);
         self.records = records;
         self.dirty = false;
         // The rename is done; an fsync failure of the directory only weakens
         // durability against power loss, the new file is the one in use.
         let _ = sync_parent_dir(&self.path);
+    }
+}
+
+/// Where a journal's records are appended.
+pub(super) enum Appender {
+    /// Stored into the mapped tail of the file ([`super::tail`]): no system call per record.
+    Mapped(MappedTail),
+    /// One `write` per record: where the file cannot be mapped (and in tests that make
+    /// writes fail).
+    Written(Box<dyn Write + Send>),
+}
+
+impl Appender {
+    /// The appender of a journal file holding the header and `records` records, open for
+    /// reading and writing at its end: its tail mapped, or `write` where that fails.
+    pub(super) fn for_file(file: File, records: u64) -> Self {
+        let end = HEADER_LEN as u64 + records * RECORD_LEN as u64;
+        let mapped = file.try_clone().and_then(|f| MappedTail::new(f, end));
+        match mapped {
+            Ok(tail) => Appender::Mapped(tail),
+            Err(e) => {
+                tracing::warn!("nonce journal: cannot map the file ({e}); appending with write");
+                Appender::Written(Box::new(file))
+            }
+        }
     }
 }
 
@@ -206,8 +228,8 @@ pub(super) fn sync_parent_dir(path: &Path) -> io::Result<()> {
 }
 
 /// Writes header + `entries` to `<path>.tmp` (mode 0600), fsyncs it and
-/// renames it over `path`. Returns the new file, opened with `O_APPEND`, and
-/// the number of records written. The caller fsyncs the directory. On error
+/// renames it over `path`. Returns the new file, open for reading and writing
+/// at its end, and the number of records written. The caller fsyncs the directory. On error
 /// `path` is untouched.
 pub(super) fn rewrite_journal<'a>(
     path: &Path,
@@ -221,10 +243,12 @@ pub(super) fn rewrite_journal<'a>(
         Err(e) => return Err(e),
     }
     // `create_new` so the mode applies (and no stale file or symlink is
-    // reused); the same O_APPEND handle later takes the appends, so there is
-    // no window in which the renamed file is not open.
+    // reused); the same handle later takes the appends (mapped, which needs
+    // it readable), so there is no window in which the renamed file is not
+    // open.
     let file = OpenOptions::new()
-        .append(true)
+        .read(true)
+        .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&tmp)?;

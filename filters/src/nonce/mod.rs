@@ -82,20 +82,25 @@
 //! # Journal (surviving restarts)
 //!
 //! With [`NonceStoreConfig::journal`] set, the store is persisted to an
-//! append-only file (opened with `O_APPEND`, mode 0600; a missing directory is
-//! created with mode 0700). Layout, all integers little-endian:
+//! append-only file (mode 0600; a missing directory is created with mode
+//! 0700). Layout, all integers little-endian:
 //!
 //! ```text
 //! header: b"CNONCE01" (8 bytes) | SipHash key (16 bytes)      = 24 bytes
 //! record: hash (u64)            | expiry, unix seconds (u32)  = 12 bytes
 //! ```
 //!
-//! Every accepted nonce is appended, as one `write_all` of one record, before
-//! [`NonceStore::check_and_insert`] returns `Ok`. If that write fails the
-//! nonce is not recorded and the call fails with [`NonceError::Journal`] (fail
-//! closed). A failed write may have left part of a record in the file, so the
-//! next insert first rewrites the journal from memory; if that fails too, it
-//! fails closed as well.
+//! Every accepted nonce is appended, as one record, before
+//! [`NonceStore::check_and_insert`] returns `Ok`. The record is stored into a
+//! shared mapping of the file's tail (see `tail.rs`: a copy into the page
+//! cache, no system call), which is allocated ahead 256 KiB at a time; after
+//! the last record the file reads as zeros, and a record whose expiry is 0
+//! is not live, so loading skips that space. Where the file cannot be mapped,
+//! each record is one `write` instead. If the append fails (the space cannot
+//! be allocated, a `write` fails) the nonce is not recorded and the call
+//! fails with [`NonceError::Journal`] (fail closed). A failed `write` may have
+//! left part of a record in the file, so the next insert first rewrites the
+//! journal from memory; if that fails too, it fails closed as well.
 //!
 //! [`NonceStore::open`] validates the header (a bad magic or a truncated
 //! header is an error: the store never silently starts empty), loads every
@@ -109,9 +114,9 @@
 //! is retried after another `capacity` appends.
 //!
 //! Appends are not fsynced one by one: the journal survives process crashes
-//! and restarts (the data is in the kernel once `write` returns), but a power
-//! loss or kernel crash can lose the most recent records. One journal file
-//! must be used by one process at a time.
+//! and restarts (a record is in the kernel's page cache once it is stored),
+//! but a power loss or kernel crash can lose the most recent records. One
+//! journal file must be used by one process at a time.
 //!
 //! # Time
 //!
@@ -120,6 +125,7 @@
 //! Expiries are `u32` unix seconds and saturate in the year 2106.
 
 mod journal;
+mod tail;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -136,7 +142,7 @@ use siphasher::sip::SipHasher24;
 
 use journal::{
     compact_threshold, create_parent_dir, load_journal, lock_journal, rewrite_journal,
-    sync_parent_dir, Journal,
+    sync_parent_dir, Appender, Journal,
 };
 
 /// The replay window Skill Gateway v1 prescribes: 5 minutes.
@@ -328,12 +334,12 @@ impl NonceStore {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => random_key(),
                     Err(e) => return Err(e.into()),
                 };
-                let (writer, records) = rewrite_journal(&path, &key, &map)?;
+                let (file, records) = rewrite_journal(&path, &key, &map)?;
                 sync_parent_dir(&path)?;
                 let journal = Journal {
                     path,
                     key,
-                    writer: Box::new(writer),
+                    appender: Appender::for_file(file, records),
                     records,
                     compact_above: compact_threshold(config.capacity),
                     dirty: false,
@@ -470,14 +476,22 @@ impl NonceStore {
         Key::new(hash_pair(self.k0, self.k1, scope, nonce))
     }
 
-    /// Replaces the journal writer, to simulate write failures.
+    /// Replaces the journal's appender with `writer`, to simulate write failures.
     #[cfg(test)]
     fn set_journal_writer(&self, writer: Box<dyn Write + Send>) {
         self.lock()
             .journal
             .as_mut()
             .expect("store has a journal")
-            .writer = writer;
+            .appender = Appender::Written(writer);
+    }
+
+    /// Whether the journal's records are stored into its mapped tail.
+    #[cfg(test)]
+    fn journal_is_mapped(&self) -> bool {
+        let inner = self.lock();
+        let journal = inner.journal.as_ref().expect("store has a journal");
+        matches!(journal.appender, Appender::Mapped(_))
     }
 }
 

@@ -26,8 +26,21 @@ fn file_len(path: &Path) -> u64 {
     fs::metadata(path).unwrap().len()
 }
 
-fn journal_size(records: u64) -> u64 {
-    HEADER_LEN as u64 + records * RECORD_LEN as u64
+/// The records of the journal at `path`: those before the zeros its file is allocated
+/// ahead with (checked to hold nothing else).
+fn records_in(path: &Path) -> u64 {
+    let bytes = fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], MAGIC);
+    let body = &bytes[HEADER_LEN..];
+    let n = body
+        .chunks(RECORD_LEN)
+        .take_while(|r| r.len() == RECORD_LEN && r[8..] != [0; 4])
+        .count();
+    assert!(
+        body[n * RECORD_LEN..].iter().all(|&b| b == 0),
+        "only zeros after the records"
+    );
+    n as u64
 }
 
 struct FailingWriter;
@@ -209,20 +222,20 @@ fn restart_keeps_live_nonces_and_compacts() {
         let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
         store.check_and_insert("k", "old", T0).unwrap();
         store.check_and_insert("k", "live", T0 + 200_000).unwrap();
-        assert_eq!(file_len(&path), journal_size(2));
+        assert_eq!(records_in(&path), 2);
     }
     // "old" expired at T0 + 300 s, "live" lives until T0 + 500 s.
     let now = T0 + 350_000;
     let store = NonceStore::open(journal_config(&path, 100), now).unwrap();
     assert_eq!(store.len(), 1, "the expired record must not be reloaded");
-    assert_eq!(file_len(&path), journal_size(1), "compacted on open");
+    assert_eq!(records_in(&path), 1, "compacted on open");
     assert!(!tmp_path(&path).exists());
     assert!(matches!(
         store.check_and_insert("k", "live", now),
         Err(NonceError::Replay)
     ));
     store.check_and_insert("k", "old", now).unwrap();
-    assert_eq!(file_len(&path), journal_size(2));
+    assert_eq!(records_in(&path), 2);
     drop(store);
 
     // And a third generation still knows both.
@@ -244,20 +257,79 @@ fn torn_trailing_record_is_ignored() {
         store.check_and_insert("k", "a", T0).unwrap();
         store.check_and_insert("k", "b", T0).unwrap();
     }
+    let len_before = file_len(&path);
     let mut file = OpenOptions::new().append(true).open(&path).unwrap();
     file.write_all(&[0xAB; 7]).unwrap();
     drop(file);
-    assert_eq!(file_len(&path), journal_size(2) + 7);
+    assert_eq!(file_len(&path), len_before + 7);
 
     let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
     assert_eq!(store.len(), 2);
-    assert_eq!(file_len(&path), journal_size(2));
+    assert_eq!(records_in(&path), 2);
     for n in ["a", "b"] {
         assert!(matches!(
             store.check_and_insert("k", n, T0 + 1),
             Err(NonceError::Replay)
         ));
     }
+}
+
+#[test]
+fn journal_records_are_stored_into_its_mapped_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+    assert!(store.journal_is_mapped());
+    store.check_and_insert("k", "a", T0).unwrap();
+    // Allocated ahead of the records: one window from the start of the file.
+    assert_eq!(file_len(&path), super::tail::WINDOW as u64);
+    assert_eq!(records_in(&path), 1);
+}
+
+#[test]
+fn records_past_one_mapped_window_all_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    let n = 2 * super::tail::WINDOW / RECORD_LEN + 5;
+    {
+        let store = NonceStore::open(journal_config(&path, 100_000), T0).unwrap();
+        for i in 0..n {
+            store.check_and_insert("k", &format!("n{i}"), T0).unwrap();
+        }
+        assert_eq!(records_in(&path), n as u64);
+    }
+    let store = NonceStore::open(journal_config(&path, 100_000), T0 + 1).unwrap();
+    assert_eq!(store.len(), n);
+    for i in [0, 1, n / 2, n - 1] {
+        assert!(matches!(
+            store.check_and_insert("k", &format!("n{i}"), T0 + 1),
+            Err(NonceError::Replay)
+        ));
+    }
+    assert_eq!(records_in(&path), n as u64, "compacted on open");
+}
+
+#[test]
+fn a_record_cut_short_in_the_mapped_tail_is_not_live() {
+    use std::io::{Seek, SeekFrom};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nonces.journal");
+    {
+        let store = NonceStore::open(journal_config(&path, 100), T0).unwrap();
+        store.check_and_insert("k", "a", T0).unwrap();
+        store.check_and_insert("k", "b", T0).unwrap();
+    }
+    // A crash after the third record's hash was stored, before its expiry.
+    let mut file = OpenOptions::new().write(true).open(&path).unwrap();
+    let third = (HEADER_LEN + 2 * RECORD_LEN) as u64;
+    file.seek(SeekFrom::Start(third)).unwrap();
+    file.write_all(&[0xAB; 8]).unwrap();
+    drop(file);
+
+    let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
+    assert_eq!(store.len(), 2);
+    assert_eq!(records_in(&path), 2);
+    store.check_and_insert("k", "c", T0 + 1).unwrap();
 }
 
 #[test]
@@ -294,7 +366,7 @@ fn journal_write_failure_fails_closed() {
     // Not recorded: the next attempt is not a replay. It first rewrites
     // the journal (the failed write may have torn a record), then appends.
     store.check_and_insert("k", "b", T0).unwrap();
-    assert_eq!(file_len(&path), journal_size(2));
+    assert_eq!(records_in(&path), 2);
     drop(store);
 
     let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
@@ -344,15 +416,15 @@ fn journal_is_compacted_while_running() {
         store
             .check_and_insert("k", &format!("n{i}"), T0 + i * 2_000)
             .unwrap();
-        assert_eq!(file_len(&path), journal_size(i + 1));
+        assert_eq!(records_in(&path), i + 1);
     }
     // The fifth record exceeds 2 * capacity: the file is rewritten with
     // the one live entry.
     store.check_and_insert("k", "n4", T0 + 8_000).unwrap();
-    assert_eq!(file_len(&path), journal_size(1));
+    assert_eq!(records_in(&path), 1);
     assert_eq!(store.len(), 1);
     store.check_and_insert("k", "n5", T0 + 8_000).unwrap();
-    assert_eq!(file_len(&path), journal_size(2));
+    assert_eq!(records_in(&path), 2);
     drop(store);
 
     let config = NonceStoreConfig {
@@ -382,9 +454,7 @@ fn journal_file_mode_is_0600_and_new_dirs_0700() {
     // Still 0600 after the compaction of a reopen.
     let _store = NonceStore::open(journal_config(&path, 10), T0 + 1).unwrap();
     assert_eq!(mode(&path), 0o600);
-    let bytes = fs::read(&path).unwrap();
-    assert_eq!(&bytes[..8], MAGIC);
-    assert_eq!(bytes.len() as u64, journal_size(1));
+    assert_eq!(records_in(&path), 1);
 }
 
 #[test]
