@@ -104,15 +104,38 @@ impl Appender {
     /// reading and writing at its end: its tail mapped, or `write` where that fails.
     pub(super) fn for_file(file: File, records: u64) -> Self {
         let end = HEADER_LEN as u64 + records * RECORD_LEN as u64;
-        let mapped = file.try_clone().and_then(|f| MappedTail::new(f, end));
+        let mapped = match map_refused_here() {
+            true => Err(io::Error::from(io::ErrorKind::Unsupported)),
+            false => file.try_clone().and_then(|f| MappedTail::new(f, end)),
+        };
         match mapped {
             Ok(tail) => Appender::Mapped(tail),
             Err(e) => {
-                tracing::warn!("nonce journal: cannot map the file ({e}); appending with write");
+                match e.kind() {
+                    io::ErrorKind::Unsupported => {
+                        tracing::debug!("nonce journal: appending with write ({e})")
+                    }
+                    _ => tracing::warn!(
+                        "nonce journal: cannot map the file ({e}); appending with write"
+                    ),
+                }
                 Appender::Written(Box::new(file))
             }
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test: journals opened on its thread append with `write`.
+    pub(super) static REFUSE_MAP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn map_refused_here() -> bool {
+    #[cfg(test)]
+    return REFUSE_MAP.with(|r| r.get());
+    #[cfg(not(test))]
+    false
 }
 
 pub(super) fn compact_threshold(capacity: usize) -> u64 {

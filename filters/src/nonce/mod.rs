@@ -91,12 +91,13 @@
 //! ```
 //!
 //! Every accepted nonce is appended, as one record, before
-//! [`NonceStore::check_and_insert`] returns `Ok`. The record is stored into a
-//! shared mapping of the file's tail (see `tail.rs`: a copy into the page
-//! cache, no system call), which is allocated ahead 256 KiB at a time; after
-//! the last record the file reads as zeros, and a record whose expiry is 0
-//! is not live, so loading skips that space. Where the file cannot be mapped,
-//! each record is one `write` instead. If the append fails (the space cannot
+//! [`NonceStore::check_and_insert`] returns `Ok`. On ext4, XFS and tmpfs the
+//! record is stored into a shared mapping of the file's tail (see `tail.rs`:
+//! a copy into the page cache, no system call), which is allocated ahead
+//! 256 KiB at a time; after the last record the file reads as zeros, and a
+//! record whose expiry is 0 is not live, so loading skips that space. On
+//! other filesystems, or where the file cannot be mapped, each record is one
+//! `write` instead. If the append fails (the space cannot
 //! be allocated, a `write` fails) the nonce is not recorded and the call
 //! fails with [`NonceError::Journal`] (fail closed). A failed `write` may have
 //! left part of a record in the file, so the next insert first rewrites the

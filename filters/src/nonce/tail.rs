@@ -1,5 +1,6 @@
 //! The journal's tail, mapped: a record is stored into a shared mapping of the file, so an
-//! append is a copy into the page cache, not a system call.
+//! append is a copy into the page cache, not a system call (on the filesystems where that is
+//! safe, [`MAPPED_FILESYSTEMS`]; elsewhere the journal appends with `write`).
 //!
 //! Stores into a `MAP_SHARED` mapping are in the kernel's page cache as soon as they are
 //! made: they survive the process being killed exactly as the bytes of a returned `write`
@@ -41,7 +42,16 @@ pub(super) struct MappedTail {
 
 impl MappedTail {
     /// Maps `file` (open for reading and writing) from `end`, where its records end.
+    /// `Unsupported` on a filesystem not known to keep allocated space for stores into a
+    /// mapping (see [`MAPPED_FILESYSTEMS`]).
     pub(super) fn new(file: File, end: u64) -> io::Result<Self> {
+        let kind = filesystem_of(&file)?;
+        if !MAPPED_FILESYSTEMS.contains(&kind) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("filesystem type {kind:#x} is not one the journal is mapped on"),
+            ));
+        }
         let (start, map) = map_window(&file, end)?;
         Ok(MappedTail {
             file,
@@ -78,6 +88,32 @@ impl MappedTail {
         self.end += RECORD_LEN as u64;
         Ok(())
     }
+}
+
+/// The filesystems (`statfs` types) whose allocated blocks a store into a mapping uses as
+/// they are: ext4, XFS and tmpfs. On a copy-on-write filesystem (btrfs) a store into a mapped
+/// page may need new space and raises `SIGBUS` when there is none, and ZFS does not reserve
+/// what `posix_fallocate` asks for; there, and on any filesystem not listed (overlayfs, which
+/// does not say what is below it, NFS, FUSE), the journal appends with `write`.
+const MAPPED_FILESYSTEMS: [i64; 3] = [0xEF53, 0x5846_5342, 0x0102_1994];
+
+/// Whether the journal is mapped on the filesystem `file` is on.
+#[cfg(test)]
+pub(super) fn maps_on(file: &File) -> bool {
+    filesystem_of(file).is_ok_and(|kind| MAPPED_FILESYSTEMS.contains(&kind))
+}
+
+/// The `statfs` type of the filesystem `file` is on.
+fn filesystem_of(file: &File) -> io::Result<i64> {
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `fs` is a valid place for one `statfs`, which the call fills on success.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), fs.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: filled by the successful call above.
+    let fs = unsafe { fs.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field's type differs between targets
+    Ok(fs.f_type as i64)
 }
 
 /// Allocate and map the window of `file` that holds the record at `end`.
