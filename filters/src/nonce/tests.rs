@@ -26,6 +26,16 @@ fn file_len(path: &Path) -> u64 {
     fs::metadata(path).unwrap().len()
 }
 
+/// Each of `nonces` (scope `k`) is refused as a replay at `now`.
+fn assert_replayed(store: &NonceStore, nonces: &[&str], now: u64) {
+    for n in nonces {
+        assert!(
+            matches!(store.check_and_insert("k", n, now), Err(NonceError::Replay)),
+            "{n}"
+        );
+    }
+}
+
 /// The records of the journal at `path`: those before the zeros its file is allocated
 /// ahead with (checked to hold nothing else).
 fn records_in(path: &Path) -> u64 {
@@ -266,12 +276,7 @@ fn torn_trailing_record_is_ignored() {
     let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
     assert_eq!(store.len(), 2);
     assert_eq!(records_in(&path), 2);
-    for n in ["a", "b"] {
-        assert!(matches!(
-            store.check_and_insert("k", n, T0 + 1),
-            Err(NonceError::Replay)
-        ));
-    }
+    assert_replayed(&store, &["a", "b"], T0 + 1);
 }
 
 #[test]
@@ -306,12 +311,7 @@ fn where_the_file_is_not_mapped_records_are_written_after_the_last() {
     }
     let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
     assert_eq!(store.len(), 2);
-    for n in ["a", "b"] {
-        assert!(matches!(
-            store.check_and_insert("k", n, T0 + 1),
-            Err(NonceError::Replay)
-        ));
-    }
+    assert_replayed(&store, &["a", "b"], T0 + 1);
     store.check_and_insert("k", "c", T0 + 1).unwrap();
     assert_eq!(file_len(&path), (HEADER_LEN + 3 * RECORD_LEN) as u64);
     super::journal::REFUSE_MAP.with(|r| r.set(false));
@@ -402,12 +402,7 @@ fn journal_write_failure_fails_closed() {
 
     let store = NonceStore::open(journal_config(&path, 100), T0 + 1).unwrap();
     assert_eq!(store.len(), 2);
-    for n in ["a", "b"] {
-        assert!(matches!(
-            store.check_and_insert("k", n, T0 + 1),
-            Err(NonceError::Replay)
-        ));
-    }
+    assert_replayed(&store, &["a", "b"], T0 + 1);
 }
 
 #[test]
