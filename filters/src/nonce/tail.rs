@@ -5,9 +5,9 @@
 //! Stores into a `MAP_SHARED` mapping are in the kernel's page cache as soon as they are
 //! made: they survive the process being killed exactly as the bytes of a returned `write`
 //! do, and, as those, are lost to a power loss until written back. The file is allocated
-//! ahead of the records ([`WINDOW`] bytes at a time, with `posix_fallocate`), so a full disk
-//! is an error returned by [`MappedTail::append`] (the nonce is refused) and never a `SIGBUS`
-//! on a store; the allocated space reads as zeros. A record's expiry is stored last, in one
+//! ahead of the records ([`WINDOW`] bytes at a time, with `posix_fallocate`), so on those
+//! filesystems a full disk is an error returned by [`MappedTail::append`] (the nonce is
+//! refused) and never a `SIGBUS` on a store; the allocated space reads as zeros. A record's expiry is stored last, in one
 //! aligned 4-byte store: a record cut short by a crash has an expiry of 0 and is not live,
 //! like the zeros after the last record, so loading skips both.
 
