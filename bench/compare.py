@@ -777,7 +777,12 @@ def main():
                     pids = pids_of(name)
                     res = loadgen((name, port), ["--mode", "closed", "--connections", "32"],
                                   sat_s, warm, pids)
-                    res["pids"] = pids
+                    # Read now: a later attempt restarts every process, and the attempt kept
+                    # may be an earlier one.
+                    res["rss_peak_kb"] = status_kb(pids, "VmHWM")
+                    res["rss_after_kb"] = status_kb(pids, "VmRSS")
+                    res["rss_after_anon_kb"] = status_kb(pids, "RssAnon")
+                    res["rss_after_file_kb"] = status_kb(pids, "RssFile")
                     return res
 
                 # A retry starts from fresh processes: the full stack's nonces (live for 5
@@ -785,11 +790,6 @@ def main():
                 # saturation runs in one process reach the nonce store's default capacity
                 # (1,000,000), after which signed calls are refused with 503 by design.
                 res = undisturbed(name, saturate, again=fresh)
-                pids = res.pop("pids")
-                res["rss_peak_kb"] = status_kb(pids, "VmHWM")
-                res["rss_after_kb"] = status_kb(pids, "VmRSS")
-                res["rss_after_anon_kb"] = status_kb(pids, "RssAnon")
-                res["rss_after_file_kb"] = status_kb(pids, "RssFile")
                 if "cpu_ms_window" in res and res.get("requests"):
                     done = res["throughput_rps"] * res["cpu_window_s"]
                     res["cpu_ms_per_1k"] = res["cpu_ms_window"] / done * 1000 if done else None
