@@ -21,8 +21,8 @@ as medians and 90th percentiles in µs:
 - each kind of read and write: how long it took in the kernel (a write on loopback carries the
   bytes to the other socket and wakes its reader).
 
-The tracing itself costs about a microsecond per system call, the same for every proxy: read the
-figures against each other, not as absolute latencies. Results go to bench/out/path_time.json
+The tracing adds its own cost to every system call, alike for every proxy (and so more to a proxy
+that makes more of them): read the figures against each other, not as absolute latencies. Results go to bench/out/path_time.json
 and a table to stdout.
 """
 
