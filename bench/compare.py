@@ -194,6 +194,19 @@ def build():
         env=dict(os.environ, CARGO_TARGET_DIR=LOADGEN_TARGET))
 
 
+def prepare(build_first, extra_deps=None):
+    """What every benchmark script does before it starts a target: the output directory, the
+    tools it needs (and `extra_deps`), the build unless told not to, the certificates and
+    configurations, and a SIGTERM that stops every process started."""
+    os.makedirs(OUT, exist_ok=True)
+    ensure_deps(extra_deps)
+    if build_first:
+        build()
+    make_certs()
+    make_configs()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def p(*parts):
     return os.path.join(OUT, *parts)
 
@@ -712,14 +725,7 @@ def main():
         raise SystemExit("needs at least 2 cores (app+proxy on core 0, loadgen on core 1)")
 
     sat_s, rate_s, conn_s, warm = (3, 3, 2, 0.5) if args.quick else (10, 10, 5, 1)
-    os.makedirs(OUT, exist_ok=True)
-    ensure_deps()
-    if not args.no_build:
-        build()
-    make_certs()
-    make_configs()
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    prepare(not args.no_build)
     atexit.register(stop_all)
     results = {"machine": machine_info(), "settings": {
         "quick": args.quick, "rounds": args.rounds, "saturation_s": sat_s, "rate_s": rate_s,

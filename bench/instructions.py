@@ -28,7 +28,6 @@ import argparse
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -118,16 +117,10 @@ def main():
                     if t[0] in keep and (t[0] in c.CARAPACES or t[0] in PEERS)]
     if args.baseline:
         c.add_baseline(os.path.abspath(args.baseline), keep)
-    os.makedirs(c.OUT, exist_ok=True)
-    c.ensure_deps({"valgrind": "valgrind", "callgrind_control": "valgrind"})
-    if not args.no_build:
-        c.build()
-    c.make_certs()
-    c.make_configs()
+    c.prepare(not args.no_build, {"valgrind": "valgrind", "callgrind_control": "valgrind"})
     for f in glob.glob(c.p("callgrind.*")):
         os.remove(f)
     under_callgrind(args.cache_sim)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = {}
     try:
         procs, failed = c.start_targets()

@@ -149,13 +149,7 @@ def main():
     c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep]
     if args.baseline:
         c.add_baseline(os.path.abspath(args.baseline), keep)
-    os.makedirs(c.OUT, exist_ok=True)
-    c.ensure_deps()
-    if not args.no_build:
-        c.build()
-    c.make_certs()
-    c.make_configs()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    c.prepare(not args.no_build)
     results = {}
     try:
         for rnd in range(args.rounds):

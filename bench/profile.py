@@ -78,13 +78,7 @@ def main():
     c.TARGETS[:] = [t for t in c.TARGETS if t[0] == args.target]
     if not c.TARGETS:
         raise SystemExit(f"unknown target {args.target}")
-    os.makedirs(c.OUT, exist_ok=True)
-    c.ensure_deps()
-    if not args.no_build:
-        c.build()
-    c.make_certs()
-    c.make_configs()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    c.prepare(not args.no_build)
     kind = "allocations-" if args.allocations else ""
     data = c.p(f"profile-{kind}{args.target}.data")
     try:

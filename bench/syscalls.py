@@ -104,13 +104,7 @@ def main():
     if args.allocations:
         loads = ALLOCATION_LOADS
         EVENTS.extend(allocation_probes([c.CARAPACE, *sorted(set(c.BINARY.values()))]))
-    os.makedirs(c.OUT, exist_ok=True)
-    c.ensure_deps()
-    if not args.no_build:
-        c.build()
-    c.make_certs()
-    c.make_configs()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    c.prepare(not args.no_build)
     results = {}
     try:
         for rnd in range(args.rounds):
