@@ -39,8 +39,7 @@ def run(binary, core, filt):
             found[name] = float(m.group(1)) * UNITS[m.group(2)]
             last_id = None
         elif line.strip() and not line.startswith((" ", "Benchmarking", "Found", "Gnuplot",
-                                                   "change:", "Performance", "No change",
-                                                   "Change within", "WARNING")):
+                                                   "WARNING")):
             last_id = line.strip()
     return found
 
@@ -55,13 +54,15 @@ def main():
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--core", type=int, default=1)
-    ap.add_argument("--filter", help="only benchmarks whose id contains this (criterion's filter)")
+    ap.add_argument("--filter", help="only benchmarks whose id matches this regular "
+                    "expression (criterion's filter)")
     args = ap.parse_args()
     rounds = {"before": [], "after": []}
     for _ in range(args.rounds):
         for which in ("before", "after"):
             rounds[which].append(run(getattr(args, which), args.core, args.filter))
-    common = [n for n in rounds["after"][0] if all(n in r for r in rounds["before"] + rounds["after"])]
+    every = rounds["before"] + rounds["after"]
+    common = [n for n in rounds["after"][0] if all(n in r for r in every)]
     print("| benchmark | before (rounds) | after (rounds) | after / before |")
     print("|---|---:|---:|---:|")
     for name in common:

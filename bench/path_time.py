@@ -22,8 +22,8 @@ as medians and 90th percentiles in µs:
   bytes to the other socket and wakes its reader).
 
 The tracing adds its own cost to every system call, alike for every proxy (and so more to a proxy
-that makes more of them): read the figures against each other, not as absolute latencies. Results go to bench/out/path_time.json
-and a table to stdout.
+that makes more of them): read the figures against each other, not as absolute latencies.
+Results go to bench/out/path_time.json and a table to stdout.
 """
 
 import argparse
