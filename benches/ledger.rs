@@ -3,7 +3,7 @@
 //! thread does every 10 ms; at saturation a batch is a few hundred rows.
 
 use carapace::ledger::store::{append, open};
-use carapace::ledger::Entry;
+use carapace::ledger::{Entry, Record};
 use carapace::receipts::value_hash;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::json;
@@ -34,7 +34,7 @@ fn batches(c: &mut Criterion) {
     let mut conn = open(&dir.path().join("ledger.sqlite3")).unwrap();
     let mut g = c.benchmark_group("ledger");
     for rows in [1u64, 256] {
-        let batch: Vec<Entry> = (0..rows).map(entry).collect();
+        let batch: Vec<Record> = (0..rows).map(|n| Record::of(&entry(n))).collect();
         g.throughput(Throughput::Elements(rows));
         g.bench_function(format!("append_{rows}_rows"), |b| {
             b.iter(|| append(&mut conn, &batch).unwrap())

@@ -247,7 +247,7 @@ fn ledger_layer(shared: &Shared) -> Option<crate::ledger::LedgerLayer> {
     let layer = crate::ledger::LedgerLayer::new(
         ledger,
         "inbound",
-        Arc::new(move |_| provider.to_string()),
+        Arc::new(move |_| provider.clone()),
         shared.clock.clone(),
     );
     Some(match shared.receipts {

@@ -9,15 +9,16 @@ use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 use tower::{Layer, Service};
 
-use super::{Entry, Ledger};
+use super::record::{Ending, Record};
+use super::Ledger;
 use crate::receipts::layer::ending;
-use crate::receipts::{output_hash, value_hash, ReceiptSlot};
+use crate::receipts::{output_tag, value_tag, ReceiptSlot, Tag};
 
 /// Who executes a call, as the ledger names it (the host itself, or the peer a gateway routes
 /// the tool to).
-pub type ProviderOf = Arc<dyn Fn(&ToolCall) -> String + Send + Sync>;
+pub type ProviderOf = Arc<dyn Fn(&ToolCall) -> Arc<str> + Send + Sync>;
 
-/// Queues a ledger [`Entry`] for every call when it ends: its hashes come from the call's
+/// Queues a ledger [`Record`] for every call when it ends: its hashes come from the call's
 /// receipt when the stage below signed or verified one.
 ///
 /// ```
@@ -35,7 +36,7 @@ pub type ProviderOf = Arc<dyn Fn(&ToolCall) -> String + Send + Sync>;
 /// let layer = LedgerLayer::new(
 ///     Arc::new(ledger),
 ///     "inbound",
-///     Arc::new(|_| "memory-host".to_string()),
+///     Arc::new(|_| "memory-host".into()),
 ///     Arc::new(carapace_filters::unix_now_ms),
 /// );
 /// # let _ = layer;
@@ -110,59 +111,57 @@ where
             ))));
         };
         let layer = self.layer.clone();
-        let started_at = (layer.clock)();
         let started = Instant::now();
         let slot = call.extensions.get::<ReceiptSlot>().cloned();
         let price = call
             .extensions
             .get::<crate::metering::Priced>()
             .map(|p| p.0);
-        let input_hash = match slot.is_some() && layer.signed_below {
-            true => String::new(),
-            false => value_hash(&call.args),
+        // The input's hash comes from the receipt when a receipt layer below signs the call.
+        let input = match slot.is_some() && layer.signed_below {
+            true => None,
+            false => Some(value_tag(&call.args)),
         };
-        let mut entry = Entry {
-            side: layer.side.to_string(),
-            call_id: call.call_id.clone(),
-            receipt_id: None,
-            tool: call.tool.name.clone(),
-            consumer: call.principal.id.clone(),
-            provider: (layer.provider)(&call),
-            input_hash,
-            output_hash: String::new(),
-            status: String::new(),
-            error_code: None,
-            started_at,
-            ended_at: 0,
-            duration_ms: 0,
-            receipt: None,
-            charge: None,
-        };
+        let provider = (layer.provider)(&call);
+        let record = Record::start(
+            layer.side,
+            &call.call_id,
+            &call.tool.name,
+            &call.principal.id,
+            &provider,
+            input.as_ref().map(Tag::as_str),
+            (layer.clock)(),
+        );
         let fut = self.inner.call(call);
         Box::pin(async move {
             let result = fut.await;
             let (status, output, code) = ending(&result);
-            entry.status = status.as_str().into();
-            entry.charge = price.map(|p| match status {
-                crate::receipts::ReceiptStatus::Ok => p,
-                _ => 0,
-            });
-            entry.error_code = code.map(str::to_string);
-            entry.ended_at = (layer.clock)();
-            entry.duration_ms = started.elapsed().as_millis() as u64;
             let note = slot.as_ref().and_then(ReceiptSlot::get);
-            match note.and_then(|n| n.receipt.as_ref()) {
-                Some(r) => {
-                    entry.receipt_id = Some(r.receipt_id.clone());
-                    entry.input_hash = r.input_hash.clone();
-                    entry.output_hash = r.output_hash.clone();
+            let receipt = note.and_then(|n| n.receipt.as_ref());
+            let computed;
+            let output_hash = match receipt {
+                Some(r) => r.output_hash.as_str(),
+                None => {
+                    computed = output_tag(status, output, code);
+                    computed.as_str()
                 }
-                None => entry.output_hash = output_hash(status, output, code),
-            }
-            entry.receipt = note
-                .and_then(|n| n.encoded.as_ref())
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
+            };
+            let entry = record.end(Ending {
+                receipt_id: receipt.map(|r| r.receipt_id.as_str()),
+                input_hash: receipt.map(|r| r.input_hash.as_str()),
+                output_hash,
+                status: status.as_str(),
+                error_code: code,
+                ended_at: (layer.clock)(),
+                duration_ms: started.elapsed().as_millis() as u64,
+                receipt: note
+                    .and_then(|n| n.encoded.as_ref())
+                    .and_then(|v| v.to_str().ok()),
+                charge: price.map(|p| match status {
+                    crate::receipts::ReceiptStatus::Ok => p,
+                    _ => 0,
+                }),
+            });
             layer.ledger.record(entry, reserved);
             result
         })

@@ -3,7 +3,7 @@
 //! ([`store`]).
 //!
 //! Writes never sit on the call path: the [`LedgerLayer`] hands each finished call's
-//! [`Entry`] to a bounded queue, and one thread takes what has queued up every
+//! [`Record`] (its fields in one buffer) to a bounded queue, and one thread takes what has queued up every
 //! [`WRITE_INTERVAL`] and writes it in one transaction (group commit; calls never wake it).
 //! When the queue is full, `ledger.on_full` decides: `drop` the entry (counted in
 //! `carapace_ledger_dropped_total`) or `refuse` new calls until there is room (a place in the
@@ -19,9 +19,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 pub mod layer;
+pub mod record;
 pub mod store;
 
 pub use layer::LedgerLayer;
+pub use record::Record;
 pub use store::{Entry, Row};
 
 use crate::config::{LedgerConfig, LedgerFull};
@@ -49,7 +51,7 @@ pub struct LedgerCounters {
 
 /// The handle calls record through.
 pub struct Ledger {
-    queue: mpsc::Sender<Entry>,
+    queue: mpsc::Sender<Record>,
     on_full: LedgerFull,
     pub counters: Arc<LedgerCounters>,
     /// Entries queued, and entries the writer has finished with (written or failed).
@@ -124,7 +126,7 @@ impl Ledger {
 
     /// A place in the queue for a call about to run, under `on_full: refuse`; `Err` when the
     /// queue is full (the call is refused). `Ok(None)` under `drop`.
-    pub fn reserve(&self) -> Result<Option<mpsc::OwnedPermit<Entry>>, QueueFull> {
+    pub fn reserve(&self) -> Result<Option<mpsc::OwnedPermit<Record>>, QueueFull> {
         match self.on_full {
             LedgerFull::Drop => Ok(None),
             LedgerFull::Refuse => match self.queue.clone().try_reserve_owned() {
@@ -138,7 +140,7 @@ impl Ledger {
     }
 
     /// Queue `entry`, into its reserved place when there is one.
-    pub fn record(&self, entry: Entry, reserved: Option<mpsc::OwnedPermit<Entry>>) {
+    pub fn record(&self, entry: Record, reserved: Option<mpsc::OwnedPermit<Record>>) {
         let sent = match reserved {
             Some(p) => {
                 p.send(entry);
@@ -174,7 +176,7 @@ fn retention_cutoff(cfg: &LedgerConfig, now_ms: u64) -> u64 {
 /// The writer thread: one transaction per batch of what has queued up.
 struct Writer {
     conn: rusqlite::Connection,
-    rx: mpsc::Receiver<Entry>,
+    rx: mpsc::Receiver<Record>,
     batch_max: usize,
     counters: Arc<LedgerCounters>,
     settled: Arc<AtomicU64>,
@@ -221,7 +223,7 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, batch: &mut Vec<Entry>) {
+    fn write(&mut self, batch: &mut Vec<Record>) {
         if batch.is_empty() {
             return;
         }

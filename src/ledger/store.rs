@@ -9,9 +9,11 @@
 
 use std::path::Path;
 
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
+
+pub use super::record::Record;
 
 /// The `prev_hash` of the first row ever written.
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -92,42 +94,12 @@ pub struct Row {
 
 /// The hash of row `seq` holding `entry` after `prev_hash`: SHA-256 of `prev_hash`, then
 /// `seq` and every field in table order, each as its length (8 bytes, big-endian; all ones
-/// for an absent value) and its bytes (numbers in decimal).
+/// for an absent value) and its bytes (numbers in decimal). See [`Record`].
 pub fn row_hash(seq: u64, entry: &Entry, prev_hash: &str) -> String {
-    let mut h = sha2::Sha256::new();
-    let mut field = |v: Option<&[u8]>| match v {
-        Some(b) => {
-            h.update((b.len() as u64).to_be_bytes());
-            h.update(b);
-        }
-        None => h.update(u64::MAX.to_be_bytes()),
-    };
-    let e = entry;
-    // Numbers in decimal, written on the stack (a row has five or six).
-    let mut digits = itoa::Buffer::new();
-    field(Some(prev_hash.as_bytes()));
-    field(Some(digits.format(seq).as_bytes()));
-    for v in [&e.side, &e.call_id] {
-        field(Some(v.as_bytes()));
-    }
-    field(e.receipt_id.as_deref().map(str::as_bytes));
-    for v in [
-        &e.tool,
-        &e.consumer,
-        &e.provider,
-        &e.input_hash,
-        &e.output_hash,
-        &e.status,
-    ] {
-        field(Some(v.as_bytes()));
-    }
-    field(e.error_code.as_deref().map(str::as_bytes));
-    for n in [e.started_at, e.ended_at, e.duration_ms] {
-        field(Some(digits.format(n).as_bytes()));
-    }
-    field(e.receipt.as_deref().map(str::as_bytes));
-    field(e.charge.map(|c| digits.format(c).as_bytes()));
-    crate::receipts::sha256_tag(&h.finalize().into())
+    Record::of(entry)
+        .row_hash(seq, prev_hash)
+        .as_str()
+        .to_string()
 }
 
 /// The page size of a ledger file carapace creates (SQLite's default is 4 KiB).
@@ -138,6 +110,9 @@ pub const PAGE_SIZE: i64 = 16 * 1024;
 pub enum StoreError {
     #[error("ledger {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// A record's number field is not decimal digits (never, for a record carapace wrote).
+    #[error("ledger record with a malformed number")]
+    Record,
 }
 
 /// Open (creating it and its schema) the ledger at `path` for writing, in WAL mode.
@@ -173,16 +148,16 @@ pub fn head(conn: &Connection) -> Result<(u64, String), StoreError> {
         .query_row([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))?)
 }
 
-/// Append `entries` in one transaction, chained after the head. Returns the new head seq.
+/// Append `records` in one transaction, chained after the head. Returns the new head seq.
 ///
 /// Every statement of a batch, `BEGIN` and `COMMIT` included, is a cached one: a batch parses
 /// no SQL (at a low rate a batch is a row or two, and parsing its five statements cost more
 /// than the rows).
-pub fn append(conn: &mut Connection, entries: &[Entry]) -> Result<u64, StoreError> {
+pub fn append(conn: &mut Connection, records: &[Record]) -> Result<u64, StoreError> {
     // IMMEDIATE: the write lock is taken before the head is read, so a second writer (another
     // process on the same file) waits instead of chaining after the same head.
     conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-    match append_rows(conn, entries) {
+    match append_rows(conn, records) {
         Ok(seq) => {
             conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(seq)
@@ -195,8 +170,30 @@ pub fn append(conn: &mut Connection, entries: &[Entry]) -> Result<u64, StoreErro
     }
 }
 
+/// Which of a record's fields (by position, `side` = 0) are numbers: `started_at`,
+/// `ended_at`, `duration_ms` (10 to 12) and `charge` (14); the rest are text.
+fn is_number(i: usize) -> bool {
+    matches!(i, 10..=12 | 14)
+}
+
+/// A record's field as its column's value: text as the slice of the record it is, numbers
+/// as integers. A number the record holds is always decimal digits (it wrote them).
+fn column(i: usize, v: Option<&[u8]>) -> Result<ToSqlOutput<'_>, StoreError> {
+    Ok(match v {
+        None => ToSqlOutput::Owned(Value::Null),
+        Some(b) if is_number(i) => {
+            let n = std::str::from_utf8(b)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or(StoreError::Record)?;
+            ToSqlOutput::Owned(Value::Integer(n as i64))
+        }
+        Some(b) => ToSqlOutput::Borrowed(ValueRef::Text(b)),
+    })
+}
+
 /// The rows, the new head and the spend of one batch, inside [`append`]'s transaction.
-fn append_rows(conn: &Connection, entries: &[Entry]) -> Result<u64, StoreError> {
+fn append_rows(conn: &Connection, records: &[Record]) -> Result<u64, StoreError> {
     let (mut seq, mut prev) = head(conn)?;
     let mut insert = conn.prepare_cached(
         "INSERT INTO invocations (seq, side, call_id, receipt_id, tool, consumer, provider,
@@ -204,34 +201,24 @@ fn append_rows(conn: &Connection, entries: &[Entry]) -> Result<u64, StoreError> 
             receipt, charge, prev_hash, row_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?;
-    for e in entries {
+    for r in records {
         seq += 1;
-        let hash = row_hash(seq, e, &prev);
-        insert.execute(params![
-            seq as i64,
-            e.side,
-            e.call_id,
-            e.receipt_id,
-            e.tool,
-            e.consumer,
-            e.provider,
-            e.input_hash,
-            e.output_hash,
-            e.status,
-            e.error_code,
-            e.started_at as i64,
-            e.ended_at as i64,
-            e.duration_ms as i64,
-            e.receipt,
-            e.charge.map(|c| c as i64),
-            prev,
-            hash,
-        ])?;
-        prev = hash;
+        let hash = r.row_hash(seq, &prev);
+        let fields = r.fields();
+        insert.raw_bind_parameter(1, seq as i64)?;
+        for (i, v) in fields.into_iter().enumerate() {
+            insert.raw_bind_parameter(i + 2, column(i, v)?)?;
+        }
+        insert.raw_bind_parameter(17, &prev)?;
+        insert.raw_bind_parameter(18, hash.as_str())?;
+        insert.raw_execute()?;
+        // The next row's `prev_hash`, in the string the head came in (no allocation).
+        prev.clear();
+        prev.push_str(hash.as_str());
     }
     conn.prepare_cached("UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1")?
         .execute(params![seq as i64, prev])?;
-    add_spend(conn, entries)?;
+    add_spend(conn, records)?;
     Ok(seq)
 }
 
@@ -241,18 +228,35 @@ pub fn day_of(unix_ms: u64) -> u64 {
 }
 
 /// What each consumer was charged, in total and per UTC day, kept with the rows.
-fn add_spend(conn: &Connection, entries: &[Entry]) -> Result<(), StoreError> {
+fn add_spend(conn: &Connection, records: &[Record]) -> Result<(), StoreError> {
     let mut upsert = conn.prepare_cached(
         "INSERT INTO spend (consumer, period, amount) VALUES (?1, ?2, ?3)
          ON CONFLICT (consumer, period) DO UPDATE SET amount = amount + excluded.amount",
     )?;
-    for e in entries.iter().filter(|e| e.side == "inbound") {
-        let Some(charge) = e.charge.filter(|c| *c > 0) else {
+    for r in records {
+        let f = r.fields();
+        // Inbound rows with a charge above 0: the side (0), the consumer (4), `started_at`
+        // (10) and the charge (14).
+        if f[0] != Some(b"inbound") {
+            continue;
+        }
+        let number = |i: usize| match column(i, f[i]) {
+            Ok(ToSqlOutput::Owned(Value::Integer(n))) => Ok(Some(n as u64)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        };
+        let Some(charge) = number(14)?.filter(|c| *c > 0) else {
             continue;
         };
-        let day = format!("day:{}", day_of(e.started_at));
+        let started_at = number(10)?.ok_or(StoreError::Record)?;
+        let consumer = f[4].ok_or(StoreError::Record)?;
+        let day = format!("day:{}", day_of(started_at));
         for period in ["total", day.as_str()] {
-            upsert.execute(params![e.consumer, period, charge as i64])?;
+            upsert.execute(params![
+                ToSqlOutput::Borrowed(ValueRef::Text(consumer)),
+                period,
+                charge as i64
+            ])?;
         }
     }
     Ok(())

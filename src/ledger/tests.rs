@@ -1,3 +1,4 @@
+use super::record::Ending;
 use super::store::*;
 use super::*;
 
@@ -21,10 +22,14 @@ fn entry(n: u64) -> Entry {
     }
 }
 
+fn rec(n: u64) -> Record {
+    Record::of(&entry(n))
+}
+
 fn ledger_with(n: u64) -> (tempfile::TempDir, rusqlite::Connection) {
     let dir = tempfile::tempdir().unwrap();
     let mut conn = open(&dir.path().join("l.sqlite3")).unwrap();
-    let entries: Vec<Entry> = (1..=n).map(entry).collect();
+    let entries: Vec<Record> = (1..=n).map(rec).collect();
     for chunk in entries.chunks(3) {
         append(&mut conn, chunk).unwrap();
     }
@@ -42,12 +47,9 @@ fn an_intact_chain_verifies_and_continues_across_batches() {
     assert_eq!(verify(&empty).unwrap(), Ok(0));
 }
 
-/// The row hash is the form the README documents (computed apart from this code), so files
-/// written by any version verify: every field present, and every optional one absent.
-#[test]
-fn the_row_hash_is_the_documented_form() {
-    let prev = format!("sha256:{}", "ab".repeat(32));
-    let full = Entry {
+/// A row with every field present.
+fn full_entry() -> Entry {
+    Entry {
         side: "inbound".into(),
         call_id: "c42".into(),
         receipt_id: Some("rcpt_1".into()),
@@ -63,7 +65,15 @@ fn the_row_hash_is_the_documented_form() {
         duration_ms: 5,
         receipt: Some("v1.x.y".into()),
         charge: Some(7),
-    };
+    }
+}
+
+/// The row hash is the form the README documents (computed apart from this code), so files
+/// written by any version verify: every field present, and every optional one absent.
+#[test]
+fn the_row_hash_is_the_documented_form() {
+    let prev = format!("sha256:{}", "ab".repeat(32));
+    let full = full_entry();
     assert_eq!(
         row_hash(42, &full, &prev),
         "sha256:51fd66aedd21214fb9b4c6878df60f6fad878cfc21e56a2c189d303c963da91a"
@@ -110,11 +120,11 @@ fn a_new_ledger_has_large_pages_and_an_older_file_keeps_its_own() {
         old.pragma_update(None, "journal_mode", "WAL").unwrap();
     }
     let mut conn = open(&path).unwrap();
-    append(&mut conn, &[entry(1), entry(2)]).unwrap();
+    append(&mut conn, &[rec(1), rec(2)]).unwrap();
     drop(conn);
     let mut conn = open(&path).unwrap();
     assert_eq!(page_size(&conn), 4096);
-    append(&mut conn, &[entry(3)]).unwrap();
+    append(&mut conn, &[rec(3)]).unwrap();
     assert_eq!(verify(&conn).unwrap(), Ok(3));
 }
 
@@ -172,7 +182,7 @@ fn a_batch_that_fails_is_not_written_and_the_next_one_is() {
             duration_ms, receipt, charge, prev_hash, row_hash FROM invocations WHERE seq = 3",
     )
     .unwrap();
-    assert!(append(&mut conn, &[entry(4), entry(5)]).is_err());
+    assert!(append(&mut conn, &[rec(4), rec(5)]).is_err());
     // Nothing of it stayed: not its first row, not the head.
     let rows: i64 = conn
         .query_row("SELECT COUNT(*) FROM invocations WHERE seq = 4", [], |r| {
@@ -184,7 +194,7 @@ fn a_batch_that_fails_is_not_written_and_the_next_one_is() {
     // The transaction was closed: once the stray row is gone, batches are written again.
     conn.execute("DELETE FROM invocations WHERE seq = 5", [])
         .unwrap();
-    assert_eq!(append(&mut conn, &[entry(4), entry(5)]).unwrap(), 5);
+    assert_eq!(append(&mut conn, &[rec(4), rec(5)]).unwrap(), 5);
     assert_eq!(verify(&conn).unwrap(), Ok(5));
 }
 
@@ -194,7 +204,7 @@ fn retention_keeps_the_chain_verifiable() {
     // By count: the 4 newest stay.
     assert_eq!(retain(&mut conn, 0, 4).unwrap(), 6);
     assert_eq!(verify(&conn).unwrap(), Ok(4));
-    append(&mut conn, &[entry(11)]).unwrap();
+    append(&mut conn, &[rec(11)]).unwrap();
     assert_eq!(verify(&conn).unwrap(), Ok(5));
     // By age: rows that ended before 9.5 s (7, 8 and 9) go.
     assert_eq!(retain(&mut conn, 9_500, 100).unwrap(), 3);
@@ -202,7 +212,7 @@ fn retention_keeps_the_chain_verifiable() {
     // Everything.
     assert_eq!(retain(&mut conn, u64::MAX / 2, 100).unwrap(), 2);
     assert_eq!(verify(&conn).unwrap(), Ok(0));
-    append(&mut conn, &[entry(12)]).unwrap();
+    append(&mut conn, &[rec(12)]).unwrap();
     assert_eq!(verify(&conn).unwrap(), Ok(1));
 }
 
@@ -216,7 +226,7 @@ async fn the_writer_batches_what_queued_up_and_a_full_queue_drops_or_refuses() {
     };
     let ledger = Ledger::open(&path, &cfg, Arc::default()).unwrap();
     for n in 1..=3 {
-        ledger.record(entry(n), None);
+        ledger.record(rec(n), None);
     }
     let written = ledger.counters.clone();
     crate::ledger::tests::wait(|| written.written.get() == 3).await;
@@ -237,7 +247,7 @@ async fn the_writer_batches_what_queued_up_and_a_full_queue_drops_or_refuses() {
     assert!(held.is_some());
     assert!(refusing.reserve().is_err());
     assert_eq!(refusing.counters.refused.get(), 1);
-    refusing.record(entry(1), held);
+    refusing.record(rec(1), held);
 }
 
 pub(crate) async fn wait(cond: impl Fn() -> bool) {
@@ -248,4 +258,43 @@ pub(crate) async fn wait(cond: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("not within 5 s");
+}
+
+/// Whichever way a call's input hash comes (at the start, from the receipt at the end, or
+/// from the receipt in place of the start's), the record is the entry's.
+#[test]
+fn a_record_written_in_two_steps_is_the_entrys() {
+    let e = full_entry();
+    let of = Record::of(&e);
+    let at_start = Record::started(&e, Some(&e.input_hash)).end(Ending::of(&e, None));
+    assert_eq!(at_start, of);
+    let receipts = format!("sha256:{}", "33".repeat(32));
+    let replaced = Record::started(&e, Some(&e.input_hash)).end(Ending::of(&e, Some(&receipts)));
+    let mut from_receipt = e.clone();
+    from_receipt.input_hash = receipts;
+    assert_eq!(replaced, Record::of(&from_receipt));
+    // Neither had one: an empty hash, as the entry had before.
+    let none = Record::started(&e, None).end(Ending::of(&e, None));
+    let mut empty = e.clone();
+    empty.input_hash = String::new();
+    assert_eq!(none, Record::of(&empty));
+}
+
+#[test]
+fn its_fields_are_the_entrys_in_table_order() {
+    let mut e = full_entry();
+    let f = Record::of(&e)
+        .fields()
+        .map(|v| v.map(|b| String::from_utf8(b.to_vec()).unwrap()));
+    assert_eq!(f[0].as_deref(), Some("inbound"));
+    assert_eq!(f[2].as_deref(), Some("rcpt_1"));
+    assert_eq!(f[6], Some(e.input_hash.clone()));
+    assert_eq!(f[10].as_deref(), Some("1764000000000"));
+    assert_eq!(f[13].as_deref(), Some("v1.x.y"));
+    assert_eq!(f[14].as_deref(), Some("7"));
+    (e.receipt_id, e.error_code, e.receipt, e.charge) = (None, None, None, None);
+    let sparse = Record::of(&e);
+    let f = sparse.fields();
+    assert_eq!([f[2], f[9], f[13], f[14]], [None; 4]);
+    assert_eq!(f[3], Some(&b"memory.query"[..]));
 }

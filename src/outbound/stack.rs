@@ -50,7 +50,7 @@ pub(crate) fn build_outbound_stack(
                 crate::ledger::LedgerLayer::new(
                     ledger,
                     "outbound",
-                    Arc::new(move |call| routes.provider_of(&call.tool.name)),
+                    Arc::new(move |call| routes.provider_of(&call.tool.name).into()),
                     shared.clock.clone(),
                 )
             }))

@@ -114,18 +114,53 @@ impl ReceiptError {
 /// `sha256:` and the lowercase hex SHA-256 of the RFC 8785 form of `value`. A value with no
 /// RFC 8785 form (an integer no double holds exactly) is hashed in its plain JSON form.
 pub fn value_hash(value: &Value) -> String {
-    let text = carapace_filters::canonical::jcs_string(value)
-        .unwrap_or_else(|_| serde_json::to_string(value).expect("a Value serializes"));
-    sha256_tag(&sha2::Sha256::digest(text.as_bytes()).into())
+    value_tag(value).as_str().to_string()
+}
+
+/// [`value_hash`] on the stack: the RFC 8785 form is written into a buffer this thread keeps
+/// (a call's hashes allocate nothing once it has grown to their size).
+pub fn value_tag(value: &Value) -> Tag {
+    thread_local! {
+        static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    /// Larger forms are not kept: the buffer stays the size of the common call.
+    const KEEP: usize = 64 * 1024;
+    TEXT.with_borrow_mut(|text| {
+        text.clear();
+        if carapace_filters::canonical::write_jcs(value, text).is_err() {
+            text.clear();
+            *text = serde_json::to_string(value).expect("a Value serializes");
+        }
+        let tag = Tag::of(&sha2::Sha256::digest(text.as_bytes()).into());
+        if text.capacity() > KEEP {
+            *text = String::new();
+        }
+        tag
+    })
+}
+
+/// A SHA-256 digest as written in receipts and the ledger (`sha256:` and 64 lowercase hex
+/// digits), held on the stack.
+#[derive(Clone, Copy)]
+pub struct Tag([u8; 71]);
+
+impl Tag {
+    pub fn of(digest: &[u8; 32]) -> Tag {
+        let mut tag = [0u8; 71];
+        tag[..7].copy_from_slice(b"sha256:");
+        hex::encode_to_slice(digest, &mut tag[7..]).expect("64 digits for 32 bytes");
+        Tag(tag)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("ASCII")
+    }
 }
 
 /// A SHA-256 digest as written in receipts and the ledger: `sha256:` and 64 lowercase hex
 /// digits.
 pub fn sha256_tag(digest: &[u8; 32]) -> String {
-    let mut tag = [0u8; 71];
-    tag[..7].copy_from_slice(b"sha256:");
-    hex::encode_to_slice(digest, &mut tag[7..]).expect("64 digits for 32 bytes");
-    String::from_utf8(tag.to_vec()).expect("ASCII")
+    Tag::of(digest).as_str().to_string()
 }
 
 /// What a receipt's `output_hash` covers: the output of a call that succeeded, `{"code": ..}`
@@ -141,9 +176,14 @@ pub fn output_value(status: ReceiptStatus, output: Option<&Value>, code: Option<
 /// `output_hash` of a call that ended with `status`: [`value_hash`] of [`output_value`],
 /// without copying a success's output.
 pub fn output_hash(status: ReceiptStatus, output: Option<&Value>, code: Option<&str>) -> String {
+    output_tag(status, output, code).as_str().to_string()
+}
+
+/// [`output_hash`] on the stack.
+pub fn output_tag(status: ReceiptStatus, output: Option<&Value>, code: Option<&str>) -> Tag {
     match (status, output) {
-        (ReceiptStatus::Ok, Some(output)) => value_hash(output),
-        _ => value_hash(&output_value(status, output, code)),
+        (ReceiptStatus::Ok, Some(output)) => value_tag(output),
+        _ => value_tag(&output_value(status, output, code)),
     }
 }
 
