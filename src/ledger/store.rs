@@ -176,17 +176,24 @@ fn is_number(i: usize) -> bool {
     matches!(i, 10..=12 | 14)
 }
 
+/// A number field of a record: always decimal digits (the record wrote them).
+fn number(v: Option<&[u8]>) -> Result<Option<u64>, StoreError> {
+    v.map(|b| {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            .ok_or(StoreError::Record)
+    })
+    .transpose()
+}
+
 /// A record's field as its column's value: text as the slice of the record it is, numbers
-/// as integers. A number the record holds is always decimal digits (it wrote them).
+/// as integers.
 fn column(i: usize, v: Option<&[u8]>) -> Result<ToSqlOutput<'_>, StoreError> {
     Ok(match v {
         None => ToSqlOutput::Owned(Value::Null),
-        Some(b) if is_number(i) => {
-            let n = std::str::from_utf8(b)
-                .ok()
-                .and_then(|t| t.parse::<u64>().ok())
-                .ok_or(StoreError::Record)?;
-            ToSqlOutput::Owned(Value::Integer(n as i64))
+        Some(_) if is_number(i) => {
+            ToSqlOutput::Owned(Value::Integer(number(v)?.ok_or(StoreError::Record)? as i64))
         }
         Some(b) => ToSqlOutput::Borrowed(ValueRef::Text(b)),
     })
@@ -240,15 +247,10 @@ fn add_spend(conn: &Connection, records: &[Record]) -> Result<(), StoreError> {
         if f[0] != Some(b"inbound") {
             continue;
         }
-        let number = |i: usize| match column(i, f[i]) {
-            Ok(ToSqlOutput::Owned(Value::Integer(n))) => Ok(Some(n as u64)),
-            Ok(_) => Ok(None),
-            Err(e) => Err(e),
-        };
-        let Some(charge) = number(14)?.filter(|c| *c > 0) else {
+        let Some(charge) = number(f[14])?.filter(|c| *c > 0) else {
             continue;
         };
-        let started_at = number(10)?.ok_or(StoreError::Record)?;
+        let started_at = number(f[10])?.ok_or(StoreError::Record)?;
         let consumer = f[4].ok_or(StoreError::Record)?;
         let day = format!("day:{}", day_of(started_at));
         for period in ["total", day.as_str()] {

@@ -128,7 +128,6 @@ pub fn value_tag(value: &Value) -> Tag {
     TEXT.with_borrow_mut(|text| {
         text.clear();
         if carapace_filters::canonical::write_jcs(value, text).is_err() {
-            text.clear();
             *text = serde_json::to_string(value).expect("a Value serializes");
         }
         let tag = Tag::of(&sha2::Sha256::digest(text.as_bytes()).into());
