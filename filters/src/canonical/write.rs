@@ -394,6 +394,23 @@ mod tests {
     }
 
     #[test]
+    fn objects_out_of_order_inside_objects_in_order_are_sorted_in_both_forms() {
+        // The outer object iterates in order; "a" does not in either form ("10" before "9"
+        // by code points), nor its member "9" (U+FF21 before U+1F600 by code points), nor the
+        // array's object in the Skill Gateway form.
+        let text = "{\"a\":{\"10\":1,\"9\":{\"\u{ff21}\":1,\"\u{1f600}\":2}},\"b\":[{\"2\":0,\"10\":0}],\"c\":{}}";
+        assert_eq!(
+            canon(text),
+            "{\"a\":{\"9\":{\"\u{1f600}\":2,\"\u{ff21}\":1},\"10\":1},\"b\":[{\"2\":0,\"10\":0}],\"c\":{}}"
+        );
+        let value = serde_json::from_str(text).expect("test json");
+        assert_eq!(
+            jcs_string(&value).expect("jcs"),
+            "{\"a\":{\"10\":1,\"9\":{\"\u{1f600}\":2,\"\u{ff21}\":1}},\"b\":[{\"10\":0,\"2\":0}],\"c\":{}}"
+        );
+    }
+
+    #[test]
     fn array_index_keys_are_hoisted_in_numeric_order() {
         assert_eq!(
             canon(r#"{"b":1,"10":1,"9":1,"a":1}"#),
