@@ -176,15 +176,17 @@ fn is_number(i: usize) -> bool {
     matches!(i, 10..=12 | 14)
 }
 
-/// A number field of a record: always decimal digits (the record wrote them).
+/// A number field's digits as the number: always decimal (the record wrote them).
+fn digits(b: &[u8]) -> Result<u64, StoreError> {
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|t| t.parse::<u64>().ok())
+        .ok_or(StoreError::Record)
+}
+
+/// A number field of a record, `None` when absent.
 fn number(v: Option<&[u8]>) -> Result<Option<u64>, StoreError> {
-    v.map(|b| {
-        std::str::from_utf8(b)
-            .ok()
-            .and_then(|t| t.parse::<u64>().ok())
-            .ok_or(StoreError::Record)
-    })
-    .transpose()
+    v.map(digits).transpose()
 }
 
 /// A record's field as its column's value: text as the slice of the record it is, numbers
@@ -192,9 +194,7 @@ fn number(v: Option<&[u8]>) -> Result<Option<u64>, StoreError> {
 fn column(i: usize, v: Option<&[u8]>) -> Result<ToSqlOutput<'_>, StoreError> {
     Ok(match v {
         None => ToSqlOutput::Owned(Value::Null),
-        Some(_) if is_number(i) => {
-            ToSqlOutput::Owned(Value::Integer(number(v)?.ok_or(StoreError::Record)? as i64))
-        }
+        Some(b) if is_number(i) => ToSqlOutput::Owned(Value::Integer(digits(b)? as i64)),
         Some(b) => ToSqlOutput::Borrowed(ValueRef::Text(b)),
     })
 }
