@@ -12,8 +12,11 @@ toolchain's own LLVM) joins them into the file build.rs hands to the compiler.
 
 Regenerate after a change on the request path, of the toolchain or of dependencies: a function
 whose code changed since the profile was taken is compiled without it, as before, and the
-compiler warns; `link/check-profile.sh` counts those warnings in a build's log (the image check
-bounds them). Then regenerate link/hot-symbols.txt (bench/symbol_order.py): the profile changes
+compiler warns; and a crate whose compiler hash changed (its dependencies, features, or the
+toolchain) gets none of the profile, silently. So the profile comes with link/profile-crates.txt,
+the crates it was taken from, and `link/check-profile.sh` checks a build against both: those
+crates are the binary's, and the warnings in its log are few (the image check bounds them).
+Then regenerate link/hot-symbols.txt (bench/symbol_order.py): the profile changes
 what is inlined, and so the binary's function names.
 
     python3 bench/pgo.py          # builds the instrumented binary and the load generator
@@ -31,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
 
 PROFILE = c.PROFILE
+CRATES = os.path.join(c.ROOT, "link", "profile-crates.txt")
 TARGETS = ["carapace-full", "carapace-fwd", "carapace-mcp", "carapace-ledger",
            "carapace-provable"]
 INSTRUMENTED = os.path.join(c.ROOT, "target", "pgo-generate")
@@ -94,8 +98,12 @@ def main():
     shutil.rmtree(RAW, ignore_errors=True)
     c.make_certs()
     c.make_configs()
-    # Only the app is started with the others; each target runs on its own.
+    # Only the app is started with the others; each target runs on its own. The app is the
+    # instrumented binary's sample app (a fresh machine has no other build), its counters kept
+    # apart: they are not carapace's request paths.
     c.TARGETS = [t for t in c.TARGETS if t[0] == "direct"]
+    c.CARAPACE = binary
+    os.environ["LLVM_PROFILE_FILE"] = os.path.join(c.OUT, "pgo-app-%p.profraw")
     c.start_targets()
     try:
         for name in TARGETS:
@@ -109,6 +117,19 @@ def main():
     # Sparse: only the functions that ran (a fifth of the size).
     c.run([merge, "merge", "--sparse", "-o", PROFILE, *raw])
     c.log(f"{PROFILE}: {os.path.getsize(PROFILE) // 1024} KiB from {len(raw)} runs")
+    write_crates(merge)
+
+
+def write_crates(merge):
+    """link/profile-crates.txt: the code units (crate.hash-cgu.N) the profile names functions
+    of: a function local to its unit is named `unit;symbol` in it."""
+    out = subprocess.run([merge, "show", "--all-functions", PROFILE], capture_output=True,
+                         text=True, check=True).stdout
+    units = sorted({line.strip().split(";", 1)[0] for line in out.splitlines()
+                    if line.startswith("  ") and not line.startswith("   ") and ";" in line})
+    with open(CRATES, "w") as f:
+        f.writelines(u + "\n" for u in units)
+    c.log(f"{CRATES}: {len(units)} crates")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ hadolint docker/Dockerfile
 
 # The function order (link/hot-symbols.txt) must match the image's binary: a stale one costs
 # several MB of resident code and nothing else would show it. Likewise the profile
-# (link/carapace.profdata): a function changed since it was taken is optimised without it.
+# (link/carapace.profdata): a function changed since it was taken is optimised without it, and
+# a crate whose hash changed (a dependency added, say) gets none of it.
 args=(--build-arg SYMBOL_ORDER_MIN=90 --build-arg PROFILE_CHANGED_MAX=100)
 if [ "${BASES:-local}" = local ]; then
   bash docker/local-bases.sh
