@@ -26,9 +26,13 @@ have=$(mktemp)
 trap 'rm -f "$have"' EXIT
 readelf --debug-dump=info "$bin" 2>/dev/null \
   | grep -o '[A-Za-z0-9_]*\.[0-9a-z]*-cgu\.[0-9]*' | LC_ALL=C sort -u > "$have"
+if [ ! -s "$have" ]; then
+  echo "profile: $bin names no code units (no debug information, or no readelf)" >&2
+fi
 total=$(grep -c . "$crates")
 missing=$(LC_ALL=C sort -u "$crates" | LC_ALL=C comm -23 - "$have")
-echo "profile: $((total - $(printf '%s' "$missing" | grep -c . || true))) of the $total crates it was taken from are in $bin"
+lost=$(printf '%s' "$missing" | grep -c . || true)
+echo "profile: $((total - lost)) of the $total crates it was taken from are in $bin"
 for unit in $missing; do
   echo "profile: ${unit%%.*} ($unit) is not this build's (another hash, or not linked): it gets none of the profile"
 done
