@@ -36,7 +36,7 @@ import compare as c  # noqa: E402
 PROFILE = c.PROFILE
 CRATES = os.path.join(c.ROOT, "link", "profile-crates.txt")
 TARGETS = ["carapace-full", "carapace-fwd", "carapace-mcp", "carapace-ledger",
-           "carapace-provable"]
+           "carapace-provable", "carapace-batched"]
 INSTRUMENTED = os.path.join(c.ROOT, "target", "pgo-generate")
 RAW = os.path.join(c.OUT, "pgo-raw")
 

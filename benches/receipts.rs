@@ -1,7 +1,10 @@
 //! What a signed receipt costs per call, part by part: the hashes of the arguments and the
-//! result, the receipt's RFC 8785 form, the Ed25519 signature, and the whole header value.
+//! result, the receipt's RFC 8785 form, the Ed25519 signature, and the whole header value;
+//! and a batch of `v2` receipts signed at once (one signature, a Merkle tree, one header per
+//! receipt), by batch size.
 
 use carapace::pairing::wire::SigningIdentity;
+use carapace::receipts::batch::sign_batch;
 use carapace::receipts::{
     new_receipt_id, output_hash, rfc3339_ms, value_hash, Receipt, ReceiptStatus,
 };
@@ -46,5 +49,18 @@ fn parts(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parts);
+fn batches(c: &mut Criterion) {
+    let (key, _) = SigningIdentity::generate();
+    let mut g = c.benchmark_group("receipt_batch");
+    for n in [1usize, 4, 16, 64] {
+        let payloads: Vec<String> = (0..n).map(|_| receipt().canonical()).collect();
+        g.throughput(criterion::Throughput::Elements(n as u64));
+        g.bench_function(format!("sign_{n}"), |b| {
+            b.iter(|| sign_batch(&key, black_box(&payloads)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, parts, batches);
 criterion_main!(benches);

@@ -3,6 +3,8 @@
 
 mod common;
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+use base64::Engine as _;
 use carapace::client::{Client, Reply};
 use common::*;
 use serde_json::{json, Value};
@@ -28,6 +30,10 @@ fn python_check(receipt: &str, key: &str, args: &Value, status: &str, output: &V
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn base64_url(part: &str) -> Vec<u8> {
+    B64URL.decode(part).unwrap()
 }
 
 fn receipt_of(r: &Reply) -> String {
@@ -260,6 +266,89 @@ async fn a_gateway_that_flags_receipts_passes_an_answer_signed_with_another_key_
         .metrics
         .encode()
         .contains(r#"carapace_peer_receipts_total{peer="memory-east",status="invalid"} 1"#));
+    gw.shutdown().await;
+    host.shutdown().await;
+}
+
+/// A host with `receipts: { batch: true }` signs the calls that end together once: every
+/// receipt carries its inclusion proof, the gateway requiring receipts verifies each, so does
+/// the independent verifier and `carapace receipts verify`, and the receipts sharing a
+/// signature are exactly the leaves of their batch.
+#[tokio::test]
+async fn batched_receipts_of_concurrent_calls_each_verify_with_their_proof() {
+    let env = Env::new().await;
+    let (host, gw, agent) = paired(
+        &env,
+        "receipts: { batch: true }",
+        ", receipts: require",
+        "",
+        None,
+    )
+    .await;
+    let key = host_key(&env);
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let agent = agent.clone();
+        let args = json!({"query": format!("q{i}"), "delay_ms": 50});
+        calls.spawn(async move { (args.clone(), agent_call(&agent, "memory.query", args).await) });
+    }
+    let mut batches: std::collections::BTreeMap<String, Vec<(u32, u32)>> = Default::default();
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(done) = calls.join_next().await {
+        let (args, reply) = done.unwrap();
+        assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+        assert_eq!(reply.headers["carapace-receipt-status"], "verified");
+        let receipt = receipt_of(&reply);
+        let got = python_check(&receipt, &key, &args, "ok", &reply.json()["result"]);
+        assert_eq!(got["valid"], true, "{got}");
+        assert!(ids.insert(got["receipt"]["receipt_id"].as_str().unwrap().to_string()));
+        let parts: Vec<&str> = receipt.split('.').collect();
+        assert_eq!(parts[0], "v2", "{receipt}");
+        let proof = base64_url(parts[2]);
+        let n = |r: std::ops::Range<usize>| u32::from_be_bytes(proof[r].try_into().unwrap());
+        batches
+            .entry(parts[3].to_string())
+            .or_default()
+            .push((n(0..4), n(4..8)));
+    }
+    for leaves in batches.values_mut() {
+        leaves.sort();
+        let size = leaves[0].1;
+        let want: Vec<(u32, u32)> = (0..size).map(|i| (i, size)).collect();
+        assert_eq!(*leaves, want, "every leaf of each batch, once");
+    }
+    assert_eq!(ids.len(), 8);
+
+    // `carapace receipts verify` checks one offline; a changed size in its proof is found by
+    // every verifier.
+    let args = json!({"query": "last"});
+    let reply = agent_call(&agent, "memory.query", args.clone()).await;
+    let output = reply.json()["result"].clone();
+    let receipt = receipt_of(&reply);
+    let d = env.path();
+    std::fs::write(d.join("args.json"), args.to_string()).unwrap();
+    std::fs::write(d.join("output.json"), output.to_string()).unwrap();
+    let cli = |receipt: &str| {
+        std::fs::write(d.join("receipt"), receipt).unwrap();
+        std::process::Command::new(binary())
+            .args(["receipts", "verify", "--public-key", &key, "--output"])
+            .arg(d.join("output.json"))
+            .arg("--receipt")
+            .arg(d.join("receipt"))
+            .arg("--input")
+            .arg(d.join("args.json"))
+            .output()
+            .unwrap()
+    };
+    assert!(cli(&receipt).status.success());
+    let parts: Vec<&str> = receipt.split('.').collect();
+    let mut proof = base64_url(parts[2]);
+    proof[7] ^= 2;
+    let tampered = format!("v2.{}.{}.{}", parts[1], B64URL.encode(&proof), parts[3]);
+    let got = python_check(&tampered, &key, &args, "ok", &output);
+    assert_eq!(got["valid"], false, "{got}");
+    assert!(carapace::receipts::verify(tampered.as_bytes(), &key).is_err());
+    assert!(!cli(&tampered).status.success());
     gw.shutdown().await;
     host.shutdown().await;
 }

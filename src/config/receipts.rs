@@ -16,9 +16,20 @@ pub struct ReceiptsConfig {
     /// The receipts' `provider`. Default: `pairing.component_id`; required without pairing.
     #[serde(default)]
     pub provider_id: Option<String>,
+    /// Sign the receipts of calls that end together as one batch: one signature over their
+    /// Merkle root, each receipt carrying its inclusion proof (the `v2` form). Far cheaper
+    /// under load; every verifier must read `v2` (carapace does since this form was added).
+    /// Default: off (`v1`, a signature per receipt).
+    #[serde(default)]
+    pub batch: bool,
 }
 
 impl Config {
+    /// Whether receipts are signed in batches (`receipts.batch`).
+    pub fn receipts_batched(&self) -> bool {
+        self.receipts.as_ref().is_some_and(|r| r.batch)
+    }
+
     /// The `provider` receipts name, when this host signs them.
     pub fn receipt_provider(&self) -> Option<String> {
         let r = self.receipts.clone().unwrap_or_default();

@@ -241,7 +241,7 @@ fn metering_layer(cfg: &Loaded, shared: &Shared) -> Option<crate::metering::Mete
 fn ledger_layer(shared: &Shared) -> Option<crate::ledger::LedgerLayer> {
     let ledger = shared.ledger.clone()?;
     let provider: Arc<str> = match &shared.receipts {
-        Some(r) => r.provider.as_str().into(),
+        Some(r) => r.provider().into(),
         None => "self".into(),
     };
     let layer = crate::ledger::LedgerLayer::new(

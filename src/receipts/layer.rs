@@ -11,16 +11,51 @@ use carapace_filters::{BoxFuture, Rejection};
 use serde_json::Value;
 use tower::{Layer, Service};
 
+use super::batch::BatchQueue;
 use super::{
     new_receipt_id, output_hash, rfc3339_ms, value_hash, Receipt, ReceiptNote, ReceiptSlot,
     ReceiptStatus,
 };
 use crate::pairing::wire::SigningIdentity;
 
-/// The tool host's signing key and its component id (the receipts' `provider`).
+/// The tool host's signing key, its component id (the receipts' `provider`), and whether it
+/// signs each receipt alone (`v1`) or in batches (`v2`).
 pub struct ReceiptSigner {
-    pub key: SigningIdentity,
-    pub provider: String,
+    key: SigningIdentity,
+    provider: String,
+    batches: Option<BatchQueue>,
+}
+
+impl ReceiptSigner {
+    /// Each receipt signed alone: the `v1` form.
+    pub fn new(key: SigningIdentity, provider: String) -> Self {
+        ReceiptSigner {
+            key,
+            provider,
+            batches: None,
+        }
+    }
+
+    /// The receipts that end together signed as one batch: the `v2` form ([`super::batch`]).
+    pub fn batched(key: SigningIdentity, provider: String) -> Self {
+        ReceiptSigner {
+            batches: Some(BatchQueue::default()),
+            ..Self::new(key, provider)
+        }
+    }
+
+    /// The receipts' `provider`.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The `Carapace-Receipt` value of `receipt`.
+    pub async fn sign(&self, receipt: &Receipt) -> Option<String> {
+        match &self.batches {
+            None => Some(receipt.encode(&self.key)),
+            Some(batches) => batches.sign(&self.key, receipt.canonical()).await,
+        }
+    }
 }
 
 /// How a call ended, in a receipt's terms: status, the output of a success, the error code
@@ -48,7 +83,7 @@ pub fn ending(
 /// use carapace::receipts::{ReceiptLayer, ReceiptSigner};
 ///
 /// let (key, _seed) = SigningIdentity::generate();
-/// let signer = Arc::new(ReceiptSigner { key, provider: "memory-host".into() });
+/// let signer = Arc::new(ReceiptSigner::batched(key, "memory-host".into()));
 /// let layer = ReceiptLayer::new(signer, Arc::new(carapace_filters::unix_now_ms));
 /// # let _ = layer;
 /// ```
@@ -119,9 +154,9 @@ where
                 executed_at: rfc3339_ms(executed_at),
                 duration_ms: started.elapsed().as_millis() as u64,
             };
-            let encoded = receipt.encode(&signer.key);
+            let encoded = signer.sign(&receipt).await;
             slot.fill(ReceiptNote {
-                encoded: http::HeaderValue::from_str(&encoded).ok(),
+                encoded: encoded.and_then(|e| http::HeaderValue::from_str(&e).ok()),
                 receipt: Some(receipt),
                 status: None,
             });

@@ -10,6 +10,10 @@
 //! receipt's RFC 8785 (JCS) form, `signature` the unpadded base64url of the Ed25519 signature
 //! of exactly those bytes. A decoder refuses a payload that is not already canonical, so one
 //! receipt has one encoding.
+//!
+//! A host that signs in batches ([`batch`]) sends `v2.<payload>.<proof>.<signature>`: the same
+//! payload, its inclusion proof in the RFC 9162 Merkle tree of the receipts signed together
+//! ([`merkle`]), and the signature of that tree's size and root.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
 use base64::Engine as _;
@@ -19,8 +23,10 @@ use sha2::Digest as _;
 
 use crate::pairing::wire::SigningIdentity;
 
+pub mod batch;
 pub mod check;
 pub mod layer;
+pub mod merkle;
 mod slot;
 
 pub use check::{check, Expected, ReceiptMode, Verdict};
@@ -88,6 +94,8 @@ pub enum ReceiptError {
     NotCanonical,
     #[error("the signature does not verify with the provider's key")]
     BadSignature,
+    #[error("the inclusion proof does not fit its index and batch size")]
+    BadProof,
     #[error("the provider's key is not a base64 Ed25519 public key")]
     BadKey,
     #[error("`{field}` does not match: receipt says {got}, expected {want}")]
@@ -105,6 +113,7 @@ impl ReceiptError {
             ReceiptError::Malformed(_) => "malformed",
             ReceiptError::NotCanonical => "not_canonical",
             ReceiptError::BadSignature => "bad_signature",
+            ReceiptError::BadProof => "bad_proof",
             ReceiptError::BadKey => "bad_key",
             ReceiptError::Mismatch { field, .. } => field,
         }
@@ -229,6 +238,52 @@ pub struct Encoded {
     pub receipt: Receipt,
     pub payload: Vec<u8>,
     pub signature: Vec<u8>,
+    /// The receipt's place in its batch (`v2`); `None` for a receipt signed alone (`v1`).
+    pub proof: Option<Proof>,
+}
+
+/// A `v2` receipt's inclusion proof: its leaf's index in a batch of `size`, and the audit path
+/// from the leaf up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    pub index: u32,
+    pub size: u32,
+    pub path: Vec<merkle::Hash>,
+}
+
+impl Proof {
+    fn parse(bytes: &[u8]) -> Result<Proof, ReceiptError> {
+        let bad = ReceiptError::Malformed("proof is not index, size and 32-byte hashes");
+        if bytes.len() < 8
+            || !(bytes.len() - 8).is_multiple_of(32)
+            || bytes.len() > 8 + 32 * merkle::MAX_DEPTH
+        {
+            return Err(bad);
+        }
+        let (head, path) = bytes.split_at(8);
+        Ok(Proof {
+            index: u32::from_be_bytes(head[..4].try_into().expect("4 bytes")),
+            size: u32::from_be_bytes(head[4..].try_into().expect("4 bytes")),
+            path: path
+                .chunks_exact(32)
+                .map(|c| c.try_into().expect("32 bytes"))
+                .collect(),
+        })
+    }
+
+    /// What the batch's signature covers, when the proof leads from `payload` to a root.
+    fn signed_message(&self, payload: &[u8]) -> Result<Vec<u8>, ReceiptError> {
+        let leaf = merkle::leaf_hash(payload);
+        let root = merkle::root_from_path(self.index.into(), self.size.into(), leaf, &self.path)
+            .ok_or(ReceiptError::BadProof)?;
+        Ok(batch::batch_message(self.size.into(), &root))
+    }
+}
+
+fn unbase64(part: &str, what: &'static str) -> Result<Vec<u8>, ReceiptError> {
+    B64URL
+        .decode(part)
+        .map_err(|_| ReceiptError::Malformed(what))
 }
 
 /// Split and decode a `Carapace-Receipt` value. Checks the form only, not the signature.
@@ -237,18 +292,21 @@ pub fn decode(value: &[u8]) -> Result<Encoded, ReceiptError> {
         return Err(ReceiptError::Malformed("longer than 8 KiB"));
     }
     let text = std::str::from_utf8(value).map_err(|_| ReceiptError::Malformed("not UTF-8"))?;
-    let mut parts = text.split('.');
-    let (Some("v1"), Some(payload), Some(sig), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(ReceiptError::Malformed("not v1.<payload>.<signature>"));
+    let parts: Vec<&str> = text.split('.').collect();
+    let (payload, proof, sig) = match parts[..] {
+        ["v1", payload, sig] => (payload, None, sig),
+        ["v2", payload, proof, sig] => (payload, Some(proof), sig),
+        _ => {
+            return Err(ReceiptError::Malformed(
+                "not v1.<payload>.<signature> or v2.<payload>.<proof>.<signature>",
+            ))
+        }
     };
-    let payload = B64URL
-        .decode(payload)
-        .map_err(|_| ReceiptError::Malformed("payload is not unpadded base64url"))?;
-    let signature = B64URL
-        .decode(sig)
-        .map_err(|_| ReceiptError::Malformed("signature is not unpadded base64url"))?;
+    let payload = unbase64(payload, "payload is not unpadded base64url")?;
+    let proof = proof
+        .map(|p| Proof::parse(&unbase64(p, "proof is not unpadded base64url")?))
+        .transpose()?;
+    let signature = unbase64(sig, "signature is not unpadded base64url")?;
     if signature.len() != 64 {
         return Err(ReceiptError::Malformed("signature is not 64 bytes"));
     }
@@ -261,11 +319,13 @@ pub fn decode(value: &[u8]) -> Result<Encoded, ReceiptError> {
         receipt,
         payload,
         signature,
+        proof,
     })
 }
 
 /// Decode and verify a receipt's signature with `public_key_b64` (standard base64 of the
-/// 32-byte Ed25519 key, as a peer record keeps it).
+/// 32-byte Ed25519 key, as a peer record keeps it): over the payload (`v1`), or over the root
+/// its inclusion proof leads to (`v2`).
 pub fn verify(value: &[u8], public_key_b64: &str) -> Result<Receipt, ReceiptError> {
     use base64::engine::general_purpose::STANDARD;
     let encoded = decode(value)?;
@@ -274,8 +334,16 @@ pub fn verify(value: &[u8], public_key_b64: &str) -> Result<Receipt, ReceiptErro
         .ok()
         .filter(|k| k.len() == 32)
         .ok_or(ReceiptError::BadKey)?;
+    let batch_message;
+    let signed: &[u8] = match &encoded.proof {
+        None => &encoded.payload,
+        Some(proof) => {
+            batch_message = proof.signed_message(&encoded.payload)?;
+            &batch_message
+        }
+    };
     ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
-        .verify(&encoded.payload, &encoded.signature)
+        .verify(signed, &encoded.signature)
         .map_err(|_| ReceiptError::BadSignature)?;
     Ok(encoded.receipt)
 }

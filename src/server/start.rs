@@ -214,9 +214,10 @@ fn shared_state(
             .receipt_provider()
             .zip(stores.host.as_ref())
             .map(|(provider, host)| {
-                Arc::new(crate::receipts::ReceiptSigner {
-                    key: host.signing_key(),
-                    provider,
+                let key = host.signing_key();
+                Arc::new(match cfg.config.receipts_batched() {
+                    true => crate::receipts::ReceiptSigner::batched(key, provider),
+                    false => crate::receipts::ReceiptSigner::new(key, provider),
                 })
             });
     let idem = &cfg.config.idempotency;

@@ -1,5 +1,6 @@
 """An independent check of a carapace receipt: Ed25519 (`cryptography`) over the RFC 8785
-form (`rfc8785`), and the input and output hashes recomputed from the call.
+form (`rfc8785`) for `v1`, over the batch's size and RFC 9162 Merkle root (recomputed here
+from the inclusion proof) for `v2`, and the input and output hashes recomputed from the call.
 
 Reads one JSON object on stdin:
   {"receipt": "<Carapace-Receipt value>", "public_key": "<base64 Ed25519 key>",
@@ -27,14 +28,52 @@ def tag(value):
     return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
 
 
+def node(left, right):
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def batch_root(payload, proof):
+    """RFC 9162 section 2.1.3.2: the root an inclusion proof leads to, or None."""
+    if len(proof) < 8 or (len(proof) - 8) % 32:
+        return None
+    index, size = int.from_bytes(proof[:4], "big"), int.from_bytes(proof[4:8], "big")
+    path = [proof[i:i + 32] for i in range(8, len(proof), 32)]
+    if index >= size:
+        return None
+    fn, sn = index, size - 1
+    r = hashlib.sha256(b"\x00" + payload).digest()
+    for p in path:
+        if sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            r = node(p, r)
+            while not fn & 1 and fn:
+                fn >>= 1
+                sn >>= 1
+        else:
+            r = node(r, p)
+        fn >>= 1
+        sn >>= 1
+    if sn:
+        return None
+    return b"carapace receipt batch\x00" + size.to_bytes(8, "big") + r
+
+
 def check(doc):
     parts = doc["receipt"].split(".")
-    if len(parts) != 3 or parts[0] != "v1":
+    if parts[0] == "v1" and len(parts) == 3:
+        payload, sig = b64url(parts[1]), b64url(parts[2])
+        signed = payload
+    elif parts[0] == "v2" and len(parts) == 4:
+        payload, sig = b64url(parts[1]), b64url(parts[3])
+        signed = batch_root(payload, b64url(parts[2]))
+        if signed is None:
+            return "proof"
+    else:
         return "form"
-    payload, sig = b64url(parts[1]), b64url(parts[2])
     key = Ed25519PublicKey.from_public_bytes(base64.b64decode(doc["public_key"]))
     try:
-        key.verify(sig, payload)
+        key.verify(sig, signed)
     except InvalidSignature:
         return "signature"
     receipt = json.loads(payload)
