@@ -318,6 +318,18 @@ async fn batched_receipts_of_concurrent_calls_each_verify_with_their_proof() {
         assert_eq!(*leaves, want, "every leaf of each batch, once");
     }
     assert_eq!(ids.len(), 8);
+    // The host's metrics count the batches' signatures and the receipts they covered.
+    let metrics = host.shared.metrics.encode();
+    let count = |name: &str| -> usize {
+        let line = metrics.lines().find(|l| l.starts_with(name));
+        line.and_then(|l| l.split(' ').nth(1)?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(count("carapace_receipt_batch_receipts_total"), 8);
+    assert_eq!(
+        count("carapace_receipt_batch_signatures_total"),
+        batches.len()
+    );
 
     // `carapace receipts verify` checks one offline; a changed size in its proof is found by
     // every verifier.

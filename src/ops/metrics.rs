@@ -103,6 +103,8 @@ pub struct Metrics {
     circuits: Family<ProviderLabels, Gauge<i64, AtomicI64>>,
     /// The ledger's rows written, entries dropped and calls refused (queue full).
     pub ledger: Arc<crate::ledger::LedgerCounters>,
+    /// Receipts signed in batches (`receipts.batch`): signatures and receipts.
+    pub receipt_batches: Arc<crate::receipts::batch::BatchCounters>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -199,6 +201,17 @@ impl Default for Metrics {
             "Calls refused because the ledger's queue was full (on_full: refuse)",
             ledger.refused.clone(),
         );
+        let receipt_batches = Arc::new(crate::receipts::batch::BatchCounters::default());
+        registry.register(
+            "receipt_batch_signatures",
+            "Signatures over batches of receipts (receipts.batch)",
+            receipt_batches.signatures.clone(),
+        );
+        registry.register(
+            "receipt_batch_receipts",
+            "Receipts signed in batches; over receipt_batch_signatures, the mean batch size",
+            receipt_batches.receipts.clone(),
+        );
         let circuits = Family::<ProviderLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "provider_circuit_open",
@@ -208,6 +221,7 @@ impl Default for Metrics {
         Metrics {
             circuits,
             ledger,
+            receipt_batches,
             receipts,
             registry,
             requests,

@@ -8,10 +8,11 @@
 //! a time a batch is that call alone, so a quiet host adds no more than one turn of its loop;
 //! under load one signature serves many calls.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
 use base64::Engine as _;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
 use super::merkle::{self, Hash};
@@ -68,10 +69,19 @@ pub fn sign_batch(key: &SigningIdentity, payloads: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The signatures batches made and the receipts they covered: over a time, the second's
+/// growth divided by the first's is the mean batch size. Exported as metrics.
+#[derive(Debug, Default)]
+pub struct BatchCounters {
+    pub signatures: Counter,
+    pub receipts: Counter,
+}
+
 /// The receipts waiting for their batch's signature.
 #[derive(Default)]
 pub struct BatchQueue {
     queue: Mutex<Queue>,
+    counters: Arc<BatchCounters>,
 }
 
 #[derive(Default)]
@@ -87,6 +97,14 @@ struct Waiting {
 }
 
 impl BatchQueue {
+    /// A queue that counts its batches into `counters`.
+    pub fn counting(counters: Arc<BatchCounters>) -> Self {
+        BatchQueue {
+            queue: Mutex::default(),
+            counters,
+        }
+    }
+
     /// The `v2` header value for `payload`, signed with the others that end in this turn of
     /// the event loop. `None` only if the signing panicked.
     pub async fn sign(&self, key: &SigningIdentity, payload: String) -> Option<String> {
@@ -124,6 +142,8 @@ impl BatchQueue {
             };
             let (payloads, replies): (Vec<String>, Vec<_>) =
                 batch.into_iter().map(|w| (w.payload, w.reply)).unzip();
+            self.counters.signatures.inc();
+            self.counters.receipts.inc_by(payloads.len() as u64);
             for (reply, value) in replies.into_iter().zip(sign_batch(key, &payloads)) {
                 // A call dropped while it waited no longer wants its receipt.
                 let _ = reply.send(value);
@@ -261,7 +281,10 @@ mod tests {
     #[tokio::test]
     async fn calls_ending_in_one_turn_share_a_signature_and_a_lone_call_is_its_own_batch() {
         let public = key().public_key_b64();
-        let signer = Arc::new(ReceiptSigner::batched(key(), "memory-host".into()));
+        let counters = Arc::new(BatchCounters::default());
+        let signer = Arc::new(
+            ReceiptSigner::batched(key(), "memory-host".into()).counting(counters.clone()),
+        );
         let tasks: Vec<_> = (0..40)
             .map(|i| {
                 let signer = signer.clone();
@@ -282,6 +305,10 @@ mod tests {
         }
         indexes.sort();
         assert_eq!(indexes, (0..40).collect::<Vec<_>>());
+        assert_eq!(
+            (counters.signatures.get(), counters.receipts.get()),
+            (1, 40)
+        );
 
         // One call at a time: a batch of one, with an empty path.
         for i in 0..3 {
@@ -289,6 +316,10 @@ mod tests {
             assert_eq!(proof_of(&value), (0, 1, 0));
             assert_eq!(verify(value.as_bytes(), &public), Ok(receipt(i)));
         }
+        assert_eq!(
+            (counters.signatures.get(), counters.receipts.get()),
+            (4, 43)
+        );
     }
 
     #[tokio::test]

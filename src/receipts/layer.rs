@@ -11,7 +11,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use serde_json::Value;
 use tower::{Layer, Service};
 
-use super::batch::BatchQueue;
+use super::batch::{BatchCounters, BatchQueue};
 use super::{
     new_receipt_id, output_hash, rfc3339_ms, value_hash, Receipt, ReceiptNote, ReceiptSlot,
     ReceiptStatus,
@@ -42,6 +42,14 @@ impl ReceiptSigner {
             batches: Some(BatchQueue::default()),
             ..Self::new(key, provider)
         }
+    }
+
+    /// Batches counted into `counters` (a signer that signs each receipt alone has none).
+    pub fn counting(mut self, counters: Arc<BatchCounters>) -> Self {
+        if self.batches.is_some() {
+            self.batches = Some(BatchQueue::counting(counters));
+        }
+        self
     }
 
     /// The receipts' `provider`.

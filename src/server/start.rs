@@ -216,7 +216,8 @@ fn shared_state(
             .map(|(provider, host)| {
                 let key = host.signing_key();
                 Arc::new(match cfg.config.receipts_batched() {
-                    true => crate::receipts::ReceiptSigner::batched(key, provider),
+                    true => crate::receipts::ReceiptSigner::batched(key, provider)
+                        .counting(metrics.receipt_batches.clone()),
                     false => crate::receipts::ReceiptSigner::new(key, provider),
                 })
             });
