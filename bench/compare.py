@@ -77,6 +77,7 @@ TARGETS = [
     ("carapace-ledger", "carapace full stack + ledger", 9447),
     ("carapace-provable", "carapace full stack + ledger + receipts", 9448),
     ("carapace-batched", "carapace full stack + ledger + batched receipts", 9449),
+    ("carapace-receipts", "carapace full stack + batched receipts (no ledger)", 9450),
 ]
 # The full stack's configuration, and what each variant of it adds.
 FULL_VARIANTS = {
@@ -85,6 +86,7 @@ FULL_VARIANTS = {
     "carapace-provable": (9448, "ledger: {}\nreceipts: { sign: true, provider_id: bench-host }\n"),
     "carapace-batched": (9449, "ledger: {}\nreceipts: { sign: true, provider_id: bench-host, "
                                "batch: true }\n"),
+    "carapace-receipts": (9450, "receipts: { sign: true, provider_id: bench-host, batch: true }\n"),
 }
 CARAPACES = ["carapace-fwd", "carapace-mcp", *FULL_VARIANTS]
 PORT = {n: port for n, _, port in TARGETS}
@@ -872,7 +874,7 @@ def provable_cost(results):
     R = results["targets"]
     full = R.get("carapace-full", {}).get("summary", {})
     lines = []
-    for n in ("carapace-ledger", "carapace-provable", "carapace-batched"):
+    for n in ("carapace-ledger", "carapace-provable", "carapace-batched", "carapace-receipts"):
         s = R.get(n, {}).get("summary", {})
         a, b = s.get("throughput_rps"), full.get("throughput_rps")
         ca, cb = s.get("cpu_ms_per_1k"), full.get("cpu_ms_per_1k")
