@@ -276,6 +276,19 @@ def receipt():
     pretty = json.dumps(body, indent=1).encode()
     yield "v1." + enc(pretty) + "." + enc(key.sign(pretty))
     yield "v1.e30." + enc(bytes(64))
+    # v2: a batch of two (RFC 9162 leaves and root), then a proof that is too short and one
+    # whose index is past its size.
+    import hashlib as h
+    raws = [json.dumps({**body, "receipt_id": "rcpt_" + f"{i:02x}" * 12}, separators=(",", ":"),
+                       sort_keys=True).encode() for i in range(2)]
+    leaves = [h.sha256(b"\0" + r).digest() for r in raws]
+    root = h.sha256(b"\1" + leaves[0] + leaves[1]).digest()
+    sig = key.sign(b"carapace receipt batch\0" + (2).to_bytes(8, "big") + root)
+    for i, raw in enumerate(raws):
+        proof = i.to_bytes(4, "big") + (2).to_bytes(4, "big") + leaves[1 - i]
+        yield "v2." + enc(raw) + "." + enc(proof) + "." + enc(sig)
+    yield "v2." + enc(raws[0]) + "." + enc(bytes(7)) + "." + enc(sig)
+    yield "v2." + enc(raws[0]) + "." + enc((5).to_bytes(4, "big") + (2).to_bytes(4, "big")) + "." + enc(sig)
 
 
 def app_answer():
