@@ -5,6 +5,7 @@ move with the machine's noise, for comparing two builds on a change too small fo
     python3 bench/instructions.py [--no-build] [--only carapace-full,carapace-fwd,carapace-mcp]
                                   [--baseline BIN] [--rate 100] [--duration 10]
     python3 bench/instructions.py --only carapace-fwd,nginx,haproxy [--cache-sim]
+    python3 bench/instructions.py --only carapace-full,carapace-receipts --closed 32
 
 Same setup as bench/compare.py (its certificates, configurations and load generator; the app
 runs natively). Each target (carapace's, and nginx and HAProxy when named: their worker
@@ -15,6 +16,10 @@ measured window is counted and dumped. The result is the user-space instructions
 the window divided by the requests answered in it: all of the proxy's own work for a call,
 its TLS, HTTP, JSON and the event loop's turns, and nothing of the kernel's. At a fixed, low
 rate every request is served on its own, so the event loop's cost per wake-up is included.
+`--closed N` loads with N connections in a closed loop instead (each sends its next request as
+soon as its last is answered): the proxy, slowed by callgrind, always has calls waiting, so the
+work that is shared by calls that end together (a batch of receipts' one signature, a turn of
+the event loop) is counted as it is spread at saturation.
 Writes bench/out/instructions.json and a table to stdout; the dumps stay in bench/out.
 
 `--cache-sim` also has callgrind simulate the caches and the branch predictor (its model of
@@ -81,8 +86,9 @@ def totals(pid):
     raise RuntimeError(f"no totals in {dumps[-1]}")
 
 
-def measure(target, pid, rate, duration):
-    load = ["--mode", "rate", "--rate", str(rate), "--connections", "4"]
+def measure(target, pid, rate, duration, closed=None):
+    load = (["--mode", "closed", "--connections", str(closed)] if closed
+            else ["--mode", "rate", "--rate", str(rate), "--connections", "4"])
     control(pid, "-i", "on")
     warm = c.loadgen(target, load, 5, 0)
     if "error" in warm or warm.get("errors"):
@@ -107,6 +113,8 @@ def main():
     ap.add_argument("--baseline", metavar="BIN",
                     help="also count the same targets run by this carapace binary")
     ap.add_argument("--rate", type=int, default=100)
+    ap.add_argument("--closed", type=int, metavar="N",
+                    help="load with N connections in a closed loop instead of at --rate")
     ap.add_argument("--duration", type=float, default=10)
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--cache-sim", action="store_true",
@@ -130,7 +138,7 @@ def main():
                 continue
             # The process that serves: nginx's worker (the last of its tree), else the one.
             pid = c.proc_tree(procs[name].pid)[-1]
-            results[name] = measure((name, port), pid, args.rate, args.duration)
+            results[name] = measure((name, port), pid, args.rate, args.duration, args.closed)
             c.log(f"{name}: {json.dumps(results[name])}")
     finally:
         c.stop_all()
