@@ -35,14 +35,24 @@ pub fn batch_message(size: u64, root: &Hash) -> Vec<u8> {
     msg
 }
 
-/// A receipt's inclusion proof as the `v2` form carries it: index and size (4 bytes each,
-/// big-endian), then the audit path's hashes from the leaf up.
-pub fn proof_bytes(index: u32, size: u32, path: &[Hash]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + 32 * path.len());
-    out.extend_from_slice(&index.to_be_bytes());
-    out.extend_from_slice(&size.to_be_bytes());
-    path.iter().for_each(|h| out.extend_from_slice(h));
-    out
+/// The longest proof: index, size and a path as deep as a tree gets.
+const PROOF_BYTES: usize = 8 + 32 * merkle::MAX_DEPTH;
+
+/// A receipt's inclusion proof as the `v2` form carries it, written into `out`: index and size
+/// (4 bytes each, big-endian), then the audit path's hashes from the leaf up. The part of
+/// `out` that holds it is returned.
+fn write_proof<'a>(
+    index: u32,
+    size: u32,
+    path: &[Hash],
+    out: &'a mut [u8; PROOF_BYTES],
+) -> &'a [u8] {
+    out[..4].copy_from_slice(&index.to_be_bytes());
+    out[4..8].copy_from_slice(&size.to_be_bytes());
+    for (slot, h) in out[8..].chunks_exact_mut(32).zip(path) {
+        slot.copy_from_slice(h);
+    }
+    &out[..8 + 32 * path.len()]
 }
 
 /// Sign `payloads` (receipts' RFC 8785 forms) as one batch: each one's `v2` header value.
@@ -55,16 +65,24 @@ pub fn sign_batch(key: &SigningIdentity, payloads: &[String]) -> Vec<String> {
     let (root, paths) = merkle::tree(&leaves);
     let size = payloads.len() as u32;
     let sig = B64URL.encode(key.sign_bytes(&batch_message(size.into(), &root)));
+    let mut proof = [0u8; PROOF_BYTES];
     payloads
         .iter()
         .zip(paths)
         .enumerate()
         .map(|(i, (payload, path))| {
-            format!(
-                "v2.{}.{}.{sig}",
-                B64URL.encode(payload),
-                B64URL.encode(proof_bytes(i as u32, size, &path))
-            )
+            let proof = write_proof(i as u32, size, &path, &mut proof);
+            let encoded = |n: usize| n.div_ceil(3) * 4;
+            let mut value = String::with_capacity(
+                5 + encoded(payload.len()) + encoded(proof.len()) + sig.len(),
+            );
+            value.push_str("v2.");
+            B64URL.encode_string(payload, &mut value);
+            value.push('.');
+            B64URL.encode_string(proof, &mut value);
+            value.push('.');
+            value.push_str(&sig);
+            value
         })
         .collect()
 }

@@ -164,7 +164,7 @@ where
             };
             let encoded = signer.sign(&receipt).await;
             slot.fill(ReceiptNote {
-                encoded: encoded.and_then(|e| http::HeaderValue::from_str(&e).ok()),
+                encoded: encoded.and_then(|e| http::HeaderValue::try_from(e).ok()),
                 receipt: Some(receipt),
                 status: None,
             });

@@ -31,7 +31,11 @@ fn node_hash(left: &Hash, right: &Hash) -> Hash {
 /// The root over `leaves` (leaf hashes, at least one) and each leaf's audit path, bottom-up.
 pub fn tree(leaves: &[Hash]) -> (Hash, Vec<Vec<Hash>>) {
     assert!(!leaves.is_empty(), "a tree has a leaf");
-    let mut paths = vec![Vec::new(); leaves.len()];
+    // Every path is at most as long as the deepest one, the bits of `n - 1`.
+    let depth = (usize::BITS - (leaves.len() - 1).leading_zeros()) as usize;
+    let mut paths: Vec<Vec<Hash>> = (0..leaves.len())
+        .map(|_| Vec::with_capacity(depth))
+        .collect();
     let root = build(leaves, &mut paths);
     (root, paths)
 }

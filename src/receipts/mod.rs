@@ -197,16 +197,32 @@ pub fn output_tag(status: ReceiptStatus, output: Option<&Value>, code: Option<&s
 
 /// A new receipt id.
 pub fn new_receipt_id() -> String {
-    format!("rcpt_{}", hex::encode(rand::random::<[u8; 12]>()))
+    let mut id = *b"rcpt_000000000000000000000000";
+    hex::encode_to_slice(rand::random::<[u8; 12]>(), &mut id[5..]).expect("24 digits");
+    String::from_utf8(id.to_vec()).expect("ASCII")
 }
 
-/// Unix milliseconds as RFC 3339 UTC with milliseconds (`2026-11-26T12:00:00.123Z`).
+/// Unix milliseconds as RFC 3339 UTC with milliseconds (`2026-11-26T12:00:00.123Z`), for
+/// years up to 9999.
 pub fn rfc3339_ms(unix_ms: u64) -> String {
-    let secs = (unix_ms / 1000) as i64;
-    let ms = (unix_ms % 1000) as u32;
-    let t = crate::pairing::wire::GoTime::from_unix(secs, 0).expect("a time after 1970");
-    let base = t.to_rfc3339_nano().expect("a year below 10000");
-    format!("{}.{ms:03}Z", base.trim_end_matches('Z'))
+    let (days, ms_of_day) = (unix_ms / 86_400_000, unix_ms % 86_400_000);
+    let (year, month, day) = crate::pairing::wire::civil_from_days(days as i64);
+    assert!(year <= 9999, "a year below 10000");
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut n: u64| {
+        for i in (at..at + width).rev() {
+            text[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    put(0, 4, year as u64);
+    put(5, 2, month.into());
+    put(8, 2, day.into());
+    put(11, 2, ms_of_day / 3_600_000);
+    put(14, 2, ms_of_day / 60_000 % 60);
+    put(17, 2, ms_of_day / 1000 % 60);
+    put(20, 3, ms_of_day % 1000);
+    String::from_utf8(text.to_vec()).expect("ASCII")
 }
 
 impl Receipt {
@@ -219,15 +235,61 @@ impl Receipt {
     /// The RFC 8785 form, if there is one: none when `duration_ms` is an integer no double
     /// holds exactly (above 2^53), as a receipt from elsewhere may claim.
     fn try_canonical(&self) -> Option<String> {
-        let value = serde_json::to_value(self).expect("a receipt serializes");
-        carapace_filters::canonical::jcs_string(&value).ok()
+        if self.duration_ms > 1 << 53 {
+            // Past 2^53 only some integers have a form; the general writer knows which.
+            let value = serde_json::to_value(self).expect("a receipt serializes");
+            return carapace_filters::canonical::jcs_string(&value).ok();
+        }
+        Some(self.jcs_members())
+    }
+
+    /// The RFC 8785 form written member by member: the names in their sorted order (all
+    /// ASCII, so UTF-16 order is byte order), each string escaped as `JSON.stringify` does,
+    /// and `duration_ms` (at most 2^53) as its plain digits.
+    fn jcs_members(&self) -> String {
+        use carapace_filters::canonical::write_canonical_str as string;
+        let strings = [
+            &self.consumer,
+            &self.executed_at,
+            &self.input_hash,
+            &self.output_hash,
+            &self.provider,
+            &self.receipt_id,
+            &self.tool,
+        ];
+        let mut out = String::with_capacity(160 + strings.iter().map(|s| s.len()).sum::<usize>());
+        out.push_str("{\"consumer\":");
+        string(&self.consumer, &mut out);
+        out.push_str(",\"duration_ms\":");
+        out.push_str(itoa::Buffer::new().format(self.duration_ms));
+        for (name, value) in [
+            (",\"executed_at\":", &self.executed_at),
+            (",\"input_hash\":", &self.input_hash),
+            (",\"output_hash\":", &self.output_hash),
+            (",\"provider\":", &self.provider),
+            (",\"receipt_id\":", &self.receipt_id),
+        ] {
+            out.push_str(name);
+            string(value, &mut out);
+        }
+        out.push_str(",\"status\":\"");
+        out.push_str(self.status.as_str());
+        out.push_str("\",\"tool\":");
+        string(&self.tool, &mut out);
+        out.push('}');
+        out
     }
 
     /// Sign and encode: the `Carapace-Receipt` header value.
     pub fn encode(&self, key: &SigningIdentity) -> String {
         let payload = self.canonical();
         let sig = key.sign_bytes(payload.as_bytes());
-        format!("v1.{}.{}", B64URL.encode(payload), B64URL.encode(sig))
+        let mut value = String::with_capacity(4 + (payload.len() + sig.len()) * 4 / 3 + 4);
+        value.push_str("v1.");
+        B64URL.encode_string(payload, &mut value);
+        value.push('.');
+        B64URL.encode_string(sig, &mut value);
+        value
     }
 }
 

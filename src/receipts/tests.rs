@@ -261,3 +261,81 @@ fn a_digest_is_tagged_as_sha256_and_lowercase_hex() {
         )
     );
 }
+
+/// The form a receipt signs, as the general RFC 8785 writer gives it for the receipt's JSON.
+fn general_jcs(r: &Receipt) -> Option<String> {
+    carapace_filters::canonical::jcs_string(&serde_json::to_value(r).unwrap()).ok()
+}
+
+#[test]
+fn the_member_by_member_form_is_the_general_writers_for_any_strings_and_durations() {
+    let strings = [
+        "",
+        "memory.query",
+        "é ü 日本 🦀",
+        "quote \" backslash \\ slash /",
+        "\u{0}\u{1}\u{8}\t\n\u{b}\u{c}\r\u{1f}\u{7f}",
+        "\u{2028}\u{2029}\u{fffd}",
+    ];
+    let durations = [0, 1, 4, 999, 1 << 32, (1 << 53) - 1, 1 << 53];
+    for (i, s) in strings.iter().enumerate() {
+        for d in durations {
+            let mut r = receipt();
+            r.duration_ms = d;
+            match i % 3 {
+                0 => r.tool = s.to_string(),
+                1 => r.consumer = s.to_string(),
+                _ => r.provider = s.to_string(),
+            }
+            r.executed_at = s.to_string();
+            r.status = [
+                ReceiptStatus::Ok,
+                ReceiptStatus::Error,
+                ReceiptStatus::Timeout,
+            ][i % 3];
+            assert_eq!(r.try_canonical(), general_jcs(&r), "{s:?} {d}");
+            assert_eq!(decode(r.encode(&key()).as_bytes()).unwrap().receipt, r);
+        }
+    }
+    // Past 2^53 the general writer decides: some integers have a form, others none.
+    for d in [(1 << 53) + 1, 1 << 54, 12_345_678_901_234_567_000, u64::MAX] {
+        let mut r = receipt();
+        r.duration_ms = d;
+        assert_eq!(r.try_canonical(), general_jcs(&r), "{d}");
+    }
+    assert!(general_jcs(&Receipt {
+        duration_ms: 1 << 54,
+        ..receipt()
+    })
+    .is_some());
+}
+
+#[test]
+fn times_are_written_as_go_writes_them_with_milliseconds() {
+    let go = |unix_ms: u64| {
+        let t = crate::pairing::wire::GoTime::from_unix((unix_ms / 1000) as i64, 0).unwrap();
+        let base = t.to_rfc3339_nano().unwrap();
+        format!("{}.{:03}Z", base.trim_end_matches('Z'), unix_ms % 1000)
+    };
+    let mut at = 0u64;
+    // A day every 29 from 1970 to 9999 (leap days and the turns of years among them), at a
+    // time of day that moves with it.
+    while at < 253_402_300_799_999 {
+        assert_eq!(rfc3339_ms(at), go(at), "{at}");
+        at += 86_400_000 * 29 + 3_723_457;
+    }
+    assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(rfc3339_ms(951_782_400_001), "2000-02-29T00:00:00.001Z");
+    assert_eq!(rfc3339_ms(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+}
+
+#[test]
+fn receipt_ids_are_rcpt_and_24_lowercase_hex_digits_each_new() {
+    let a = new_receipt_id();
+    assert_eq!(a.len(), 29);
+    assert!(a.starts_with("rcpt_"));
+    assert!(a[5..]
+        .bytes()
+        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+    assert_ne!(a, new_receipt_id());
+}

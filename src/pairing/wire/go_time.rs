@@ -213,8 +213,9 @@ pub(super) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Inverse of [`days_from_civil`].
-pub(super) fn civil_from_days(days: i64) -> (i64, u32, u32) {
+/// The proleptic Gregorian (year, month, day) of `days` since 1970-01-01 (the inverse of
+/// `days_from_civil`).
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;

@@ -53,7 +53,7 @@ pub use error::WireError;
 mod go_json;
 pub use go_json::{append_go_json_string, go_json_string};
 mod go_time;
-pub use go_time::GoTime;
+pub use go_time::{civil_from_days, GoTime};
 mod signing;
 pub use signing::{verify, SigningIdentity};
 mod messages;
