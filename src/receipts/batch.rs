@@ -72,9 +72,8 @@ pub fn sign_batch(key: &SigningIdentity, payloads: &[String]) -> Vec<String> {
         .enumerate()
         .map(|(i, (payload, path))| {
             let proof = write_proof(i as u32, size, &path, &mut proof);
-            let encoded = |n: usize| n.div_ceil(3) * 4;
             let mut value = String::with_capacity(
-                5 + encoded(payload.len()) + encoded(proof.len()) + sig.len(),
+                5 + super::b64_len(payload.len()) + super::b64_len(proof.len()) + sig.len(),
             );
             value.push_str("v2.");
             B64URL.encode_string(payload, &mut value);

@@ -248,16 +248,8 @@ impl Receipt {
     /// and `duration_ms` (at most 2^53) as its plain digits.
     fn jcs_members(&self) -> String {
         use carapace_filters::canonical::write_canonical_str as string;
-        let strings = [
-            &self.consumer,
-            &self.executed_at,
-            &self.input_hash,
-            &self.output_hash,
-            &self.provider,
-            &self.receipt_id,
-            &self.tool,
-        ];
-        let mut out = String::with_capacity(160 + strings.iter().map(|s| s.len()).sum::<usize>());
+        // About 330 bytes for a receipt with short names; longer ones grow it once.
+        let mut out = String::with_capacity(384);
         out.push_str("{\"consumer\":");
         string(&self.consumer, &mut out);
         out.push_str(",\"duration_ms\":");
@@ -284,7 +276,7 @@ impl Receipt {
     pub fn encode(&self, key: &SigningIdentity) -> String {
         let payload = self.canonical();
         let sig = key.sign_bytes(payload.as_bytes());
-        let mut value = String::with_capacity(4 + (payload.len() + sig.len()) * 4 / 3 + 4);
+        let mut value = String::with_capacity(4 + b64_len(payload.len()) + b64_len(sig.len()));
         value.push_str("v1.");
         B64URL.encode_string(payload, &mut value);
         value.push('.');
@@ -340,6 +332,11 @@ impl Proof {
             .ok_or(ReceiptError::BadProof)?;
         Ok(batch::batch_message(self.size.into(), &root))
     }
+}
+
+/// The length of `n` bytes in unpadded base64url.
+pub(crate) fn b64_len(n: usize) -> usize {
+    base64::encoded_len(n, false).expect("a header value's length")
 }
 
 fn unbase64(part: &str, what: &'static str) -> Result<Vec<u8>, ReceiptError> {
