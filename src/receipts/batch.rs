@@ -2,12 +2,19 @@
 //! ended together, each receipt carrying its inclusion proof (the `v2` form, see
 //! [`super::decode`]).
 //!
-//! The first call to ask for a signature leads: it lets the event loop run once more (every
-//! call that ends in the same turn joins the queue), then signs what queued up and hands each
-//! call its header value. A call that asks while another leads waits for it. With one call at
-//! a time a batch is that call alone, so a quiet host adds no more than one turn of its loop;
-//! under load one signature serves many calls.
+//! The first call to ask for a signature leads. When other calls are still under way (started,
+//! not yet asking), it lets the event loop run once more, so every call that ends in the same
+//! turn joins the queue; then it signs what queued up and hands each call its header value. A
+//! call that asks while another leads waits for it. A call that ends while no other is under
+//! way signs at once: nothing could join it, so a quiet host adds no turn of its loop (and no
+//! poll of its I/O for nothing), while under load one signature serves many calls.
+//!
+//! ```text
+//! others under way:  A ends, leads | B, C end and queue | A signs A, B, C
+//! none under way:    A ends, leads, signs A
+//! ```
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
@@ -98,8 +105,17 @@ pub struct BatchCounters {
 #[derive(Default)]
 pub struct BatchQueue {
     queue: Mutex<Queue>,
+    /// Calls started and not yet asking for their signature: those that could still join the
+    /// batch a leader collects.
+    under_way: AtomicUsize,
     counters: Arc<BatchCounters>,
 }
+
+/// A call counted as under way: from [`BatchQueue::start`] until it asks for its signature
+/// ([`BatchQueue::sign`]) or ends without one ([`BatchQueue::abandon`]).
+#[derive(Debug)]
+#[must_use = "a started call is counted until it is given back to sign or abandon"]
+pub struct Started(());
 
 #[derive(Default)]
 struct Queue {
@@ -117,25 +133,49 @@ impl BatchQueue {
     /// A queue that counts its batches into `counters`.
     pub fn counting(counters: Arc<BatchCounters>) -> Self {
         BatchQueue {
-            queue: Mutex::default(),
             counters,
+            ..BatchQueue::default()
         }
     }
 
+    /// Count a call as under way: a leader that asks while it is waits a turn for it.
+    pub fn start(&self) -> Started {
+        // Relaxed: the count orders nothing else; it only decides whether a leader waits.
+        self.under_way.fetch_add(1, Ordering::Relaxed);
+        Started(())
+    }
+
+    /// A started call that will not ask for a signature (it was dropped first).
+    pub fn abandon(&self, started: Started) {
+        let Started(()) = started;
+        self.under_way.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// The `v2` header value for `payload`, signed with the others that end in this turn of
-    /// the event loop. `None` only if the signing panicked.
-    pub async fn sign(&self, key: &SigningIdentity, payload: String) -> Option<String> {
+    /// the event loop (none if no other call is under way). `None` only if the signing
+    /// panicked.
+    pub async fn sign(
+        &self,
+        key: &SigningIdentity,
+        payload: String,
+        started: Started,
+    ) -> Option<String> {
         let (reply, signed) = oneshot::channel();
         let leads = {
             let mut q = self.lock();
             q.waiting.push(Waiting { payload, reply });
             !std::mem::replace(&mut q.led, true)
         };
+        // Queued: no longer a call that could join.
+        self.abandon(started);
         if leads {
-            // The guard signs the batch when dropped: after the turn below, or at once if
-            // this call is dropped first, so no waiting call is left without its receipt.
+            // The guard signs the batch when dropped: at once when no other call is under
+            // way, after the turn below, or when this call is dropped first, so no waiting
+            // call is left without its receipt.
             let _leader = Leader { queue: self, key };
-            tokio::task::yield_now().await;
+            if self.under_way.load(Ordering::Relaxed) > 0 {
+                tokio::task::yield_now().await;
+            }
         }
         signed.await.ok()
     }
@@ -302,11 +342,13 @@ mod tests {
         let signer = Arc::new(
             ReceiptSigner::batched(key(), "memory-host".into()).counting(counters.clone()),
         );
-        let tasks: Vec<_> = (0..40)
-            .map(|i| {
-                let signer = signer.clone();
-                tokio::spawn(async move { signer.sign(&receipt(i)).await.unwrap() })
-            })
+        // Forty calls under way at once, as on a busy host: the first to end waits a turn and
+        // the others join it.
+        let calls: Vec<_> = (0..40).map(|_| signer.clone().start()).collect();
+        let tasks: Vec<_> = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, call)| tokio::spawn(async move { call.sign(&receipt(i)).await.unwrap() }))
             .collect();
         let mut signed = Vec::new();
         for t in tasks {
@@ -327,9 +369,15 @@ mod tests {
             (1, 40)
         );
 
-        // One call at a time: a batch of one, with an empty path.
+        // One call at a time: a batch of one, with an empty path, signed in the call's own
+        // turn (nothing else is under way to wait for).
+        let mut cx = Context::from_waker(Waker::noop());
         for i in 0..3 {
-            let value = signer.sign(&receipt(i)).await.unwrap();
+            let r = receipt(i);
+            let mut lone = pin!(signer.clone().start().sign(&r));
+            let Poll::Ready(Some(value)) = lone.as_mut().poll(&mut cx) else {
+                panic!("a lone call waited a turn of the event loop");
+            };
             assert_eq!(proof_of(&value), (0, 1, 0));
             assert_eq!(verify(value.as_bytes(), &public), Ok(receipt(i)));
         }
@@ -340,14 +388,47 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_leader_dropped_before_it_signed_still_signs_the_calls_waiting_on_it() {
+    async fn a_leader_waits_one_turn_for_a_call_under_way_and_not_for_one_dropped() {
         let public = key().public_key_b64();
-        let signer = ReceiptSigner::batched(key(), "memory-host".into());
+        let signer = Arc::new(ReceiptSigner::batched(key(), "memory-host".into()));
         let mut cx = Context::from_waker(Waker::noop());
         let (r0, r1) = (receipt(0), receipt(1));
-        let mut leader = Box::pin(signer.sign(&r0));
+        let (a, b) = (signer.clone().start(), signer.clone().start());
+        let mut leader = pin!(a.sign(&r0));
+        assert!(
+            leader.as_mut().poll(&mut cx).is_pending(),
+            "signed before the call under way could join"
+        );
+        let mut follower = pin!(b.sign(&r1));
+        assert!(follower.as_mut().poll(&mut cx).is_pending());
+        let value = leader.await.unwrap();
+        assert_eq!(proof_of(&value), (0, 2, 1));
+        assert_eq!(verify(value.as_bytes(), &public), Ok(receipt(0)));
+        let value = follower.await.unwrap();
+        assert_eq!(proof_of(&value), (1, 2, 1));
+
+        // A call dropped before it ended (its future never polled) is no longer under way:
+        // the next call to end does not wait for it.
+        let (a, b) = (signer.clone().start(), signer.clone().start());
+        let r2 = receipt(2);
+        drop(b.sign(&r1));
+        let mut alone = pin!(a.sign(&r2));
+        let Poll::Ready(Some(value)) = alone.as_mut().poll(&mut cx) else {
+            panic!("waited for a call that was dropped");
+        };
+        assert_eq!(proof_of(&value), (0, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_leader_dropped_before_it_signed_still_signs_the_calls_waiting_on_it() {
+        let public = key().public_key_b64();
+        let signer = Arc::new(ReceiptSigner::batched(key(), "memory-host".into()));
+        let mut cx = Context::from_waker(Waker::noop());
+        let (r0, r1) = (receipt(0), receipt(1));
+        let (a, b) = (signer.clone().start(), signer.clone().start());
+        let mut leader = Box::pin(a.sign(&r0));
         assert!(leader.as_mut().poll(&mut cx).is_pending());
-        let mut follower = pin!(signer.sign(&r1));
+        let mut follower = pin!(b.sign(&r1));
         assert!(follower.as_mut().poll(&mut cx).is_pending());
         drop(leader);
         let Poll::Ready(Some(value)) = follower.as_mut().poll(&mut cx) else {
@@ -357,7 +438,7 @@ mod tests {
         assert_eq!(proof_of(&value), (1, 2, 1));
 
         // The lead is free again: the next call signs its own batch.
-        let value = signer.sign(&receipt(2)).await.unwrap();
+        let value = signer.clone().start().sign(&receipt(2)).await.unwrap();
         assert_eq!(proof_of(&value), (0, 1, 0));
     }
 

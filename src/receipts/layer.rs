@@ -11,7 +11,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use serde_json::Value;
 use tower::{Layer, Service};
 
-use super::batch::{BatchCounters, BatchQueue};
+use super::batch::{BatchCounters, BatchQueue, Started};
 use super::{
     new_receipt_id, output_hash, rfc3339_ms, value_hash, Receipt, ReceiptNote, ReceiptSlot,
     ReceiptStatus,
@@ -57,11 +57,48 @@ impl ReceiptSigner {
         &self.provider
     }
 
+    /// A call's receipt, started with the call and signed when it ends.
+    pub fn start(self: Arc<Self>) -> ReceiptCall {
+        let started = self.batches.as_ref().map(BatchQueue::start);
+        ReceiptCall {
+            signer: self,
+            started,
+        }
+    }
+}
+
+/// One call's receipt, from the call's start to its signature. Until it is signed (or
+/// dropped) the call counts as under way, so a batch's leader waits a turn for it
+/// ([`super::batch`]).
+pub struct ReceiptCall {
+    signer: Arc<ReceiptSigner>,
+    started: Option<Started>,
+}
+
+impl ReceiptCall {
+    /// The receipts' `provider`.
+    pub fn provider(&self) -> &str {
+        &self.signer.provider
+    }
+
     /// The `Carapace-Receipt` value of `receipt`.
-    pub async fn sign(&self, receipt: &Receipt) -> Option<String> {
-        match &self.batches {
-            None => Some(receipt.encode(&self.key)),
-            Some(batches) => batches.sign(&self.key, receipt.canonical()).await,
+    pub async fn sign(mut self, receipt: &Receipt) -> Option<String> {
+        let signer = &self.signer;
+        match (&signer.batches, self.started.take()) {
+            (Some(batches), Some(started)) => {
+                batches
+                    .sign(&signer.key, receipt.canonical(), started)
+                    .await
+            }
+            _ => Some(receipt.encode(&signer.key)),
+        }
+    }
+}
+
+impl Drop for ReceiptCall {
+    fn drop(&mut self) {
+        if let (Some(batches), Some(started)) = (&self.signer.batches, self.started.take()) {
+            batches.abandon(started);
         }
     }
 }
@@ -146,7 +183,7 @@ where
         let input_hash = value_hash(&call.args);
         let tool = call.tool.name.clone();
         let consumer = call.principal.id.clone();
-        let signer = self.layer.signer.clone();
+        let signing = self.layer.signer.clone().start();
         let fut = self.inner.call(call);
         Box::pin(async move {
             let result = fut.await;
@@ -155,14 +192,14 @@ where
                 receipt_id: new_receipt_id(),
                 tool,
                 consumer,
-                provider: signer.provider.clone(),
+                provider: signing.provider().to_owned(),
                 input_hash,
                 output_hash: output_hash(status, output, code),
                 status,
                 executed_at: rfc3339_ms(executed_at),
                 duration_ms: started.elapsed().as_millis() as u64,
             };
-            let encoded = signer.sign(&receipt).await;
+            let encoded = signing.sign(&receipt).await;
             slot.fill(ReceiptNote {
                 encoded: encoded.and_then(|e| http::HeaderValue::try_from(e).ok()),
                 receipt: Some(receipt),

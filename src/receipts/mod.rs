@@ -30,7 +30,7 @@ pub mod merkle;
 mod slot;
 
 pub use check::{check, Expected, ReceiptMode, Verdict};
-pub use layer::{ReceiptLayer, ReceiptSigner};
+pub use layer::{ReceiptCall, ReceiptLayer, ReceiptSigner};
 pub use slot::{ReceiptNote, ReceiptSlot};
 
 /// The response header a receipt travels in.
