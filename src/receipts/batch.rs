@@ -112,7 +112,7 @@ pub struct BatchQueue {
 }
 
 /// A call counted as under way: from [`BatchQueue::start`] until it asks for its signature
-/// ([`BatchQueue::sign`]) or ends without one ([`BatchQueue::abandon`]).
+/// ([`BatchQueue::sign`], which gives it back) or ends without one ([`BatchQueue::abandon`]).
 #[derive(Debug)]
 #[must_use = "a started call is counted until it is given back to sign or abandon"]
 pub struct Started(());
@@ -145,7 +145,8 @@ impl BatchQueue {
         Started(())
     }
 
-    /// A started call that will not ask for a signature (it was dropped first).
+    /// A started call no longer under way: it queued for its signature, or it was dropped
+    /// before it asked.
     pub fn abandon(&self, started: Started) {
         let Started(()) = started;
         self.under_way.fetch_sub(1, Ordering::Relaxed);
