@@ -114,6 +114,8 @@ pub const RECEIVED_KEPT: usize = 1024;
 pub struct Received {
     pub tool: String,
     pub body: Value,
+    /// The body as it arrived.
+    pub raw_body: Bytes,
     pub headers: http::HeaderMap,
 }
 
@@ -211,11 +213,11 @@ impl MemoryApp {
             (Method::GET, "/v1/tools") => reply(StatusCode::OK, &catalog()),
             (Method::POST, "/v1/tools/call") => {
                 let headers = req.headers().clone();
-                let body = match req.into_body().collect().await {
+                let raw_body = match req.into_body().collect().await {
                     Ok(b) => b.to_bytes(),
                     Err(_) => return reply(StatusCode::BAD_REQUEST, &json!({})),
                 };
-                let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+                let Ok(body) = serde_json::from_slice::<Value>(&raw_body) else {
                     return reply(StatusCode::BAD_REQUEST, &json!({"error": "not json"}));
                 };
                 let tool = body["tool_name"].as_str().unwrap_or("").to_string();
@@ -227,6 +229,7 @@ impl MemoryApp {
                     received.push_back(Received {
                         tool: tool.clone(),
                         body: body.clone(),
+                        raw_body,
                         headers,
                     });
                 }

@@ -63,6 +63,41 @@ async fn a_paired_gateway_call_reaches_the_app_with_identity_set_by_carapace() {
     r.shutdown().await;
 }
 
+/// The caller's context goes on to the app as the caller wrote it (its members, spacing and
+/// escapes); a context with a member given twice is refused and nothing reaches the app.
+#[tokio::test]
+async fn the_callers_context_reaches_the_app_as_written_and_a_doubled_member_is_refused() {
+    let env = Env::new().await;
+    let r = env.start(&env.tools_yaml("")).await;
+    let gw = env.gateway(&r);
+    let context = r#"{ "session_id" : "ses_2", "agent\u005fid":"a\"b", "trace_id":"tr-1" }"#;
+    let body = format!(
+        r#"{{"version":"v1","call_id":"c1","tool_name":"memory.query","tenant_id":"t","args":{{"query":"x"}},"context":{context}}}"#
+    );
+    let reply = gw
+        .send(Method::POST, "/v1/tools/call", &[], body.into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    let seen = env.app.received();
+    assert_eq!(seen.len(), 1);
+    let sent = String::from_utf8(seen[0].raw_body.to_vec()).unwrap();
+    assert!(sent.contains(&format!(r#""context":{context},"#)), "{sent}");
+    assert_eq!(
+        seen[0].body["context"],
+        json!({"agent_id": "a\"b", "session_id": "ses_2", "trace_id": "tr-1"})
+    );
+
+    let doubled = br#"{"version":"v1","call_id":"c2","tool_name":"memory.query","tenant_id":"t","args":{"query":"x"},"context":{"agent_id":"a","session_id":"s","agent_id":"b"}}"#;
+    let reply = gw
+        .send(Method::POST, "/v1/tools/call", &[], &doubled[..])
+        .await
+        .unwrap();
+    assert_error(&reply, StatusCode::BAD_REQUEST, "INVALID_ARGS");
+    assert_eq!(env.app.received().len(), 1, "nothing more reached the app");
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn http2_over_alpn_and_the_unix_socket_serve_the_same_front() {
     let env = Env::new().await;

@@ -130,6 +130,57 @@ pub enum Credential {
     Skill(Box<SkillCredential>),
 }
 
+/// A caller's context (tools-v1 `context`: who asked, in which session), checked by the front
+/// and kept as the JSON object text the caller sent, which goes on to a tools-v1 app as it came.
+/// Two contexts are equal, and show in `Debug`, as the JSON values they are.
+#[derive(Clone)]
+pub struct CallContext(Arc<str>);
+
+impl CallContext {
+    /// `json` is the text of one JSON object, already checked (the front's reader).
+    pub fn from_checked_json(json: &str) -> Self {
+        CallContext(Arc::from(json))
+    }
+
+    /// A context given as a value (an object).
+    pub fn from_value(value: &Value) -> Self {
+        CallContext(Arc::from(value.to_string()))
+    }
+
+    /// The context's JSON text.
+    pub fn json(&self) -> &str {
+        &self.0
+    }
+
+    /// The context as a value.
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).expect("a context is one JSON object's text")
+    }
+
+    /// The string member `name`, when there is one. A text without the name (and without an
+    /// escape, which could spell it) is not parsed.
+    pub fn member(&self, name: &str) -> Option<String> {
+        if !self.0.contains(name) && !self.0.contains('\\') {
+            return None;
+        }
+        self.to_value().get(name)?.as_str().map(str::to_owned)
+    }
+}
+
+impl PartialEq for CallContext {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_value() == other.to_value()
+    }
+}
+
+impl std::fmt::Debug for CallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CallContext")
+            .field(&self.to_value())
+            .finish()
+    }
+}
+
 /// One tool call, whatever front it came in on.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
@@ -137,7 +188,7 @@ pub struct ToolCall {
     pub tool: Arc<ToolSpec>,
     pub tenant_id: Option<String>,
     pub args: Value,
-    pub context: Option<Value>,
+    pub context: Option<CallContext>,
     pub timeout_ms: Option<u64>,
     pub idempotency_key: Option<String>,
     pub principal: Arc<Principal>,

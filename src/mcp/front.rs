@@ -307,7 +307,7 @@ impl McpFront {
                         let guarded = self
                             .guard
                             .as_ref()
-                            .map(|g| g.check(m, vec![("/result", &mut r)]));
+                            .map(|g| g.check(m, [("/result", &mut r)]));
                         if let Some(Err(e)) = guarded {
                             return refused(Some(&id), &McpError::Refused(e));
                         }

@@ -106,7 +106,7 @@ impl StreamContext {
         };
         let mut name = Value::String(std::mem::take(method));
         let ok = guard
-            .check(tool, vec![("/method", &mut name), ("/params", params)])
+            .check(tool, [("/method", &mut name), ("/params", params)])
             .is_ok();
         if let Value::String(s) = name {
             *method = s;

@@ -37,7 +37,7 @@ pub fn request_body(call: &ToolCall) -> Vec<u8> {
     json_text::object(&mut out, |o| {
         o.value("args", &call.args).str("call_id", &call.call_id);
         match &call.context {
-            Some(c) => o.value("context", c),
+            Some(c) => o.json("context", c.json().as_bytes()),
             None => o.object("context", |c| {
                 c.str("agent_id", &call.principal.id)
                     .str("session_id", &call.call_id);

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use carapace_filters::call::{CallOutcome, Credential, Principal, ToolCall};
+use carapace_filters::call::{CallContext, CallOutcome, Credential, Principal, ToolCall};
 use carapace_filters::canonical::parse_strict;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
@@ -160,7 +160,7 @@ pub struct CallRequest {
     pub tenant_id: Option<String>,
     /// `{}` when absent.
     pub args: Value,
-    pub context: Option<Value>,
+    pub context: Option<CallContext>,
     pub timeout_ms: Option<u64>,
     pub idempotency_key: Option<String>,
 }
@@ -201,7 +201,7 @@ pub fn decode_request(body: &[u8]) -> Result<CallRequest, Refused> {
             tool_name: call.tool_name.trim().to_owned(),
             tenant_id: Some(call.tenant_id.into_owned()),
             args: call.args,
-            context: Some(call.context),
+            context: Some(CallContext::from_checked_json(call.context)),
             timeout_ms: call.timeout_ms,
             idempotency_key: call.idempotency_key.map(Cow::into_owned),
         }),
@@ -264,7 +264,7 @@ pub fn decode_request_general(body: &[u8]) -> Result<CallRequest, Refused> {
             .remove("tenant_id")
             .and_then(|v| v.as_str().map(str::to_owned)),
         args: m.remove("args").unwrap_or_else(|| json!({})),
-        context: m.remove("context"),
+        context: m.remove("context").map(|c| CallContext::from_value(&c)),
         timeout_ms: m.get("timeout_ms").and_then(Value::as_u64),
         idempotency_key: m
             .remove("idempotency_key")
@@ -380,13 +380,8 @@ impl ToolsV1Front {
         call.request_id = crate::edge::request_id(req);
         let scope = CallScope::current();
         scope.record(CallField::Tool, call.tool.name.as_str());
-        if let Some(id) = call
-            .context
-            .as_ref()
-            .and_then(|c| c.get("trace_id"))
-            .and_then(Value::as_str)
-        {
-            scope.record(CallField::ContextTraceId, id);
+        if let Some(id) = call.context.as_ref().and_then(|c| c.member("trace_id")) {
+            scope.record(CallField::ContextTraceId, &id);
         }
         call.trace_context = crate::telemetry::outgoing_context(req.headers());
         // The name a cancel gives (handed back if the call is cancelled).

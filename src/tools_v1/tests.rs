@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use carapace_filters::call::{Credential, Principal, ToolCall, ToolSpec};
+use carapace_filters::call::{CallContext, Credential, Principal, ToolCall, ToolSpec};
 use carapace_filters::schema::CompiledSchema;
 use serde_json::{json, Value};
 
@@ -24,7 +24,7 @@ fn call(context: Option<Value>, idempotency_key: Option<&str>) -> ToolCall {
         }),
         tenant_id: None,
         args: json!({"query": "cat", "limit": 3, "nested": {"b": [1, 2], "a": "\"x\""}}),
-        context,
+        context: context.as_ref().map(CallContext::from_value),
         timeout_ms: Some(2_000),
         idempotency_key: idempotency_key.map(str::to_owned),
         principal: Arc::new(Principal::local()),
@@ -57,10 +57,10 @@ fn app_request_bytes_match_the_json_value_form() {
             "tenant_id": c.tenant_id.as_deref().unwrap_or("default"),
             "args": c.args,
             "timeout_ms": 2_000,
-            "context": c.context.clone().unwrap_or_else(|| json!({
-                "agent_id": c.principal.id,
-                "session_id": c.call_id,
-            })),
+            "context": c.context.as_ref().map_or_else(
+                || json!({"agent_id": c.principal.id, "session_id": c.call_id}),
+                CallContext::to_value,
+            ),
         });
         if let Some(k) = &c.idempotency_key {
             value["idempotency_key"] = json!(k);
@@ -112,7 +112,9 @@ fn decode_request_reads_the_fields_without_a_catalog() {
         (req.args, req.context, req.timeout_ms),
         (
             json!({"x": 1}),
-            Some(json!({"agent_id": "a", "session_id": "s"})),
+            Some(CallContext::from_value(
+                &json!({"agent_id": "a", "session_id": "s"})
+            )),
             Some(5)
         )
     );

@@ -12,6 +12,7 @@ use std::fmt;
 
 use carapace_filters::canonical::StrictSeed;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::one_pass::{object, once, read, unknown, Strings, Text, Whole};
@@ -153,8 +154,8 @@ pub struct CallBody<'a> {
     pub idempotency_key: Option<Cow<'a, str>>,
     /// An object, read strictly.
     pub args: Value,
-    /// The caller's context, read strictly, following the seed's context schema.
-    pub context: Value,
+    /// The caller's context as its JSON text, following the seed's context schema.
+    pub context: &'a str,
     pub timeout_ms: Option<u64>,
 }
 
@@ -163,33 +164,65 @@ pub fn read_call(body: &[u8]) -> Option<CallBody<'_>> {
     read(body)
 }
 
-/// Whether `context` follows the seed's schema of a request's `context` (an object of
-/// strings, `agent_id` and `session_id` given, no other member than the schema's, and
-/// `request_origin` one of its four): the schema's checks, written out, at a tenth of a
-/// general validation's cost. A test holds it to the schema itself.
-fn context_follows_schema(context: &Value) -> bool {
-    const MEMBERS: [&str; 8] = [
-        "agent_id",
-        "session_id",
-        "platform",
-        "channel_id",
-        "actor_id",
-        "isolation_key",
-        "trace_id",
-        "request_origin",
-    ];
-    const ORIGINS: [&str; 4] = ["agent_turn", "cron", "operator", "system"];
-    let Value::Object(members) = context else {
-        return false;
-    };
-    let all_known = members.iter().all(|(name, value)| match value {
-        Value::String(text) => {
-            MEMBERS.contains(&name.as_str())
-                && (name != "request_origin" || ORIGINS.contains(&text.as_str()))
+/// The members the seed's schema of a request's `context` names.
+const CONTEXT_MEMBERS: [&str; 8] = [
+    "agent_id",
+    "session_id",
+    "platform",
+    "channel_id",
+    "actor_id",
+    "isolation_key",
+    "trace_id",
+    "request_origin",
+];
+
+/// The values the seed's schema allows for `context.request_origin`.
+const ORIGINS: [&str; 4] = ["agent_turn", "cron", "operator", "system"];
+
+/// Whether `json` (one JSON value's text) is a `context` following the seed's schema: an
+/// object of strings, `agent_id` and `session_id` given, no other member than the schema's and
+/// none twice, `request_origin` one of its four. The schema's checks, written out, at a tenth
+/// of a general validation's cost, over the text itself (no value is built); a test holds it
+/// to the schema.
+fn context_follows_schema(json: &str) -> bool {
+    /// Reads the context's members, the names it has seen as bits of `CONTEXT_MEMBERS`.
+    struct Members;
+    impl<'de> Visitor<'de> for Members {
+        type Value = u8;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a tools-v1 context")
         }
-        _ => false,
-    });
-    all_known && members.contains_key("agent_id") && members.contains_key("session_id")
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u8, A::Error> {
+            let mut seen = 0u8;
+            while let Some(Text(name)) = map.next_key()? {
+                let i = CONTEXT_MEMBERS
+                    .iter()
+                    .position(|m| *m == name)
+                    .ok_or_else(unknown)?;
+                if seen & (1 << i) != 0 {
+                    return Err(de::Error::custom("member given twice"));
+                }
+                seen |= 1 << i;
+                let Text(value) = map.next_value()?;
+                if CONTEXT_MEMBERS[i] == "request_origin" && !ORIGINS.contains(&&*value) {
+                    return Err(de::Error::custom("request_origin the schema does not name"));
+                }
+            }
+            Ok(seen)
+        }
+    }
+    struct Context;
+    impl<'de> Deserialize<'de> for Context {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            // agent_id and session_id: the first two members.
+            match d.deserialize_map(Members)? & 0b11 {
+                0b11 => Ok(Context),
+                _ => Err(de::Error::custom("a required member is missing")),
+            }
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    Context::deserialize(&mut de).is_ok() && de.end().is_ok()
 }
 
 /// Largest `timeout_ms` the seed's request schema allows.
@@ -217,7 +250,7 @@ impl<'de> Deserialize<'de> for CallBody<'de> {
                         "tenant_id" => once(&mut tenant, map.next_value::<Text>()?.0)?,
                         "idempotency_key" => once(&mut key_, map.next_value::<Text>()?.0)?,
                         "args" => once(&mut args, object(map.next_value_seed(strict)?)?)?,
-                        "context" => once(&mut context, map.next_value_seed(strict)?)?,
+                        "context" => once(&mut context, map.next_value::<&RawValue>()?.get())?,
                         "timeout_ms" => once(&mut timeout, map.next_value::<Whole>()?.0)?,
                         _ => return Err(unknown()),
                     }
@@ -230,7 +263,7 @@ impl<'de> Deserialize<'de> for CallBody<'de> {
                     return Err(refuse());
                 }
                 let context = context.ok_or_else(refuse)?;
-                if !context_follows_schema(&context) {
+                if !context_follows_schema(context) {
                     return Err(refuse());
                 }
                 Ok(CallBody {
@@ -305,11 +338,27 @@ mod tests {
         }
         for case in &cases {
             assert_eq!(
-                context_follows_schema(case),
+                context_follows_schema(&case.to_string()),
                 compiled.validate(case).is_ok(),
                 "{case}"
             );
         }
-        assert!(cases.iter().filter(|c| context_follows_schema(c)).count() > 10);
+        let follows = cases
+            .iter()
+            .filter(|c| context_follows_schema(&c.to_string()));
+        assert!(follows.count() > 10);
+        // What a value cannot hold: a member given twice, escapes, space around the text.
+        for (text, follows) in [
+            (r#"{"agent_id":"a","session_id":"s","agent_id":"b"}"#, false),
+            (
+                r#"{"agent_id":"a","session_id":"s","trace_id":"t","trace_id":"t"}"#,
+                false,
+            ),
+            (r#"{"agent\u005fid":"a","session_id":"s\n"}"#, true),
+            (r#"{ "agent_id" : "a" , "session_id" : "s" }"#, true),
+            (r#"{"agent_id":"a","session_id":"s"} x"#, false),
+        ] {
+            assert_eq!(context_follows_schema(text), follows, "{text}");
+        }
     }
 }

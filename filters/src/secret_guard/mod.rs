@@ -121,10 +121,7 @@ impl SecretGuard {
     /// `redact`.
     pub fn scan(&self, value: &mut Value, at: &str, redact: bool) -> Vec<Finding> {
         let mut findings = Vec::new();
-        // Room for a few levels of the path, so that walking most values never grows it.
-        let mut path = String::with_capacity(at.len() + 64);
-        path.push_str(at);
-        self.walk(value, &mut path, redact, &mut findings);
+        self.walk(value, &Pointer::Root(at), redact, &mut findings);
         findings
     }
 
@@ -151,45 +148,32 @@ impl SecretGuard {
         }
     }
 
-    /// `path` is where `v` is; segments are pushed and popped, so nothing is allocated for
-    /// values with nothing in them.
-    fn walk(&self, v: &mut Value, path: &mut String, redact: bool, out: &mut Vec<Finding>) {
-        use std::fmt::Write;
+    /// `at` is where `v` is, written out only for a finding: walking a value with nothing in
+    /// it allocates nothing.
+    fn walk(&self, v: &mut Value, at: &Pointer<'_>, redact: bool, out: &mut Vec<Finding>) {
         match v {
             Value::String(s) => {
                 let found = self.detectors.find(s);
                 if found.is_empty() {
                     return;
                 }
+                let path = at.to_string();
                 out.extend(found.iter().map(|f| Finding {
                     detector: f.detector.clone(),
                     path: path.clone(),
                 }));
                 if redact {
-                    *s = self.redact_fully(s, &found, path, out);
+                    *s = self.redact_fully(s, &found, &path, out);
                 }
             }
             Value::Array(items) => {
                 for (i, item) in items.iter_mut().enumerate() {
-                    let len = path.len();
-                    let _ = write!(path, "/{i}");
-                    self.walk(item, path, redact, out);
-                    path.truncate(len);
+                    self.walk(item, &Pointer::Item(at, i), redact, out);
                 }
             }
             Value::Object(m) => {
                 for (k, item) in m.iter_mut() {
-                    let len = path.len();
-                    path.push('/');
-                    for c in k.chars() {
-                        match c {
-                            '~' => path.push_str("~0"),
-                            '/' => path.push_str("~1"),
-                            c => path.push(c),
-                        }
-                    }
-                    self.walk(item, path, redact, out);
-                    path.truncate(len);
+                    self.walk(item, &Pointer::Member(at, k), redact, out);
                 }
             }
             _ => {}
@@ -199,7 +183,11 @@ impl SecretGuard {
     /// Apply the guard to `parts` of what `tool` (or another named thing, such as
     /// `resources/read`) answered or was given: `Ok` when it may go on (redacted in place in
     /// `enforce`/`redact`), the refusal otherwise.
-    pub fn check(&self, tool: &str, parts: Vec<(&str, &mut Value)>) -> Result<(), Rejection> {
+    pub fn check<'v>(
+        &self,
+        tool: &str,
+        parts: impl IntoIterator<Item = (&'v str, &'v mut Value)>,
+    ) -> Result<(), Rejection> {
         if self.mode == GuardMode::Off {
             return Ok(());
         }
@@ -239,22 +227,20 @@ impl SecretGuard {
     /// The guard over a call's outcome.
     pub fn guard_outcome(&self, tool: &str, outcome: &mut CallOutcome) -> Result<(), Rejection> {
         let mut message_value;
-        let mut parts: Vec<(&str, &mut Value)> = Vec::new();
+        // At most five parts (an error's details, content blocks, their `_meta`, its
+        // `input_required` and message), kept on the stack.
+        let mut parts: [Option<(&str, &mut Value)>; 5] = Default::default();
         let message = match outcome {
             CallOutcome::Ok {
                 output,
                 meta,
                 content,
             } => {
-                parts.push(("/output", output));
-                if let Some(m) = meta {
-                    parts.push(("/meta", m));
-                }
+                parts[0] = Some(("/output", output));
+                parts[1] = meta.as_mut().map(|m| ("/meta", m));
                 if let Some(c) = content {
-                    parts.push(("/content", &mut c.blocks));
-                    if let Some(m) = &mut c.meta {
-                        parts.push(("/_meta", m));
-                    }
+                    parts[2] = Some(("/content", &mut c.blocks));
+                    parts[3] = c.meta.as_mut().map(|m| ("/_meta", m));
                 }
                 None
             }
@@ -264,17 +250,11 @@ impl SecretGuard {
                 content,
                 ..
             } => {
-                if let Some(d) = details {
-                    parts.push(("/details", d));
-                }
+                parts[0] = details.as_mut().map(|d| ("/details", d));
                 if let Some(c) = content {
-                    parts.push(("/content", &mut c.blocks));
-                    if let Some(m) = &mut c.meta {
-                        parts.push(("/_meta", m));
-                    }
-                    if let Some(q) = &mut c.input_required {
-                        parts.push(("/input_required", q));
-                    }
+                    parts[1] = Some(("/content", &mut c.blocks));
+                    parts[2] = c.meta.as_mut().map(|m| ("/_meta", m));
+                    parts[3] = c.input_required.as_mut().map(|q| ("/input_required", q));
                 }
                 Some(message)
             }
@@ -282,14 +262,46 @@ impl SecretGuard {
         match message {
             Some(message) => {
                 message_value = Value::String(std::mem::take(message));
-                parts.push(("/message", &mut message_value));
-                let result = self.check(tool, parts);
+                parts[4] = Some(("/message", &mut message_value));
+                let result = self.check(tool, parts.into_iter().flatten());
                 if let Value::String(s) = message_value {
                     *message = s;
                 }
                 result
             }
-            None => self.check(tool, parts),
+            None => self.check(tool, parts.into_iter().flatten()),
+        }
+    }
+}
+
+/// Where a value is in what is scanned, as a JSON pointer (RFC 6901) from the part's own
+/// name (`/output`, `/args`): kept as links to the enclosing values on the walk's stack, and
+/// made into text only for a finding.
+enum Pointer<'a> {
+    Root(&'a str),
+    Member(&'a Pointer<'a>, &'a str),
+    Item(&'a Pointer<'a>, usize),
+}
+
+impl std::fmt::Display for Pointer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pointer::Root(at) => f.write_str(at),
+            Pointer::Member(parent, key) => {
+                write!(f, "{parent}/")?;
+                let mut rest = *key;
+                while let Some(i) = rest.find(['~', '/']) {
+                    f.write_str(&rest[..i])?;
+                    f.write_str(if rest.as_bytes()[i] == b'~' {
+                        "~0"
+                    } else {
+                        "~1"
+                    })?;
+                    rest = &rest[i + 1..];
+                }
+                f.write_str(rest)
+            }
+            Pointer::Item(parent, i) => write!(f, "{parent}/{i}"),
         }
     }
 }
@@ -356,7 +368,7 @@ where
     fn call(&mut self, mut call: ToolCall) -> Self::Future {
         if self.scanned == Scanned::Arguments {
             let guard = &self.guard;
-            if let Err(r) = guard.check(&call.tool.name, vec![("/args", &mut call.args)]) {
+            if let Err(r) = guard.check(&call.tool.name, [("/args", &mut call.args)]) {
                 return SecretGuardFuture::Refused { rejection: Some(r) };
             }
             return SecretGuardFuture::Passed {
@@ -471,6 +483,20 @@ mod tests {
         );
         assert_eq!(found.len(), 2);
         assert!(g.scan(&mut v, "", false).is_empty());
+    }
+
+    /// A finding names its place as a JSON pointer: members escaped (`~` as `~0`, `/` as
+    /// `~1`), array items by index, from the part's own name.
+    #[test]
+    fn a_findings_path_is_the_json_pointer_of_its_string() {
+        let g = guard(GuardMode::Enforce, GuardAction::Redact);
+        let mut v = json!({"ok": ["x", {"a/b~c": ["fine", "hunter2-hunter2"]}], "z": 1});
+        let found = g.scan(&mut v, "/output", true);
+        let paths: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["/output/ok/1/a~1b~0c/1"]);
+        assert_eq!(v["ok"][1]["a/b~c"][1], json!("[REDACTED:app_secret]"));
+        let mut top = json!("hunter2-hunter2");
+        assert_eq!(g.scan(&mut top, "/message", false)[0].path, "/message");
     }
 
     fn result_with_key() -> CallOutcome {
