@@ -35,11 +35,57 @@ pub fn is_usable_request_id(v: &HeaderValue) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-'))
 }
 
+/// Length of a request id carapace makes: 16 random bytes, hex.
+const MADE_ID_LEN: usize = 32;
+
+/// Request ids made at once by [`MadeIds`].
+const IDS_PER_BLOCK: usize = 64;
+
+/// Request ids made ahead, a block at a time, for one thread: one fill from the thread's
+/// cryptographic generator and one allocation for [`IDS_PER_BLOCK`] ids. Each id is a slice of
+/// its block, so handing one out and cloning it only counts a reference (an id made alone was
+/// an allocation, and a second one at its first clone); a block is freed when the last request
+/// holding one of its ids is done.
+struct MadeIds {
+    block: bytes::Bytes,
+}
+
+impl MadeIds {
+    fn next(&mut self) -> HeaderValue {
+        if self.block.is_empty() {
+            self.block = Self::block();
+        }
+        let id = self.block.split_to(MADE_ID_LEN);
+        // SAFETY: every byte of a block is one of `HEX_DIGITS` (see `block`), all of them
+        // visible ASCII and so valid in a header value. (With debug assertions the http crate
+        // checks it and panics otherwise; the tests below run that way.)
+        unsafe { HeaderValue::from_maybe_shared_unchecked(id) }
+    }
+
+    /// [`IDS_PER_BLOCK`] ids of 16 random bytes each, in lowercase hex.
+    fn block() -> bytes::Bytes {
+        use rand::RngCore;
+        const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut random = [0u8; MADE_ID_LEN / 2 * IDS_PER_BLOCK];
+        rand::thread_rng().fill_bytes(&mut random);
+        let mut hex = vec![0u8; MADE_ID_LEN * IDS_PER_BLOCK];
+        for (digits, byte) in hex.chunks_exact_mut(2).zip(random) {
+            digits[0] = HEX_DIGITS[usize::from(byte >> 4)];
+            digits[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
+        }
+        bytes::Bytes::from(hex)
+    }
+}
+
+thread_local! {
+    static MADE_IDS: std::cell::RefCell<MadeIds> = const {
+        std::cell::RefCell::new(MadeIds { block: bytes::Bytes::new() })
+    };
+}
+
 /// A request id made by carapace: 16 random bytes, hex.
 fn random_request_id() -> HeaderValue {
-    let mut id = [0u8; 32];
-    hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut id).expect("32 hex digits");
-    HeaderValue::from_bytes(&id).expect("hex digits are a header value")
+    MADE_IDS.with(|ids| ids.borrow_mut().next())
 }
 
 /// Gives every request a request id and its answer the same `x-request-id`.
@@ -210,6 +256,22 @@ mod tests {
         let (_, a, _) = ids(&[], None).await;
         let (_, b, _) = ids(&[], None).await;
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn made_ids_are_random_hex_and_outlive_their_block() {
+        let first = random_request_id();
+        let kept = first.to_str().unwrap().to_string();
+        // Several blocks' worth: every id is new, and the first reads the same after them.
+        let mut seen = std::collections::HashSet::from([kept.clone()]);
+        for _ in 0..IDS_PER_BLOCK * 3 {
+            let id = random_request_id();
+            let id = id.to_str().unwrap();
+            assert!(is_made(id), "{id}");
+            assert!(seen.insert(id.to_string()), "{id} made twice");
+        }
+        assert_eq!(first.to_str().unwrap(), kept);
+        assert!(is_made(&kept));
     }
 
     #[tokio::test]
