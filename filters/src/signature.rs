@@ -66,7 +66,7 @@ pub enum ReplayGuard {
 /// The outcome of [`SignatureVerifier::verify`]: decided now, or once the shared store answers.
 pub enum Verified {
     /// The credential is good and its nonce recorded: the id of the key that matched.
-    Now(String),
+    Now(Arc<str>),
     /// The credential is good; the call may go on once this resolves to `Ok`.
     Pending(BoxFuture<Result<(), Rejection>>),
 }
@@ -74,7 +74,7 @@ pub enum Verified {
 /// A [`SigningKey`] made ready for checks: its HMAC pads hashed and its digest (for API
 /// keys) computed once, not on every call.
 struct PreparedKey {
-    id: String,
+    id: Arc<str>,
     hmac: HmacSha256Key,
     digest: [u8; 32],
 }
@@ -83,7 +83,7 @@ impl PreparedKey {
     fn new(key: &SigningKey) -> Self {
         use sha2::{Digest, Sha256};
         PreparedKey {
-            id: key.id.clone(),
+            id: key.id.as_str().into(),
             hmac: HmacSha256Key::new(&key.secret),
             digest: Sha256::digest(&key.secret).into(),
         }
@@ -169,7 +169,7 @@ impl SignatureVerifier {
     fn check_credential<'c>(
         &self,
         credential: &'c Credential,
-    ) -> Result<(String, &'c str, &'c str, u64), Rejection> {
+    ) -> Result<(Arc<str>, &'c str, &'c str, u64), Rejection> {
         let Credential::Skill(cred) = credential else {
             return Err(Rejection::AuthFailed("missing credential"));
         };
@@ -210,7 +210,7 @@ impl SignatureVerifier {
 
     /// Compare against every key without stopping early, in constant time per key. Digests
     /// are compared so that neither the time nor an early length check tells the key's length.
-    fn match_api_key(&self, presented: &[u8]) -> Option<String> {
+    fn match_api_key(&self, presented: &[u8]) -> Option<Arc<str>> {
         use sha2::{Digest, Sha256};
         let presented = Sha256::digest(presented);
         let mut found = None;
@@ -222,10 +222,11 @@ impl SignatureVerifier {
         found
     }
 
-    fn match_hmac(&self, canonical: &[u8], signature_hex: &str) -> Option<String> {
+    fn match_hmac(&self, canonical: &[u8], signature_hex: &str) -> Option<Arc<str>> {
+        let signature = crate::canonical::decode_signature_hex(signature_hex)?;
         let mut found = None;
         for key in &self.keys {
-            if key.hmac.verify_hex(canonical, signature_hex) && found.is_none() {
+            if key.hmac.verify(canonical, &signature) && found.is_none() {
                 found = Some(key.id.clone());
             }
         }
@@ -351,7 +352,7 @@ mod tests {
     impl Local {
         fn verify(&self, c: &Credential) -> Result<String, Rejection> {
             match self.0.verify(c)? {
-                Verified::Now(key) => Ok(key),
+                Verified::Now(key) => Ok(key.to_string()),
                 Verified::Pending(_) => panic!("a local store decides at once"),
             }
         }

@@ -33,15 +33,7 @@ impl HmacSha256Key {
     /// anything else is a mismatch. The comparison of the decoded bytes is constant time
     /// (`Mac::verify_slice`); the format check only depends on the untrusted input.
     pub fn verify_hex(&self, msg: &[u8], signature_hex: &str) -> bool {
-        let sig = signature_hex.as_bytes();
-        if sig.len() != 64 || !sig.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            return false;
-        }
-        let mut raw = [0u8; 32];
-        if hex::decode_to_slice(sig, &mut raw).is_err() {
-            return false;
-        }
-        self.verify(msg, &raw)
+        decode_signature_hex(signature_hex).is_some_and(|raw| self.verify(msg, &raw))
     }
 
     /// Constant-time check of raw signature bytes against HMAC-SHA256(key, msg) (a length
@@ -57,6 +49,41 @@ impl std::fmt::Debug for HmacSha256Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("HmacSha256Key(<redacted>)")
     }
+}
+
+/// The value of each lowercase hex digit, and [`NOT_HEX`] for every other byte.
+const HEX_DIGIT: [u8; 256] = {
+    let mut t = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// A byte that is not a lowercase hex digit, in [`HEX_DIGIT`]: any value with a bit above the
+/// low four set would do.
+const NOT_HEX: u8 = 0xF0;
+
+/// The 32 bytes written as exactly 64 lowercase hex digits (the form [`HmacSha256Key::sign_hex`]
+/// writes and Vagus sends), or `None` for any other text. One pass with a table; the time
+/// depends only on the text, which the caller sent.
+pub fn decode_signature_hex(text: &str) -> Option<[u8; 32]> {
+    let text: &[u8; 64] = text.as_bytes().try_into().ok()?;
+    let mut raw = [0u8; 32];
+    let mut bad = 0;
+    for (out, pair) in raw.iter_mut().zip(text.chunks_exact(2)) {
+        let (high, low) = (HEX_DIGIT[pair[0] as usize], HEX_DIGIT[pair[1] as usize]);
+        bad |= high | low;
+        *out = high << 4 | low;
+    }
+    (bad & NOT_HEX == 0).then_some(raw)
 }
 
 /// HMAC-SHA256(key = secret bytes, msg) as lowercase hex.
@@ -99,6 +126,36 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// Every byte value in every position: only lowercase hex digits decode, to the bytes
+    /// the hex crate decodes them to, and only at exactly 64 of them.
+    #[test]
+    fn signature_hex_is_exactly_64_lowercase_digits() {
+        let sig = hmac_sha256_hex(b"Jefe", b"what do ya want for nothing?");
+        let mut want = [0u8; 32];
+        hex::decode_to_slice(&sig, &mut want).unwrap();
+        assert_eq!(decode_signature_hex(&sig), Some(want));
+        for at in 0..64 {
+            for b in 0..=255u8 {
+                let mut text = sig.clone().into_bytes();
+                text[at] = b;
+                let Ok(text) = String::from_utf8(text) else {
+                    continue;
+                };
+                let lower = matches!(b, b'0'..=b'9' | b'a'..=b'f');
+                let mut bytes = [0u8; 32];
+                let decoded = lower.then(|| {
+                    hex::decode_to_slice(&text, &mut bytes).unwrap();
+                    bytes
+                });
+                assert_eq!(decode_signature_hex(&text), decoded, "{b:#x} at {at}");
+            }
+        }
+        for len in [0, 1, 62, 63, 65, 66, 128] {
+            assert_eq!(decode_signature_hex(&"a".repeat(len)), None, "{len}");
+        }
+        assert_eq!(decode_signature_hex(&format!("{}é", &sig[..62])), None);
     }
 
     #[test]

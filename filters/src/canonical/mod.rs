@@ -42,7 +42,9 @@ mod write;
 use std::borrow::Cow;
 use std::fmt;
 
-pub use self::hmac::{hmac_sha256_hex, verify_hmac_sha256_hex, HmacSha256Key};
+pub use self::hmac::{
+    decode_signature_hex, hmac_sha256_hex, verify_hmac_sha256_hex, HmacSha256Key,
+};
 pub use strict::{parse_strict, StrictSeed};
 pub use write::{
     canonical_string, first_escape, jcs_string, write_canonical, write_canonical_str, write_jcs,
