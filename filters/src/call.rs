@@ -97,8 +97,8 @@ pub struct SkillCredential {
     pub canonical: String,
     pub timestamp_ms: i64,
     pub nonce: String,
-    /// Replay scope: nonces are unique per scope (the skill id).
-    pub scope: String,
+    /// Replay scope: nonces are unique per scope (the skill id), shared by the front's calls.
+    pub scope: Arc<str>,
 }
 
 impl std::fmt::Debug for SkillCredential {

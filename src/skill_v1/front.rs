@@ -28,8 +28,12 @@ use crate::front::{self, json_response, CallStack, Resp};
 use crate::json_text;
 
 /// Byte offset of the first number literal (outside strings) longer than
-/// [`MAX_NUMBER_CHARS`], if any. Strings are skipped to their closing quote in one search.
+/// [`MAX_NUMBER_CHARS`], if any. Strings are skipped to their closing quote in one search;
+/// a body without that many number characters in a row anywhere is not searched.
 pub(super) fn overlong_number(body: &[u8]) -> Option<usize> {
+    if !long_run(body) {
+        return None;
+    }
     let (mut i, mut run, mut start) = (0usize, 0usize, 0usize);
     while let Some(&b) = body.get(i) {
         if b == b'"' {
@@ -38,7 +42,7 @@ pub(super) fn overlong_number(body: &[u8]) -> Option<usize> {
             run = 0;
             continue;
         }
-        if matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+        if number_char(&b) {
             if run == 0 {
                 start = i;
             }
@@ -52,6 +56,29 @@ pub(super) fn overlong_number(body: &[u8]) -> Option<usize> {
         i += 1;
     }
     None
+}
+
+/// A character a number literal is written with.
+fn number_char(b: &u8) -> bool {
+    matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+}
+
+/// Whether `body` has more than [`MAX_NUMBER_CHARS`] number characters in a row anywhere,
+/// strings included. Such a run covers an offset that is a multiple of `MAX_NUMBER_CHARS + 1`,
+/// so only the runs through those offsets are measured: a few bytes of a body read, not all.
+fn long_run(body: &[u8]) -> bool {
+    let stride = MAX_NUMBER_CHARS + 1;
+    (0..body.len()).step_by(stride).any(|at| {
+        number_char(&body[at]) && {
+            let before = body[..at]
+                .iter()
+                .rev()
+                .take_while(|b| number_char(b))
+                .count();
+            let after = body[at..].iter().take_while(|b| number_char(b)).count();
+            before + after > MAX_NUMBER_CHARS
+        }
+    })
 }
 
 /// The offset after the quote closing the string whose contents start at `from`.
@@ -87,7 +114,7 @@ pub struct SkillV1Front(Arc<FrontParts>);
 
 /// What the skill-v1 front holds.
 pub struct FrontParts {
-    skill_id: String,
+    skill_id: Arc<str>,
     mode: AuthMode,
     auth_header: HeaderName,
     catalog: Arc<CatalogHandle>,
@@ -325,7 +352,7 @@ impl SkillV1Front {
                 canonical: signed.canonical,
                 timestamp_ms: signed.timestamp,
                 nonce: signed.nonce,
-                scope: self.skill_id.to_string(),
+                scope: self.skill_id.clone(),
             })),
         })
     }

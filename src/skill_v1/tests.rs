@@ -257,8 +257,11 @@ fn overlong_numbers_are_found_outside_strings_only() {
             .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
             .collect();
         if next() % 2 == 0 {
+            // A run at the limit, one past it or longer, anywhere: inside a string, touching
+            // other number characters, across any offset.
+            let run = "1".repeat(super::MAX_NUMBER_CHARS + (next() % 3) as usize);
             let at = (next() % (len as u64 + 1)) as usize;
-            body.splice(at..at, long.bytes());
+            body.splice(at..at, run.bytes());
         }
         let expected = overlong_bytewise(&body);
         found += usize::from(expected.is_some());
