@@ -19,8 +19,7 @@ use crate::tools_v1::ToolsV1Back;
 #[derive(Clone)]
 pub(crate) enum AppBack {
     ToolsV1(ToolsV1Back),
-    // Boxed: its signing state makes it three times the others' size.
-    SkillV1(Box<SkillV1Back>),
+    SkillV1(SkillV1Back),
     Mcp(McpBack),
     Relay(RelayRouter),
 }

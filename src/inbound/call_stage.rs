@@ -140,12 +140,12 @@ fn back(cfg: &Loaded, shared: &Shared, app: AppConn) -> AppBack {
                     cfg.app_secret.clone().expect("validated"),
                 )
             });
-            AppBack::SkillV1(Box::new(SkillV1Back::new(
+            AppBack::SkillV1(SkillV1Back::new(
                 app,
                 &skill.skill_id,
                 &skill.protocol_version,
                 signing,
-            )))
+            ))
         }
     };
     match &shared.relay {

@@ -42,11 +42,17 @@ impl AppSigning {
 
 /// The skill-v1 back: calls `POST /run` on a legacy skill, signing each call itself with a
 /// fresh timestamp and nonce when the skill checks signatures.
+///
+/// Its parts are shared: each call's future holds one reference count, not a copy of each.
 #[derive(Clone, Debug)]
-pub struct SkillV1Back {
+pub struct SkillV1Back(Arc<SkillV1BackParts>);
+
+/// What a [`SkillV1Back`] holds.
+#[derive(Debug)]
+struct SkillV1BackParts {
     app: AppClient,
-    skill_id: Arc<str>,
-    protocol_version: Arc<str>,
+    skill_id: Box<str>,
+    protocol_version: Box<str>,
     signing: Option<AppSigning>,
 }
 
@@ -57,12 +63,12 @@ impl SkillV1Back {
         protocol_version: &str,
         signing: Option<AppSigning>,
     ) -> Self {
-        SkillV1Back {
+        SkillV1Back(Arc::new(SkillV1BackParts {
             app,
             skill_id: skill_id.into(),
             protocol_version: protocol_version.into(),
             signing,
-        }
+        }))
     }
 }
 
@@ -157,7 +163,7 @@ impl Service<ToolCall> for SkillV1Back {
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let this = self.clone();
+        let this = self.0.clone();
         Box::pin(async move {
             call_skill(
                 &this.app,

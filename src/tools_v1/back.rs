@@ -1,5 +1,6 @@
 //! The tools-v1 back: calls to a tools-v1 app (`POST /v1/tools/call`) and the decoding of its answers.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -17,14 +18,17 @@ use crate::json_text;
 use crate::upstream::AppClient;
 
 /// The tools-v1 back: calls `POST /v1/tools/call` on the app.
+///
+/// The client is shared: each call's future holds a reference count, not a copy of the
+/// client's fields (a pool, its authority and `Host` value, each counted again per call).
 #[derive(Clone, Debug)]
 pub struct ToolsV1Back {
-    app: AppClient,
+    app: Arc<AppClient>,
 }
 
 impl ToolsV1Back {
     pub fn new(app: AppClient) -> Self {
-        ToolsV1Back { app }
+        ToolsV1Back { app: Arc::new(app) }
     }
 }
 
