@@ -70,6 +70,10 @@ fn http_builder(cfg: &Loaded, h2_only: bool, single_answer: bool) -> auto::Build
         // (`HeadWatch`): hyper's clock would also run while a keep-alive connection waits.
         .header_read_timeout(None)
         .max_buf_size(l.max_header_bytes.max(8192))
+        // An answer's head and body copied into one buffer and written with one `write`: over
+        // TLS a vectored write makes rustls collect the slices into a `Vec` for every answer,
+        // an allocation that costs more than copying a body of a few hundred bytes.
+        .writev(false)
         .keep_alive(!single_answer);
     // HTTP/2: pings find dead peers; streams and header lists are capped.
     b.http2()

@@ -157,7 +157,11 @@ pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Resp {
 }
 
 /// A response with `bytes`, JSON text, as its body.
-pub fn json_body(status: StatusCode, bytes: Vec<u8>) -> Resp {
+pub fn json_body(status: StatusCode, mut bytes: Vec<u8>) -> Resp {
+    // `Bytes` takes a `Vec` without an allocation of its own only when it has no spare room.
+    // A body written into a buffer sized for it fills more than half of it, and the allocator
+    // shrinks such a block in place.
+    bytes.shrink_to_fit();
     let mut r = Response::new(Full::new(Bytes::from(bytes)));
     *r.status_mut() = status;
     r.headers_mut().insert(

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::{BoxFuture, Rejection};
 use http::StatusCode;
@@ -154,8 +153,6 @@ impl Service<ToolCall> for ToolsV1Back {
 /// Call a tools-v1 app (or peer) with `call` and decode its answer.
 pub async fn call_app(app: &AppClient, call: &ToolCall) -> Result<CallOutcome, Rejection> {
     let body = request_body(call);
-    let (status, body) = app
-        .post_call("/v1/tools/call", call, Bytes::from(body))
-        .await?;
+    let (status, body) = app.post_call("/v1/tools/call", call, body).await?;
     decode_response(status, &body, call)
 }

@@ -390,16 +390,19 @@ impl AppClient {
     /// ([`carapace_filters::call::app_headers`]) and read the whole answer (bounded), for a
     /// back that needs only its status and body. Unsigned, the headers are written straight
     /// into the request and the answer's are not kept; signed, it is [`Self::send`].
+    ///
+    /// The body is a `Vec`: unsigned, it is copied into the request as it is; only the signed
+    /// path makes it `Bytes` (which, for a `Vec` with room to spare, is an allocation).
     pub async fn post_call(
         &self,
         path: &str,
         call: &ToolCall,
-        body: Bytes,
+        body: Vec<u8>,
     ) -> Result<(StatusCode, Bytes), Rejection> {
         if self.signer.is_some() {
             let headers = carapace_filters::call::app_headers(call);
             // Boxed: its future is larger than the unsigned path's, which would carry it.
-            let resp = Box::pin(self.send(Method::POST, path, headers, body)).await?;
+            let resp = Box::pin(self.send(Method::POST, path, headers, Bytes::from(body))).await?;
             return Ok((resp.status, resp.body));
         }
         use tracing::Instrument;

@@ -312,12 +312,12 @@ async fn a_calls_request_carries_the_calls_headers_and_its_answer_is_read() {
         extensions: Default::default(),
     };
     let (status, body) = c
-        .post_call("/v1/tools/call", &call, Bytes::from_static(b"{}"))
+        .post_call("/v1/tools/call", &call, b"{}".to_vec())
         .await
         .unwrap();
     assert_eq!((status, body.as_ref()), (StatusCode::OK, b"ok".as_slice()));
     let (_, body) = c
-        .post_call("/v1/tools/call", &call, Bytes::from_static(b"[]"))
+        .post_call("/v1/tools/call", &call, b"[]".to_vec())
         .await
         .unwrap();
     assert_eq!(body, "yes");
