@@ -235,16 +235,14 @@ pub fn write_app_headers(call: &ToolCall, out: &mut Vec<u8>) {
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     };
-    let names = [
-        crate::identity::PEER_ID,
-        crate::identity::PEER_TYPE,
-        crate::identity::PEER_FINGERPRINT,
-    ];
-    let values = call.principal.identity_values.of(&call.principal);
-    for (name, value) in names.iter().zip(&values) {
-        if let Some(v) = value {
-            line(name, v.as_bytes());
-        }
+    // From the principal's fields as they are, checked as a header value is: the shared values
+    // `app_headers` inserts would cost a count taken and dropped, and a comparison, each.
+    use crate::identity::{identity_value, PEER_FINGERPRINT, PEER_ID, PEER_TYPE};
+    let p = &call.principal;
+    line(&PEER_ID, identity_value(&p.id));
+    line(&PEER_TYPE, identity_value(&p.kind));
+    if let Some(f) = &p.fingerprint {
+        line(&PEER_FINGERPRINT, identity_value(f));
     }
     if let Some(id) = &call.request_id {
         line(&REQUEST_ID, id.as_bytes());

@@ -209,6 +209,22 @@ fn repeated_message(h: &HeaderName) -> &'static str {
     }
 }
 
+/// `s` as an identity header's value: its bytes when a header value may hold every one of them
+/// (the rule `HeaderValue::from_str` checks: no control character but tab), else `invalid`.
+/// A header line written from it is the line [`IdentityValues`]' value would give.
+pub(crate) fn identity_value(s: &str) -> &[u8] {
+    // Every byte looked at, with no early exit, so that the compiler checks many at a time (a
+    // fingerprint is 71 bytes; a loop stopping at the first bad byte takes them one by one).
+    let sendable = s.bytes().fold(true, |ok, b| {
+        ok & (((b >= b' ') & (b != 0x7f)) | (b == b'\t'))
+    });
+    if sendable {
+        s.as_bytes()
+    } else {
+        b"invalid"
+    }
+}
+
 /// The values of a principal's identity headers, made the first time they are sent and
 /// shared by every later request of that principal (a header value's copy is a reference
 /// count). Values that no longer match the principal's fields (changed after they were made)
@@ -219,8 +235,9 @@ pub struct IdentityValues(OnceLock<[Option<HeaderValue>; 3]>);
 impl IdentityValues {
     /// `x-carapace-peer-id`, `-type` and `-fingerprint`'s values for `p`.
     pub(crate) fn of(&self, p: &Principal) -> [Option<HeaderValue>; 3] {
-        let value =
-            |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("invalid"));
+        let value = |s: &str| {
+            HeaderValue::from_bytes(identity_value(s)).expect("checked as a header value")
+        };
         let made = || {
             [
                 Some(value(&p.id)),
@@ -325,6 +342,22 @@ where
 mod tests {
     use super::*;
     use tower::ServiceExt;
+
+    /// The raw value written for a field is the one `HeaderValue::from_str` takes, or
+    /// `invalid` where it refuses, for every ASCII character and some that are not.
+    #[test]
+    fn an_identity_value_is_what_a_header_value_takes() {
+        let chars = (0u8..=0x7f).map(char::from).chain(['é', '€', '\u{1F600}']);
+        for c in chars {
+            let field = format!("a{c}b");
+            let expected = match HeaderValue::from_str(&field) {
+                Ok(v) => v.as_bytes().to_vec(),
+                Err(_) => b"invalid".to_vec(),
+            };
+            assert_eq!(identity_value(&field), expected, "{:?}", c);
+        }
+        assert_eq!(identity_value(""), b"");
+    }
 
     struct OnePeer;
     impl PeerDirectory for OnePeer {
