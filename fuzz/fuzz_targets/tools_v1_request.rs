@@ -15,11 +15,8 @@ fuzz_target!(|body: &[u8]| {
     );
     match decoded {
         Ok(req) => {
-            for id in [&req.call_id, &req.tool_name] {
-                assert!(
-                    !id.is_empty() && id.trim() == id.as_str(),
-                    "ids are trimmed"
-                );
+            for id in [req.call_id.as_str(), &*req.tool_name] {
+                assert!(!id.is_empty() && id.trim() == id, "ids are trimmed");
             }
         }
         Err(refused) => {

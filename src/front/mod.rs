@@ -113,13 +113,19 @@ pub fn refused(r: &Rejection, encode: impl FnOnce(&Rejection) -> Resp) -> Resp {
 /// every front goes through here. The call's receipt, when the stage made or checked one,
 /// goes into the response's headers. The stage's layers take the call here, before the
 /// returned future is first polled; the future holds only what encoding the result needs.
+///
+/// `request_extensions` are the caller's request's, which the front has read: emptied here,
+/// their map holds the answer's call record, so tagging the answer allocates no map of its
+/// own (pass `Extensions::default()` when there are none).
 pub fn run_call(
     calls: &CallStack,
     mut call: ToolCall,
     started: Instant,
+    mut request_extensions: http::Extensions,
     encode_outcome: impl FnOnce(&CallOutcome, &str, &str, u64) -> Resp,
     encode_rejection: impl FnOnce(&Rejection, &str, &str, u64) -> Resp,
 ) -> impl Future<Output = Resp> {
+    request_extensions.clear();
     let (call_id, tool) = (call.call_id.clone(), call.tool.clone());
     let receipt = calls.has_receipt(&call).then(ReceiptSlot::default);
     if let Some(slot) = &receipt {
@@ -129,7 +135,7 @@ pub fn run_call(
     async move {
         let result = started_call.await;
         let ms = started.elapsed().as_millis() as u64;
-        let (resp, outcome) = match &result {
+        let (mut resp, outcome) = match &result {
             Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool.name, ms), "ok"),
             Ok(o @ CallOutcome::AppError { .. }) => {
                 (encode_outcome(o, &call_id, &tool.name, ms), "app_error")
@@ -139,6 +145,10 @@ pub fn run_call(
                 (encode_rejection(r, &call_id, &tool.name, ms), r.reason())
             }
         };
+        // What the encoder put on the answer (a refusal's code) joins the emptied map.
+        let mut extensions = request_extensions;
+        extensions.extend(std::mem::take(resp.extensions_mut()));
+        *resp.extensions_mut() = extensions;
         let mut resp = recorded(resp, Some(tool), outcome);
         if let Some(slot) = receipt {
             slot.write_headers(resp.headers_mut());
@@ -185,9 +195,14 @@ mod tests {
             CallOutcome::Ok { output, .. } => json_response(StatusCode::OK, output),
             CallOutcome::AppError { .. } => unreachable!("the stack answers ok"),
         };
-        let resp = run_call(&stack, call, Instant::now(), ok, |_, _, _, _| {
-            unreachable!("the stack answers ok")
-        })
+        let resp = run_call(
+            &stack,
+            call,
+            Instant::now(),
+            http::Extensions::default(),
+            ok,
+            |_, _, _, _| unreachable!("the stack answers ok"),
+        )
         .await;
         resp.headers().get(crate::receipts::RECEIPT_HEADER).cloned()
     }
@@ -223,5 +238,47 @@ mod tests {
         let keyed = || signing_stack().without_receipts(true);
         assert_eq!(receipt_header(keyed(), Some("k1")).await, r1);
         assert_eq!(receipt_header(keyed(), None).await, None);
+    }
+
+    /// The answer is tagged in the request's emptied map: it carries its call record and
+    /// what its encoder put there (a refusal's code), and nothing of the request's.
+    #[tokio::test]
+    async fn an_answer_holds_its_record_and_its_encoders_tags_and_none_of_the_requests() {
+        #[derive(Clone)]
+        struct FromTheRequest;
+        let refusing = CallStack::new(tower::service_fn(|_: ToolCall| async {
+            Err::<CallOutcome, _>(Rejection::Overloaded)
+        }));
+        for (stack, refused) in [(signing_stack(), false), (refusing, true)] {
+            let mut request = http::Extensions::new();
+            request.insert(FromTheRequest);
+            let resp = run_call(
+                &stack,
+                tool_call(None),
+                Instant::now(),
+                request,
+                |_, _, _, _| json_response(StatusCode::OK, &serde_json::json!({})),
+                |r, _, _, _| {
+                    let mut resp = json_response(StatusCode::SERVICE_UNAVAILABLE, &r.reason());
+                    resp.extensions_mut().insert(RefusalCode("OVERLOADED"));
+                    resp
+                },
+            )
+            .await;
+            let ext = resp.extensions();
+            assert!(ext.get::<FromTheRequest>().is_none());
+            let record = ext.get::<CallRecord>().expect("the call is recorded");
+            assert_eq!(record.tool.as_ref().map(|t| t.name.as_str()), Some("t"));
+            match refused {
+                false => {
+                    assert_eq!(record.outcome, "ok");
+                    assert!(ext.get::<RefusalCode>().is_none());
+                }
+                true => {
+                    assert_eq!(record.outcome, Rejection::Overloaded.reason());
+                    assert_eq!(ext.get::<RefusalCode>().map(|c| c.0), Some("OVERLOADED"));
+                }
+            }
+        }
     }
 }

@@ -433,7 +433,7 @@ impl SkillV1Front {
     /// future holds only what the answer needs (not the request, nor the call).
     fn run(
         &self,
-        req: &Request<Bytes>,
+        req: &mut Request<Bytes>,
     ) -> impl Future<Output = Result<Resp, Rejection>> + Send + 'static {
         let started = Instant::now();
         let principal = match front::principal(req) {
@@ -459,6 +459,7 @@ impl SkillV1Front {
             &self.calls,
             call,
             started,
+            std::mem::take(req.extensions_mut()),
             |o, _, _, ms| outcome_response(o, ms),
             |r, _, _, _| error_response(r),
         );
@@ -475,9 +476,9 @@ impl Service<Request<Bytes>> for SkillV1Front {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
         if req.method() == Method::POST && req.uri().path() == "/run" {
-            return Box::pin(self.run(&req));
+            return Box::pin(self.run(&mut req));
         }
         let this = self.clone();
         Box::pin(async move {

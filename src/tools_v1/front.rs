@@ -152,11 +152,12 @@ pub struct Refused {
 
 /// A call request that follows tools-v1, before its tool is looked up in the catalog.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CallRequest {
+pub struct CallRequest<'a> {
     /// Trimmed, non-blank.
     pub call_id: String,
-    /// Trimmed, non-blank.
-    pub tool_name: String,
+    /// Trimmed, non-blank; borrowed from the body when it has no escape (the name is only
+    /// looked up, a call holds its catalog entry).
+    pub tool_name: Cow<'a, str>,
     pub tenant_id: Option<String>,
     /// `{}` when absent.
     pub args: Value,
@@ -194,11 +195,14 @@ const REQUIRED_IDS: [&str; 4] = ["version", "call_id", "tool_name", "tenant_id"]
 /// Decode the body of a `POST /v1/tools/call` request: one strict JSON document following the
 /// request schema, with no member tools-v1 does not define, and non-blank ids (trimmed as
 /// the reference tool host trims them). The tool is not looked up.
-pub fn decode_request(body: &[u8]) -> Result<CallRequest, Refused> {
+pub fn decode_request(body: &[u8]) -> Result<CallRequest<'_>, Refused> {
     match super::wire::read_call(body) {
         Some(call) => Ok(CallRequest {
             call_id: call.call_id.trim().to_owned(),
-            tool_name: call.tool_name.trim().to_owned(),
+            tool_name: match call.tool_name {
+                Cow::Borrowed(name) => Cow::Borrowed(name.trim()),
+                Cow::Owned(name) => Cow::Owned(name.trim().to_owned()),
+            },
             tenant_id: Some(call.tenant_id.into_owned()),
             args: call.args,
             context: Some(CallContext::from_checked_json(call.context)),
@@ -213,7 +217,7 @@ pub fn decode_request(body: &[u8]) -> Result<CallRequest, Refused> {
 /// the one-pass reader does not accept (and, for the fuzz target, the same result for any
 /// body it does).
 #[doc(hidden)]
-pub fn decode_request_general(body: &[u8]) -> Result<CallRequest, Refused> {
+pub fn decode_request_general(body: &[u8]) -> Result<CallRequest<'static>, Refused> {
     let malformed = |rejection| Refused {
         rejection,
         call_id: String::new(),
@@ -259,7 +263,7 @@ pub fn decode_request_general(body: &[u8]) -> Result<CallRequest, Refused> {
     };
     Ok(CallRequest {
         call_id,
-        tool_name,
+        tool_name: Cow::Owned(tool_name),
         tenant_id: m
             .remove("tenant_id")
             .and_then(|v| v.as_str().map(str::to_owned)),
@@ -282,7 +286,7 @@ fn decode(
     let fail = |rejection| Refused {
         rejection,
         call_id: req.call_id.clone(),
-        tool_name: req.tool_name.clone(),
+        tool_name: req.tool_name.to_string(),
         malformed: false,
     };
     if !catalog.discovered() {
@@ -360,7 +364,7 @@ impl ToolsV1Front {
     /// returned future holds only what the answer needs (not the request, nor the call).
     fn call_tool(
         &self,
-        req: &Request<Bytes>,
+        req: &mut Request<Bytes>,
     ) -> impl Future<Output = Result<Resp, Rejection>> + Send + 'static {
         let started = Instant::now();
         let answers = self.answers;
@@ -391,6 +395,7 @@ impl ToolsV1Front {
             &self.calls,
             call,
             started,
+            std::mem::take(req.extensions_mut()),
             outcome_response,
             move |r, call_id, tool, ms| error_response(r, (call_id, tool), ms, answers, false),
         );
@@ -419,9 +424,9 @@ impl Service<Request<Bytes>> for ToolsV1Front {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
         if req.method() == Method::POST && req.uri().path() == "/v1/tools/call" {
-            return Box::pin(self.call_tool(&req));
+            return Box::pin(self.call_tool(&mut req));
         }
         let this = self.clone();
         Box::pin(async move {

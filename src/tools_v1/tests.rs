@@ -103,10 +103,7 @@ fn decode_request_reads_the_fields_without_a_catalog() {
         br#"{"version":"v1","call_id":" c1 ","tool_name":"echo ","tenant_id":"t","args":{"x":1},"context":{"agent_id":"a","session_id":"s"},"timeout_ms":5}"#,
     )
     .unwrap();
-    assert_eq!(
-        (req.call_id.as_str(), req.tool_name.as_str()),
-        ("c1", "echo")
-    );
+    assert_eq!((req.call_id.as_str(), &*req.tool_name), ("c1", "echo"));
     assert_eq!(req.tenant_id.as_deref(), Some("t"));
     assert_eq!(
         (req.args, req.context, req.timeout_ms),

@@ -203,6 +203,7 @@ fn answer(
         stack,
         call,
         started,
+        http::Extensions::default(),
         move |outcome, _, _, _| match outcome {
             CallOutcome::Ok {
                 output,
