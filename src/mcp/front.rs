@@ -223,7 +223,7 @@ impl McpFront {
     }
 
     /// One JSON-RPC message; a `tools/call` is started here.
-    fn message(&self, req: Request<Bytes>, principal: Arc<Principal>) -> Answer {
+    fn message(&self, mut req: Request<Bytes>, principal: Arc<Principal>) -> Answer {
         let (id, params) = match wire::read_tools_call(req.body()) {
             Some(call) => (call.id, call.params),
             None => match jsonrpc::decode(req.body()) {
@@ -242,7 +242,7 @@ impl McpFront {
             Ok(era) => era,
             Err(e) => return answered(refused(Some(&id), &e)),
         };
-        self.tools_call(&req, id, params, principal, era)
+        self.tools_call(&mut req, id, params, principal, era)
     }
 
     /// Every message but a `tools/call` request.

@@ -32,7 +32,7 @@ impl McpFront {
     /// answer's future holds only what the answer needs (nothing of the request).
     pub(super) fn tools_call(
         &self,
-        req: &Request<Bytes>,
+        req: &mut Request<Bytes>,
         id: Value,
         mut params: CallParams,
         principal: Arc<Principal>,
@@ -97,11 +97,12 @@ impl McpFront {
         } else {
             &self.calls
         };
+        let extensions = std::mem::take(req.extensions_mut());
         let call: Answer = match cancel_key {
-            None => Box::pin(answer(stack, call, started, id, version)),
+            None => Box::pin(answer(stack, call, started, extensions, id, version)),
             Some(key) => {
                 let tool = call.tool.clone();
-                let run = answer(stack, call, started, id.clone(), version);
+                let run = answer(stack, call, started, extensions, id.clone(), version);
                 let in_flight = self.in_flight.clone();
                 Box::pin(async move {
                     match in_flight.run(key, run).await {
@@ -193,6 +194,7 @@ fn answer(
     stack: &CallStack,
     call: ToolCall,
     started: Instant,
+    request_extensions: http::Extensions,
     id: Value,
     version: &'static str,
 ) -> impl Future<Output = Resp> + Send + 'static {
@@ -203,7 +205,7 @@ fn answer(
         stack,
         call,
         started,
-        http::Extensions::default(),
+        request_extensions,
         move |outcome, _, _, _| match outcome {
             CallOutcome::Ok {
                 output,
