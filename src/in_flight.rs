@@ -14,8 +14,9 @@ use carapace_filters::nonce::IdentityHasher;
 use futures_util::task::AtomicWaker;
 
 /// Who may cancel a call and how it is named: the front, the caller (a principal, or an MCP
-/// session) and the call's id.
-pub type CallKey = (&'static str, String, String);
+/// session) and the call's id. Shared strings: a call's name is its principal's and its own
+/// id, held without a copy.
+pub type CallKey = (&'static str, Arc<str>, Arc<str>);
 
 /// A call's name with its hash, taken once when the call starts: the table hashes only this
 /// number, so a call leaves it without hashing its name again.

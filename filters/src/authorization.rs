@@ -571,6 +571,6 @@ mod tests {
             svc.oneshot(denied).await,
             Err(Rejection::Forbidden(_))
         ));
-        assert_eq!(*heard.lock().unwrap(), [("local".to_string(), 7)]);
+        assert_eq!(*heard.lock().unwrap(), [("local".into(), 7)]);
     }
 }

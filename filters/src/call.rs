@@ -10,8 +10,9 @@ use crate::schema::CompiledSchema;
 /// Who is calling, as established by the identity layer (never by a header from the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    /// `component_id` of the paired peer, or `local` for the Unix socket.
-    pub id: String,
+    /// `component_id` of the paired peer, or `local` for the Unix socket (shared: calls and
+    /// their cancel names hold it without a copy).
+    pub id: Arc<str>,
     /// `component_type` of the paired peer (`gateway`, `operator`, ...), or `local`.
     pub kind: String,
     /// `sha256:<hex>` fingerprint of the peer certificate; `None` on the Unix socket.
@@ -184,7 +185,9 @@ impl std::fmt::Debug for CallContext {
 /// One tool call, whatever front it came in on.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
-    pub call_id: String,
+    /// The caller's id for the call (shared: the answer and the cancel name hold it without
+    /// a copy).
+    pub call_id: Arc<str>,
     pub tool: Arc<ToolSpec>,
     pub tenant_id: Option<String>,
     pub args: Value,

@@ -120,7 +120,7 @@ pub fn repeated_credential<'a>(
 ///     .unwrap();
 /// local.extensions_mut().insert(ConnectionIdentity::Local);
 /// let seen = rt.block_on(svc.clone().oneshot(local)).unwrap();
-/// assert_eq!(seen, (Some("local".to_string()), false));
+/// assert_eq!(seen, (Some("local".into()), false));
 ///
 /// // A request without a connection identity never reaches the app.
 /// let refused = rt.block_on(svc.oneshot(http::Request::new(())));
@@ -427,14 +427,14 @@ mod tests {
             .await
             .unwrap();
         let who = who.expect("a principal");
-        assert_eq!((who.id.as_str(), who.kind.as_str()), ("gw", "gateway"));
+        assert_eq!((&*who.id, who.kind.as_str()), ("gw", "gateway"));
         assert_eq!(who.fingerprint.as_deref(), Some("sha256:aa"));
         assert_no_identity_headers(&h);
         let (h, who) = svc(false)
             .oneshot(req(Some(ConnectionIdentity::Local)))
             .await
             .unwrap();
-        assert_eq!(who.expect("a principal").id, "local");
+        assert_eq!(&*who.expect("a principal").id, "local");
         assert_no_identity_headers(&h);
     }
 
@@ -485,7 +485,7 @@ mod tests {
             .oneshot(req(Some(ConnectionIdentity::Anonymous { remote_ip: None })))
             .await
             .unwrap();
-        assert_eq!(who.expect("a principal").id, "anonymous");
+        assert_eq!(&*who.expect("a principal").id, "anonymous");
         assert_no_identity_headers(&h);
     }
 

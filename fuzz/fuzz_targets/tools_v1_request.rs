@@ -15,7 +15,7 @@ fuzz_target!(|body: &[u8]| {
     );
     match decoded {
         Ok(req) => {
-            for id in [req.call_id.as_str(), &*req.tool_name] {
+            for id in [&*req.call_id, &*req.tool_name] {
                 assert!(!id.is_empty() && id.trim() == id, "ids are trimmed");
             }
         }

@@ -5,6 +5,9 @@
 mod call_stack;
 mod envelope;
 
+/// A call for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) use call_stack::tests::tool_call;
 pub use call_stack::CallStack;
 pub use envelope::{rejection_response, Envelope, EnvelopeFuture};
 

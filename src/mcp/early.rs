@@ -113,7 +113,7 @@ impl<S> MirroredHeaderCheck<S> {
         if permissions.is_some_and(|p| p.may_call(tool, (self.clock)())) {
             return Ok(());
         }
-        let who = principal.map_or("the caller", |p| p.id.as_str());
+        let who = principal.map_or("the caller", |p| &*p.id);
         let action = format!("tool.call:{tool}");
         Err(match permissions {
             Some(p) => p.refusal(who, &action),

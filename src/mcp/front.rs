@@ -262,7 +262,8 @@ impl McpFront {
                     Err(e @ McpError::SessionNotFound) => refused(None, &e),
                     Ok(Some(s)) if method == "notifications/cancelled" => {
                         if let Some(id) = params.get("requestId") {
-                            self.in_flight.cancel(&("mcp", s.id, id.to_string()));
+                            self.in_flight
+                                .cancel(&("mcp", s.id.into(), id.to_string().into()));
                         }
                         accepted()
                     }

@@ -213,7 +213,7 @@ where
         let Some(price) = prices.tools.get(&call.tool.name).copied() else {
             return Box::pin(self.inner.call(call));
         };
-        let consumer = call.principal.id.clone();
+        let consumer = call.principal.id.to_string();
         let budget = prices.budgets.get(&consumer).or(prices.default.as_ref());
         let now = (self.layer.clock)();
         if let Some(budget) = budget {
@@ -228,7 +228,7 @@ where
             ended: false,
         });
         call.extensions.insert(Priced(price));
-        let (call_id, tool) = (call.call_id.clone(), call.tool.name.clone());
+        let (call_id, tool) = (call.call_id.to_string(), call.tool.name.clone());
         let layer = self.layer.clone();
         let fut = self.inner.call(call);
         Box::pin(async move {

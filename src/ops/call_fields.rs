@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use carapace_filters::call::ToolSpec;
 use http::{HeaderValue, Method, Uri};
 use tracing::Span;
 
@@ -69,20 +70,39 @@ pub struct CallFields {
 /// trace id), any more (the items of an MCP batch) after them.
 #[derive(Debug, Default)]
 struct Recorded {
-    first: [Option<(CallField, Box<str>)>; 2],
-    more: Vec<(CallField, Box<str>)>,
+    first: [Option<(CallField, Text)>; 2],
+    more: Vec<(CallField, Text)>,
+}
+
+/// A recorded value: the called tool's name, held with its catalog entry (every call records
+/// one: no copy), or a copy of any other.
+#[derive(Debug)]
+enum Text {
+    ToolName(Arc<ToolSpec>),
+    Copied(Box<str>),
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            Text::ToolName(tool) => &tool.name,
+            Text::Copied(text) => text,
+        }
+    }
 }
 
 impl Recorded {
-    fn push(&mut self, field: CallField, value: &str) {
-        let entry = Some((field, value.into()));
+    fn push(&mut self, field: CallField, value: Text) {
+        let entry = Some((field, value));
         match self.first.iter_mut().find(|slot| slot.is_none()) {
             Some(slot) => *slot = entry,
             None => self.more.extend(entry),
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &(CallField, Box<str>)> {
+    fn iter(&self) -> impl Iterator<Item = &(CallField, Text)> {
         self.first.iter().flatten().chain(&self.more)
     }
 }
@@ -108,7 +128,13 @@ impl CallFields {
     /// Record `field`: written after the fields recorded before it, as a span's record
     /// appends to its text (a second value of a field is written too).
     pub fn record(&self, field: CallField, value: &str) {
-        self.recorded().push(field, value);
+        self.recorded().push(field, Text::Copied(value.into()));
+    }
+
+    /// Record [`CallField::Tool`], the name of `tool`.
+    pub fn record_tool(&self, tool: &Arc<ToolSpec>) {
+        self.recorded()
+            .push(CallField::Tool, Text::ToolName(Arc::clone(tool)));
     }
 
     fn recorded(&self) -> std::sync::MutexGuard<'_, Recorded> {
@@ -202,11 +228,26 @@ impl CallScope {
             CallScope::Fields(fields) => fields.record(field, value),
         }
     }
+
+    /// Record [`CallField::Tool`], the name of `tool`.
+    pub fn record_tool(&self, tool: &Arc<ToolSpec>) {
+        match self {
+            CallScope::Span(span) => {
+                span.record(CallField::Tool.name(), tool.name.as_str());
+            }
+            CallScope::Fields(fields) => fields.record_tool(tool),
+        }
+    }
 }
 
 /// Record `field` of the call running now.
 pub fn record(field: CallField, value: &str) {
     CallScope::current().record(field, value);
+}
+
+/// Record [`CallField::Tool`] of the call running now: the name of `tool`.
+pub fn record_tool(tool: &Arc<ToolSpec>) {
+    CallScope::current().record_tool(tool);
 }
 
 /// Guard of [`CallScope::enter`]: leaves the scope when dropped.
@@ -326,6 +367,16 @@ mod tests {
             text(&f),
             r#"call{request_id="0af7651916cd43dd" method="POST" path="/v1/tools/call" context_trace_id="trace-1" tool="memory.query" tool="another"}"#
         );
+    }
+
+    #[test]
+    fn a_tool_is_recorded_by_its_name_as_a_copied_value_is() {
+        let tool = crate::front::tool_call(None).tool;
+        let (by_tool, copied) = (fields(), fields());
+        CallScope::Fields(by_tool.clone()).in_scope(|| record_tool(&tool));
+        copied.record(CallField::Tool, &tool.name);
+        assert!(text(&by_tool).ends_with(&format!(" tool={:?}}}", tool.name)));
+        assert_eq!(text(&by_tool), text(&copied));
     }
 
     #[test]

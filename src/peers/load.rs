@@ -104,7 +104,7 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreErro
             })?),
         };
         let principal = Arc::new(Principal {
-            id: rec.component_id.clone(),
+            id: rec.component_id.as_str().into(),
             kind: rec.component_type.clone(),
             fingerprint: (!fp.is_empty()).then(|| fp.clone()),
             remote_ip: None,

@@ -31,10 +31,10 @@ impl PeerStore {
             return;
         }
         let mut log = lock(&self.seen);
-        match log.seen.get_mut(&principal.id) {
+        match log.seen.get_mut(&*principal.id) {
             Some(t) => *t = (*t).max(now_ms),
             None => {
-                log.seen.insert(principal.id.clone(), now_ms);
+                log.seen.insert(principal.id.to_string(), now_ms);
             }
         }
     }

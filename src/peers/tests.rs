@@ -44,7 +44,7 @@ fn unknown_certificates_require_pairing() {
     let p = store
         .resolve(&leaf(&FP.to_ascii_uppercase().replace("SHA256", "sha256")))
         .unwrap();
-    assert_eq!(p.id, "gw_home");
+    assert_eq!(&*p.id, "gw_home");
     assert!(matches!(
         store.resolve(&leaf(&FP.replace("cb7f", "0000"))),
         Err(Rejection::PairingRequired)
@@ -112,7 +112,7 @@ fn a_record_can_pin_a_ca_and_a_gateway_name() {
         ca_fingerprint: ca.map(str::to_owned),
     };
     let who = store.resolve(&cert(Some("gw_home"), Some(&ca))).unwrap();
-    assert_eq!(who.id, "gw_home");
+    assert_eq!(&*who.id, "gw_home");
     assert_eq!(who.fingerprint.as_deref(), Some(FP));
     // Another holder of a certificate from the same CA is not the gateway.
     for other in [

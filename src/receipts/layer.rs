@@ -182,7 +182,7 @@ where
         let started = Instant::now();
         let input_hash = value_hash(&call.args);
         let tool = call.tool.name.clone();
-        let consumer = call.principal.id.clone();
+        let consumer = call.principal.id.to_string();
         let signing = self.layer.signer.clone().start();
         let fut = self.inner.call(call);
         Box::pin(async move {

@@ -227,13 +227,13 @@ impl RelayLayer {
                     path: Some("/caller_id".into()),
                 })
             }
-            (false, Some(id)) if id != principal.id => {
+            (false, Some(id)) if *id != *principal.id => {
                 return Err(Rejection::Forbidden(format!(
                     "{} may register tools only as {}",
                     principal.id, principal.id
                 )))
             }
-            (false, _) => principal.id.clone(),
+            (false, _) => principal.id.to_string(),
         };
         let (events, guard) = self
             .relay
@@ -286,7 +286,7 @@ impl RelayLayer {
         }
         let tool = self.catalog.load().lookup(&c.params.tool)?.clone();
         let call = ToolCall {
-            call_id: format!("ctr-{}", hex::encode(rand::random::<[u8; 8]>())),
+            call_id: format!("ctr-{}", hex::encode(rand::random::<[u8; 8]>())).into(),
             tool,
             tenant_id: None,
             args: c.params.arguments.unwrap_or_else(|| json!({})),

@@ -334,7 +334,7 @@ impl SkillV1Front {
         };
         let idempotency_key = crate::front::idempotency_header(req.headers())?;
         Ok(ToolCall {
-            call_id: signed.nonce.clone(),
+            call_id: signed.nonce.as_str().into(),
             tool: signed.tool,
             tenant_id: None,
             args: signed.input,
@@ -443,10 +443,7 @@ impl SkillV1Front {
         let call = match self.decode(req, principal) {
             Ok(mut call) => {
                 call.request_id = crate::edge::request_id(req);
-                crate::ops::call_fields::record(
-                    crate::ops::call_fields::CallField::Tool,
-                    call.tool.name.as_str(),
-                );
+                crate::ops::call_fields::record_tool(&call.tool);
                 call.trace_context = crate::telemetry::outgoing_context(req.headers());
                 call
             }

@@ -105,7 +105,7 @@ pub fn decode_response_general(
 
 /// The call's outcome from an answer that follows the seed's response schema.
 fn outcome(answer: Answer<'_>, call: &ToolCall) -> Result<CallOutcome, Rejection> {
-    if answer.call_id != call.call_id.as_str() || answer.tool_name != call.tool.app_name() {
+    if answer.call_id != *call.call_id || answer.tool_name != call.tool.app_name() {
         return Err(Rejection::AppInvalid(
             "answer is for another call_id or tool".into(),
         ));

@@ -118,7 +118,7 @@ impl ToolsV1Front {
             );
             return front::refused(&r, |r| error_response(r, ("", ""), 0, self.answers, true));
         };
-        let key = ("tools-v1", principal.id.clone(), call_id.to_owned());
+        let key = ("tools-v1", principal.id.clone(), call_id.into());
         let cancelled = self.in_flight.cancel(&key);
         json_response(
             StatusCode::OK,
@@ -154,7 +154,7 @@ pub struct Refused {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallRequest<'a> {
     /// Trimmed, non-blank.
-    pub call_id: String,
+    pub call_id: Arc<str>,
     /// Trimmed, non-blank; borrowed from the body when it has no escape (the name is only
     /// looked up, a call holds its catalog entry).
     pub tool_name: Cow<'a, str>,
@@ -198,7 +198,7 @@ const REQUIRED_IDS: [&str; 4] = ["version", "call_id", "tool_name", "tenant_id"]
 pub fn decode_request(body: &[u8]) -> Result<CallRequest<'_>, Refused> {
     match super::wire::read_call(body) {
         Some(call) => Ok(CallRequest {
-            call_id: call.call_id.trim().to_owned(),
+            call_id: Arc::from(call.call_id.trim()),
             tool_name: match call.tool_name {
                 Cow::Borrowed(name) => Cow::Borrowed(name.trim()),
                 Cow::Owned(name) => Cow::Owned(name.trim().to_owned()),
@@ -262,7 +262,7 @@ pub fn decode_request_general(body: &[u8]) -> Result<CallRequest<'static>, Refus
         unreachable!("schema requires an object")
     };
     Ok(CallRequest {
-        call_id,
+        call_id: call_id.into(),
         tool_name: Cow::Owned(tool_name),
         tenant_id: m
             .remove("tenant_id")
@@ -285,7 +285,7 @@ fn decode(
     let req = decode_request(body)?;
     let fail = |rejection| Refused {
         rejection,
-        call_id: req.call_id.clone(),
+        call_id: req.call_id.to_string(),
         tool_name: req.tool_name.to_string(),
         malformed: false,
     };
@@ -383,7 +383,7 @@ impl ToolsV1Front {
         };
         call.request_id = crate::edge::request_id(req);
         let scope = CallScope::current();
-        scope.record(CallField::Tool, call.tool.name.as_str());
+        scope.record_tool(&call.tool);
         if let Some(id) = call.context.as_ref().and_then(|c| c.member("trace_id")) {
             scope.record(CallField::ContextTraceId, &id);
         }
@@ -406,7 +406,7 @@ impl ToolsV1Front {
                 Finished::Cancelled((_, _, call_id)) => {
                     let ms = started.elapsed().as_millis() as u64;
                     let r = Rejection::Cancelled;
-                    let call = (call_id.as_str(), tool.name.as_str());
+                    let call = (&*call_id, tool.name.as_str());
                     let resp = error_response(&r, call, ms, answers, false);
                     front::recorded(resp, Some(tool), r.reason())
                 }

@@ -52,13 +52,13 @@ fn app_request_bytes_match_the_json_value_form() {
     ] {
         let mut value = json!({
             "version": "v1",
-            "call_id": c.call_id,
+            "call_id": &*c.call_id,
             "tool_name": c.tool.name,
             "tenant_id": c.tenant_id.as_deref().unwrap_or("default"),
             "args": c.args,
             "timeout_ms": 2_000,
             "context": c.context.as_ref().map_or_else(
-                || json!({"agent_id": c.principal.id, "session_id": c.call_id}),
+                || json!({"agent_id": &*c.principal.id, "session_id": &*c.call_id}),
                 CallContext::to_value,
             ),
         });
@@ -103,7 +103,7 @@ fn decode_request_reads_the_fields_without_a_catalog() {
         br#"{"version":"v1","call_id":" c1 ","tool_name":"echo ","tenant_id":"t","args":{"x":1},"context":{"agent_id":"a","session_id":"s"},"timeout_ms":5}"#,
     )
     .unwrap();
-    assert_eq!((req.call_id.as_str(), &*req.tool_name), ("c1", "echo"));
+    assert_eq!((&*req.call_id, &*req.tool_name), ("c1", "echo"));
     assert_eq!(req.tenant_id.as_deref(), Some("t"));
     assert_eq!(
         (req.args, req.context, req.timeout_ms),

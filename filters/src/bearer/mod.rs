@@ -227,7 +227,7 @@ impl BearerLayer {
             .permissions(&holder.scopes)
             .with_denial(self.denial.clone());
         Ok(Principal {
-            id: format!("oauth:{}", holder.subject),
+            id: format!("oauth:{}", holder.subject).into(),
             kind: "oauth".into(),
             fingerprint: None,
             remote_ip: None,

@@ -175,7 +175,7 @@ async fn a_valid_token_becomes_the_principal_and_never_reaches_the_app() {
             "the token is removed"
         );
         let p = seen.1.as_ref().unwrap();
-        assert_eq!((p.id.as_str(), p.kind.as_str()), ("oauth:alice", "oauth"));
+        assert_eq!((&*p.id, p.kind.as_str()), ("oauth:alice", "oauth"));
         let perms = p.permissions.as_ref().unwrap();
         assert!(perms.may_call("search", 0));
         assert!(!perms.may_call("delete", 0));

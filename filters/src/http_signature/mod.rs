@@ -341,7 +341,7 @@ where
                 // key, named by it (so that two key holders are never one principal).
                 let signer = c.signer.clone().unwrap_or_else(|| {
                     Arc::new(Principal {
-                        id: format!("signed:{}", c.keyid),
+                        id: format!("signed:{}", c.keyid).into(),
                         kind: "signed_caller".into(),
                         fingerprint: None,
                         remote_ip: *remote_ip,

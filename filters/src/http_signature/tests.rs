@@ -267,7 +267,7 @@ async fn a_peer_key_names_the_peer_and_only_that_peer() {
         .await
         .unwrap();
     assert_eq!(
-        p.unwrap().id,
+        &*p.unwrap().id,
         "gw_east",
         "an anonymous connection becomes the signing peer"
     );
@@ -280,7 +280,7 @@ async fn a_peer_key_names_the_peer_and_only_that_peer() {
         .await
         .unwrap();
     assert_eq!(
-        p.unwrap().id,
+        &*p.unwrap().id,
         "gw_test",
         "a shared key keeps the connection's peer"
     );
@@ -347,7 +347,7 @@ async fn what_sign_request_signs_the_layer_accepts() {
         .unwrap();
     sign_request(&mut req, &body, "https", &signer, NOW_S, "s-1");
     let p = send(&h, req, anon()).await.unwrap();
-    assert_eq!(p.unwrap().id, "gw_east");
+    assert_eq!(&*p.unwrap().id, "gw_east");
     let mut get = Request::get("http://tools.test:8443/v1/tools")
         .body(Bytes::new())
         .unwrap();
@@ -392,7 +392,7 @@ async fn the_host_and_the_session_are_part_of_what_is_signed() {
         .await
         .unwrap();
     assert_eq!(
-        p.unwrap().id,
+        &*p.unwrap().id,
         "signed:k1",
         "a shared key's holder is named by the key"
     );

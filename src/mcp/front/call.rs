@@ -73,7 +73,7 @@ impl McpFront {
             };
             (messages, cx)
         });
-        let cancel_key = session.map(|s| ("mcp", s, id.to_string()));
+        let cancel_key = session.map(|s| ("mcp", s.into(), id.to_string().into()));
         let mut call = match self.decode_call(req, &mut params, principal) {
             Ok(call) => call,
             Err(e) => return answered(refused(Some(&id), &e)),
@@ -84,10 +84,7 @@ impl McpFront {
         if let Some(retry) = params.retry.take() {
             call.extensions.insert(retry);
         }
-        crate::ops::call_fields::record(
-            crate::ops::call_fields::CallField::Tool,
-            call.tool.name.as_str(),
-        );
+        crate::ops::call_fields::record_tool(&call.tool);
         let limit_taken = req
             .extensions()
             .get::<ToolLimitTaken>()
@@ -172,7 +169,7 @@ impl McpFront {
             }
         };
         Ok(ToolCall {
-            call_id: new_call_id(),
+            call_id: new_call_id().into(),
             tool,
             tenant_id: None,
             args,
