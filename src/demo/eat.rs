@@ -48,13 +48,15 @@ pub(super) async fn eat_step(
     ca: &Authority,
     gateway: &Issued,
 ) -> Result<(), String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let host = start(
-        &dir.join("eat-host"),
-        &format!(
+    // The host names its own address in its configuration (`base_url`), so its port is
+    // chosen before it binds, and another process may take it in between: then another port.
+    let mut attempts = 0;
+    let (host, port) = loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let yaml = format!(
             r#"
 state_dir: {dir}/eat-host
 front:
@@ -73,9 +75,14 @@ peers: {{ file: {dir}/peers.json }}
 ops: {{ address: "" }}
 "#,
             dir = dir.display()
-        ),
-    )
-    .await?;
+        );
+        attempts += 1;
+        match super::start_or_address_taken(&dir.join("eat-host"), &yaml).await {
+            Ok(host) => break (host, port),
+            Err(super::NotStarted::AddressTaken(_)) if attempts < 5 => continue,
+            Err(super::NotStarted::AddressTaken(e) | super::NotStarted::Other(e)) => return Err(e),
+        }
+    };
     let client = Client::new(Transport::Tls {
         address: host.tcp_address.ok_or("no tcp address")?,
         config: tls_config(&ca.cert_pem(), Some(gateway), false),

@@ -51,20 +51,45 @@ fn write(path: &Path, content: &str) -> Result<(), String> {
 }
 
 async fn start(dir: &Path, yaml: &str) -> Result<Running, String> {
+    start_or_address_taken(dir, yaml)
+        .await
+        .map_err(|e| match e {
+            NotStarted::AddressTaken(e) | NotStarted::Other(e) => e,
+        })
+}
+
+/// Why a demo process did not start.
+enum NotStarted {
+    /// An address it was to bind was taken.
+    AddressTaken(String),
+    Other(String),
+}
+
+/// [`start`], telling a taken address from any other failure.
+async fn start_or_address_taken(dir: &Path, yaml: &str) -> Result<Running, NotStarted> {
     let loaded = crate::config::parse(yaml, dir).map_err(|e| {
-        e.0.iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
+        NotStarted::Other(
+            e.0.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
     })?;
-    let running = server::start(loaded).await.map_err(|e| e.to_string())?;
+    let running = server::start(loaded).await.map_err(|e| match &e {
+        server::StartError::Bind { source, .. }
+            if source.kind() == std::io::ErrorKind::AddrInUse =>
+        {
+            NotStarted::AddressTaken(e.to_string())
+        }
+        _ => NotStarted::Other(e.to_string()),
+    })?;
     for _ in 0..100 {
         if running.shared.ready() {
             return Ok(running);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err("carapace did not become ready".into())
+    Err(NotStarted::Other("carapace did not become ready".into()))
 }
 
 /// Pair the tool host `host` as `memory-east` with `gateway`, through the gateway's admin
