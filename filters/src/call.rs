@@ -206,6 +206,12 @@ pub struct ToolCall {
     pub extensions: http::Extensions,
 }
 
+// A call is moved through every layer of the call stage, and each move is a copy of it. Up to
+// 256 bytes that copy is glibc's short one (eight vector moves, no loop). A call grown past it
+// (measured at 264 bytes) cost each of its 9 moves about 23 instructions more.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<ToolCall>() <= 256);
+
 /// The request id header carapace reads from callers, returns to them and sends to apps.
 pub const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
