@@ -81,7 +81,7 @@ impl ConnectionTable {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        carapace_filters::clock::elapsed(self.epoch).as_millis() as u64
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

@@ -31,6 +31,7 @@ pub mod bearer;
 pub mod body;
 pub mod call;
 pub mod canonical;
+pub mod clock;
 pub mod concurrency;
 pub mod future;
 pub mod http_signature;
@@ -51,10 +52,8 @@ pub use rejection::{Rejection, SchemaViolation};
 /// Boxed future used by layers whose response future is an `async` block.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
-/// Milliseconds since the Unix epoch from the system clock.
+/// Milliseconds since the Unix epoch from the system clock (read once per poll of a
+/// connection's task: see [`clock`]).
 pub fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    clock::unix_now_ms()
 }

@@ -46,7 +46,11 @@ where
         let limit = call.tool.effective_timeout(call.timeout_ms);
         CallTimeoutFuture {
             inner: self.inner.call(call),
-            sleep: tokio::time::sleep(limit),
+            // From the poll's clock reading (see `clock`): the call was started in it.
+            sleep: match crate::clock::now().checked_add(limit) {
+                Some(deadline) => tokio::time::sleep_until(deadline),
+                None => tokio::time::sleep(limit),
+            },
             limit_ms: limit.as_millis() as u64,
         }
     }

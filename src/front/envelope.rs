@@ -6,7 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::Request;
 use tower::Service;
@@ -91,7 +93,7 @@ where
             front: self.front,
             answers: self.answers,
             metrics: self.metrics.clone(),
-            started: Instant::now(),
+            started: carapace_filters::clock::now(),
         }
     }
 }
@@ -138,7 +140,12 @@ where
             Ok(resp) => resp,
             Err(r) => refused(&r, |r| rejection_response(front, answers, r)),
         };
-        observe(&resp, front, this.metrics, this.started.elapsed());
+        observe(
+            &resp,
+            front,
+            this.metrics,
+            carapace_filters::clock::elapsed(*this.started),
+        );
         Poll::Ready(Ok(resp))
     }
 }

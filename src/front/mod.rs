@@ -13,7 +13,6 @@ pub use envelope::{rejection_response, Envelope, EnvelopeFuture};
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -21,6 +20,7 @@ use http_body_util::Full;
 
 use carapace_filters::call::{CallOutcome, Principal, ToolCall, ToolSpec};
 use carapace_filters::Rejection;
+use tokio::time::Instant;
 
 use crate::errors;
 use crate::receipts::ReceiptSlot;
@@ -137,7 +137,7 @@ pub fn run_call(
     let started_call = calls.start(call);
     async move {
         let result = started_call.await;
-        let ms = started.elapsed().as_millis() as u64;
+        let ms = carapace_filters::clock::elapsed(started).as_millis() as u64;
         let (mut resp, outcome) = match &result {
             Ok(o @ CallOutcome::Ok { .. }) => (encode_outcome(o, &call_id, &tool.name, ms), "ok"),
             Ok(o @ CallOutcome::AppError { .. }) => {
@@ -201,7 +201,7 @@ mod tests {
         let resp = run_call(
             &stack,
             call,
-            Instant::now(),
+            carapace_filters::clock::now(),
             http::Extensions::default(),
             ok,
             |_, _, _, _| unreachable!("the stack answers ok"),
@@ -258,7 +258,7 @@ mod tests {
             let resp = run_call(
                 &stack,
                 tool_call(None),
-                Instant::now(),
+                carapace_filters::clock::now(),
                 request,
                 |_, _, _, _| json_response(StatusCode::OK, &serde_json::json!({})),
                 |r, _, _, _| {

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::signature::UnixClock;
@@ -111,7 +110,7 @@ where
             ))));
         };
         let layer = self.layer.clone();
-        let started = Instant::now();
+        let started = carapace_filters::clock::now();
         let slot = call.extensions.get::<ReceiptSlot>().cloned();
         let price = call
             .extensions
@@ -153,7 +152,7 @@ where
                 status: status.as_str(),
                 error_code: code,
                 ended_at: (layer.clock)(),
-                duration_ms: started.elapsed().as_millis() as u64,
+                duration_ms: carapace_filters::clock::elapsed(started).as_millis() as u64,
                 receipt: note
                     .and_then(|n| n.encoded.as_ref())
                     .and_then(|v| v.to_str().ok()),

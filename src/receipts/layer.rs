@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use carapace_filters::call::{CallOutcome, ToolCall};
 use carapace_filters::signature::UnixClock;
@@ -179,7 +178,7 @@ where
             return Box::pin(self.inner.call(call));
         };
         let executed_at = (self.layer.clock)();
-        let started = Instant::now();
+        let started = carapace_filters::clock::now();
         let input_hash = value_hash(&call.args);
         let tool = call.tool.name.clone();
         let consumer = call.principal.id.to_string();
@@ -197,7 +196,7 @@ where
                 output_hash: output_hash(status, output, code),
                 status,
                 executed_at: rfc3339_ms(executed_at),
-                duration_ms: started.elapsed().as_millis() as u64,
+                duration_ms: carapace_filters::clock::elapsed(started).as_millis() as u64,
             };
             let encoded = signing.sign(&receipt).await;
             slot.fill(ReceiptNote {

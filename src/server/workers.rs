@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use carapace_filters::clock;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -82,20 +83,22 @@ impl Workers {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.count();
+        // Each poll of a connection's task handles what one wake-up brought: its requests
+        // share one reading of each clock.
         let Some(handle) = i.checked_sub(1).map(|i| &self.extra[i]) else {
-            tokio::spawn(serve(socket));
+            tokio::spawn(clock::Scoped::new(serve(socket)));
             return;
         };
         let socket = match socket.into_std() {
             Ok(s) => s,
             Err(e) => return tracing::warn!("cannot hand a connection to a worker: {e}"),
         };
-        handle.spawn(async move {
+        handle.spawn(clock::Scoped::new(async move {
             match S::from_std(socket) {
                 Ok(socket) => serve(socket).await,
                 Err(e) => tracing::warn!("a worker cannot take a connection: {e}"),
             }
-        });
+        }));
     }
 
     /// Stop the workers on their own threads (after the drain: what is left is dropped).
@@ -164,24 +167,25 @@ impl Socket for tokio::net::UnixStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
-    #[tokio::test]
-    async fn connections_go_to_each_worker_in_turn_and_stay_on_its_thread() {
-        let workers = Workers::spawn(3).unwrap();
-        assert_eq!(workers.count(), 3);
+    /// Serve `n` loopback connections on `workers`, each with `serve`: what each reported.
+    async fn served<T, F, Fut>(workers: &Workers, n: usize, serve: F) -> Vec<T>
+    where
+        T: Send + 'static,
+        F: Fn(TcpStream) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut clients = Vec::new();
-        for _ in 0..6 {
-            clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        for _ in 0..n {
+            clients.push(TcpStream::connect(addr).await.unwrap());
             let (socket, _) = listener.accept().await.unwrap();
-            let tx = tx.clone();
-            workers.serve(socket, move |mut socket| async move {
-                use tokio::io::AsyncWriteExt;
-                // The socket works on the worker's reactor.
-                let wrote = socket.write_all(b"x").await.is_ok();
-                let _ = tx.send((index(), std::thread::current().id(), wrote));
+            let (tx, serve) = (tx.clone(), serve.clone());
+            workers.serve(socket, move |socket| async move {
+                let _ = tx.send(serve(socket).await);
             });
         }
         drop(tx);
@@ -189,6 +193,20 @@ mod tests {
         while let Some(s) = rx.recv().await {
             seen.push(s);
         }
+        seen
+    }
+
+    #[tokio::test]
+    async fn connections_go_to_each_worker_in_turn_and_stay_on_its_thread() {
+        let workers = Workers::spawn(3).unwrap();
+        assert_eq!(workers.count(), 3);
+        let seen = served(&workers, 6, |mut socket| async move {
+            use tokio::io::AsyncWriteExt;
+            // The socket works on the worker's reactor.
+            let wrote = socket.write_all(b"x").await.is_ok();
+            (index(), std::thread::current().id(), wrote)
+        })
+        .await;
         let mut indices: Vec<usize> = seen.iter().map(|s| s.0).collect();
         indices.sort_unstable();
         assert_eq!(indices, vec![0, 0, 1, 1, 2, 2]);
@@ -197,5 +215,27 @@ mod tests {
         assert_eq!(threads.len(), 3, "three workers, three threads");
         workers.stop().await;
         assert!(workers.running.lock().unwrap().is_empty());
+    }
+
+    /// A connection's task, on any worker, shares one reading of the clock per poll; between
+    /// its polls the clock is read again.
+    #[tokio::test]
+    async fn a_connections_task_reads_the_clock_once_per_poll() {
+        let workers = Workers::spawn(2).unwrap();
+        let mut seen = served(&workers, 2, |_socket| async move {
+            let first = clock::now();
+            // Until the clock has moved on.
+            while std::time::Instant::now() <= first.into_std() {
+                std::hint::spin_loop();
+            }
+            let same_poll = clock::now();
+            tokio::task::yield_now().await;
+            let next_poll = clock::now();
+            (index(), first == same_poll, next_poll > first)
+        })
+        .await;
+        seen.sort_unstable();
+        assert_eq!(seen, vec![(0, true, true), (1, true, true)]);
+        workers.stop().await;
     }
 }

@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use carapace_filters::call::{
@@ -435,7 +434,7 @@ impl SkillV1Front {
         &self,
         req: &mut Request<Bytes>,
     ) -> impl Future<Output = Result<Resp, Rejection>> + Send + 'static {
-        let started = Instant::now();
+        let started = carapace_filters::clock::now();
         let principal = match front::principal(req) {
             Ok(p) => p,
             Err(r) => return Either::Left(std::future::ready(Err(r))),

@@ -4,7 +4,6 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use carapace_filters::call::{CallContext, CallOutcome, Credential, Principal, ToolCall};
@@ -366,7 +365,7 @@ impl ToolsV1Front {
         &self,
         req: &mut Request<Bytes>,
     ) -> impl Future<Output = Result<Resp, Rejection>> + Send + 'static {
-        let started = Instant::now();
+        let started = carapace_filters::clock::now();
         let answers = self.answers;
         let principal = match front::principal(req) {
             Ok(p) => p,
@@ -404,7 +403,7 @@ impl ToolsV1Front {
             Ok(match in_flight.run(key, run).await {
                 Finished::Done(resp) => resp,
                 Finished::Cancelled((_, _, call_id)) => {
-                    let ms = started.elapsed().as_millis() as u64;
+                    let ms = carapace_filters::clock::elapsed(started).as_millis() as u64;
                     let r = Rejection::Cancelled;
                     let call = (&*call_id, tool.name.as_str());
                     let resp = error_response(&r, call, ms, answers, false);

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use carapace_filters::clock;
 use tokio::time::Instant;
 
 use bytes::Bytes;
@@ -125,7 +126,7 @@ impl Pools {
         loop {
             let Idle { mut sender, since } = lock(&self.per_worker[home].idle).pop()?;
             // Ready at once unless its connection closed (then it is dropped here).
-            if since.elapsed() < self.idle_timeout && sender.ready().await.is_ok() {
+            if clock::elapsed(since) < self.idle_timeout && sender.ready().await.is_ok() {
                 return Some(sender);
             }
         }
@@ -200,7 +201,7 @@ impl Pools {
     fn checkout_conn(&self, home: usize) -> Option<Conn> {
         let mut idle = lock(&self.per_worker[home].idle_conns);
         while let Some(IdleConn { mut conn, since }) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && !conn.is_closed() {
+            if clock::elapsed(since) < self.idle_timeout && !conn.is_closed() {
                 return Some(conn);
             }
         }
@@ -215,7 +216,7 @@ impl Pools {
         }
         idle.push(IdleConn {
             conn,
-            since: Instant::now(),
+            since: clock::now(),
         });
         drop(idle);
         if !pool.sweeping.swap(true, Ordering::AcqRel) {
@@ -258,7 +259,7 @@ impl Pools {
         }
         idle.push(Idle {
             sender,
-            since: Instant::now(),
+            since: clock::now(),
         });
         drop(idle);
         if !pool.sweeping.swap(true, Ordering::AcqRel) {

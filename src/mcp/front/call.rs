@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::Request;
@@ -38,7 +38,7 @@ impl McpFront {
         principal: Arc<Principal>,
         era: Era,
     ) -> Answer {
-        let started = Instant::now();
+        let started = carapace_filters::clock::now();
         let meta = params.meta.as_ref();
         // Log messages: a 2026-07-28 caller asks per request; an older session gets them all
         // unless it set a level.
