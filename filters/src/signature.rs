@@ -136,9 +136,21 @@ impl SignatureVerifier {
     /// Check one call's credential and record its nonce. With a shared store the nonce is
     /// recorded by the returned future.
     pub fn verify(&self, credential: &Credential) -> Result<Verified, Rejection> {
+        // The nonce's place in a local store starts loading into the cache now, while the
+        // signature is checked; nothing is recorded before that check passed.
+        let early = match (&self.replay, credential) {
+            (ReplayGuard::Local(store), Credential::Skill(c))
+                if (1..=MAX_NONCE_LEN).contains(&c.nonce.len()) =>
+            {
+                Some(store.key(&c.scope, &c.nonce))
+            }
+            _ => None,
+        };
         let (key_id, scope, nonce, now) = self.check_credential(credential)?;
         match &self.replay {
-            ReplayGuard::Local(store) => match store.check_and_insert(scope, nonce, now) {
+            ReplayGuard::Local(store) => match store
+                .check_and_insert_key(early.unwrap_or_else(|| store.key(scope, nonce)), now)
+            {
                 Ok(()) => Ok(Verified::Now(key_id)),
                 Err(NonceError::Replay) => Err(Rejection::NonceReplay),
                 Err(NonceError::Full { retry_after }) => {

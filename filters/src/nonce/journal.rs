@@ -7,8 +7,9 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::is_live;
+use super::table::Table;
 use super::tail::MappedTail;
-use super::{is_live, Key, Table};
 
 /// Magic at the start of a journal file (the version is part of it).
 pub(super) const MAGIC: &[u8; 8] = b"CNONCE01";
@@ -40,17 +41,17 @@ impl Journal {
     /// failed. On error nothing may be recorded in memory.
     pub(super) fn append(
         &mut self,
-        key: Key,
+        key: u64,
         expiry: u32,
         map: &Table,
         now_ms: u64,
     ) -> io::Result<()> {
         if self.dirty {
-            let live = map.iter().filter(|&(_, &e)| is_live(e, now_ms));
+            let live = map.iter().filter(|&(_, e)| is_live(e, now_ms));
             let (file, records) = rewrite_journal(&self.path, &self.key, live)?;
             self.install(file, records);
         }
-        let record = encode_record(key.get(), expiry);
+        let record = encode_record(key, expiry);
         let appended = match &mut self.appender {
             // An error there comes before anything is stored: nothing to repair.
             Appender::Mapped(tail) => tail.append(&record),
@@ -66,7 +67,7 @@ impl Journal {
     /// Rewrites the file from `map` (already purged). On failure the current
     /// file stays in use and compaction is retried `capacity` appends later.
     pub(super) fn compact(&mut self, map: &Table, capacity: usize) {
-        match rewrite_journal(&self.path, &self.key, map) {
+        match rewrite_journal(&self.path, &self.key, map.iter()) {
             Ok((file, records)) => {
                 self.install(file, records);
                 self.compact_above = compact_threshold(capacity);
@@ -185,8 +186,7 @@ pub(super) fn load_journal(file: File, map: &mut Table, now_ms: u64) -> io::Resu
         if is_live(expiry, now_ms) {
             // The same nonce may appear twice (reused after expiry): keep the
             // later expiry.
-            let slot = map.entry(Key::new(u64::from_le_bytes(hash))).or_insert(0);
-            *slot = (*slot).max(expiry);
+            map.insert_max(u64::from_le_bytes(hash), expiry);
         }
     }
     Ok(key)
@@ -254,10 +254,10 @@ pub(super) fn sync_parent_dir(path: &Path) -> io::Result<()> {
 /// renames it over `path`. Returns the new file, open for reading and writing
 /// at its end, and the number of records written. The caller fsyncs the directory. On error
 /// `path` is untouched.
-pub(super) fn rewrite_journal<'a>(
+pub(super) fn rewrite_journal(
     path: &Path,
     key: &[u8; 16],
-    entries: impl IntoIterator<Item = (&'a Key, &'a u32)>,
+    entries: impl IntoIterator<Item = (u64, u32)>,
 ) -> io::Result<(File, u64)> {
     let tmp = tmp_path(path);
     match fs::remove_file(&tmp) {
@@ -280,8 +280,8 @@ pub(super) fn rewrite_journal<'a>(
         out.write_all(MAGIC)?;
         out.write_all(key)?;
         let mut records = 0u64;
-        for (key, &expiry) in entries {
-            out.write_all(&encode_record(key.get(), expiry))?;
+        for (key, expiry) in entries {
+            out.write_all(&encode_record(key, expiry))?;
             records += 1;
         }
         out.flush()?;

@@ -25,49 +25,48 @@
 //! `u64`, so `("ab", "c")` and `("a", "bc")` differ), under a random 128-bit
 //! key, mapped to the expiry in unix seconds as a `u32`, rounded *up* so the
 //! TTL is never shortened (a nonce is refused for at least `ttl` and less than
-//! `ttl + 1s`). The table is a [`std::collections::HashMap`] with an identity
-//! hasher (the key is already a keyed hash). It starts small and grows with
-//! the live set, never past what `capacity` entries need (see
-//! [Growth](#growth)).
+//! `ttl + 1s`). The table (`table.rs`) is open addressing over buckets of one
+//! cache line: five entries of 12 bytes (hash and expiry) in 64 bytes, so a
+//! call touches one line of the table, not a line of control bytes and
+//! another of entries. It starts small and grows with the live set, never
+//! past what `capacity` entries need (see [Growth](#growth)).
 //!
-//! Bytes per entry, for the hashbrown table behind `HashMap`:
+//! A table holds at most 4 entries per bucket (80% of its slots), and the
+//! bucket count is a power of two: `buckets = next_power_of_two(ceil(capacity
+//! / 4))`, so a full store takes `64 * buckets` bytes, between 16 and 32 bytes
+//! per entry, below 32 for every capacity of 2 or more (a store of 1 entry
+//! takes one bucket, 64 bytes). For example 1 000 → 256 buckets → 16.4
+//! B/entry; 100 000 → 32 768 buckets → 21.0 B/entry; 1 000 000 → 262 144
+//! buckets → 16.8 B/entry. [`NonceStore::bytes_per_entry_upper_bound`]
+//! computes this for the configured capacity. If a journal holds more live
+//! entries than `capacity` (the store was restarted with a smaller capacity),
+//! all of them are loaded — dropping a live nonce would allow a replay — and
+//! the table grows past this bound until they expire; no new nonce is accepted
+//! meanwhile.
 //!
-//! * payload: 8 bytes of hash + 4 bytes of expiry = **12 bytes**. The hash is
-//!   stored as two `u32` halves so the `(key, expiry)` tuple has alignment 4
-//!   and no padding; a plain `(u64, u32)` would be padded to 16 bytes. A
-//!   compile-time assertion pins the 12.
-//! * plus **1 control byte** per bucket: 13 bytes per bucket;
-//! * hashbrown keeps at most 7/8 of its buckets full, and the bucket count is
-//!   a power of two: `buckets = next_power_of_two(capacity * 8 / 7)`, so
-//!   `capacity * 8/7 <= buckets < 2 * capacity * 8/7`;
-//! * plus 16 trailing control bytes per table (one SIMD group).
-//!
-//! Per entry of a full store that is between `13 * 8/7 = 14.9` and
-//! `13 * 16/7 = 29.7` bytes (plus `16 / capacity`), i.e. at most 32 bytes for
-//! every capacity >= 3. For example 1 000 → 2 048 buckets → 26.6 B/entry;
-//! 100 000 → 131 072 buckets → 17.0 B/entry; 1 000 000 → 2 097 152 buckets →
-//! 27.3 B/entry. [`NonceStore::bytes_per_entry_upper_bound`] computes this
-//! from the table capacity a full store has. (Stores of 1 or 2 entries take 68
-//! bytes in total.) If a journal holds more live entries than `capacity` (the
-//! store was restarted with a smaller capacity), all of them are loaded —
-//! dropping a live nonce would allow a replay — and the table grows past this
-//! bound until they expire; no new nonce is accepted meanwhile.
+//! Before the signature of a call is checked, [`NonceStore::key`] hashes its
+//! nonce and starts loading the nonce's bucket into the cache, without the
+//! lock; [`NonceStore::check_and_insert_key`] then finds it there. In a store
+//! larger than the CPU's caches the load is a miss on every call, and it runs
+//! while the signature is checked. Nothing is recorded before that second
+//! step.
 //!
 //! # Growth
 //!
 //! The table starts at [`INITIAL_TABLE_CAPACITY`] entries (or `capacity`, if
-//! smaller), so a store that is never busy stays small: a preallocated million
-//! entries would be 27 MB, resident as soon as nonces land across it. When an
-//! insert would make the table grow (or rehash, once removals have used up its
-//! free slots), the live entries are copied into a fresh table, twice as
-//! large if more than 3/4 of the old one is live, else the same size; the
-//! expired ones are left behind. So the table follows the live set (nonces
-//! per second × TTL), not the number ever accepted, and the next copy is at
-//! least a quarter of the table's inserts away: amortised O(1) per insert.
-//! Doubling stops at the table a full store of `capacity` entries needs, so
-//! the bound above holds for every store; while a copy runs both tables exist
-//! (at most 1.5 times the bound). The table does not shrink when the rate
-//! drops: it keeps the size of the busiest window until the process restarts.
+//! smaller), so a store that is never busy stays small: a full table of a
+//! million entries is 16.8 MB, resident as soon as nonces land across it. When
+//! an insert would take the table past its 4 entries per bucket, the live
+//! entries are copied into a fresh table, twice as large if more than 3/4 of
+//! the old one is live, else the same size; the expired ones are left behind.
+//! So the table follows the live set (nonces per second × TTL), not the
+//! number ever accepted, and the next copy is at least a quarter of the
+//! table's inserts away: amortised O(1) per insert. Doubling stops at the
+//! table a full store of `capacity` entries needs, so the bound above holds
+//! for every store; while a copy runs both tables exist (at most 1.5 times the
+//! bound). Expired entries are dropped in place.
+//! The table does not shrink when the rate drops: it keeps the size of the
+//! busiest window until the process restarts.
 //!
 //! # Hash collisions
 //!
@@ -126,20 +125,23 @@
 //! Expiries are `u32` unix seconds and saturate in the year 2106.
 
 mod journal;
+mod table;
 mod tail;
 
-use std::collections::HashMap;
 use std::fs::File;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hasher;
 use std::io;
 #[cfg(test)]
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rand::RngCore;
 use siphasher::sip::SipHasher24;
+
+use table::Table;
 
 use journal::{
     compact_threshold, create_parent_dir, load_journal, lock_journal, rewrite_journal,
@@ -149,13 +151,8 @@ use journal::{
 /// The replay window Skill Gateway v1 prescribes: 5 minutes.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(5 * 60);
 
-/// Bytes of one `(Key, u32)` table entry.
-const ENTRY_BYTES: usize = 12;
 /// Entries the table is created for; it grows from there as needed.
 pub const INITIAL_TABLE_CAPACITY: usize = 4096;
-/// Control bytes hashbrown allocates past the last bucket (one SIMD group:
-/// 16 with SSE2, 8 elsewhere; 16 is the upper bound).
-const TRAILING_CTRL_BYTES: usize = 16;
 
 /// Configuration of a [`NonceStore`].
 #[derive(Debug, Clone)]
@@ -203,34 +200,10 @@ pub enum NonceError {
     Journal(#[from] io::Error),
 }
 
-/// A 64-bit hash stored as two `u32` halves, so that `(Key, u32)` is 12 bytes
-/// with alignment 4 instead of a padded 16-byte `(u64, u32)`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Key {
-    lo: u32,
-    hi: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<(Key, u32)>() == ENTRY_BYTES);
-
-impl Key {
-    fn new(hash: u64) -> Self {
-        Self {
-            lo: hash as u32,
-            hi: (hash >> 32) as u32,
-        }
-    }
-
-    fn get(self) -> u64 {
-        u64::from(self.lo) | (u64::from(self.hi) << 32)
-    }
-}
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.get());
-    }
-}
+/// The store's key for one `(scope, nonce)`: its keyed hash, from
+/// [`NonceStore::key`]. A key is only meaningful to the store that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NonceKey(u64);
 
 /// Passes a `u64` through unchanged, for tables whose keys are already hashes (the nonce
 /// store's keys are keyed SipHash values; hashing them again would only cost time).
@@ -254,18 +227,13 @@ impl Hasher for IdentityHasher {
     }
 }
 
-type Table = HashMap<Key, u32, BuildHasherDefault<IdentityHasher>>;
-
 struct Inner {
-    map: Table,
+    table: Table,
     /// Lower bound of the smallest expiry in `map` (`u32::MAX` when empty).
     /// It is exact whenever it lies in the future: it only becomes stale when
     /// an expired entry is overwritten, and then it is already in the past.
     earliest: u32,
     journal: Option<Journal>,
-    /// Entries the table's allocation holds (`HashMap::capacity` right after
-    /// it was built; removals make `capacity()` smaller until a rehash).
-    table_capacity: usize,
     /// Full-table scans done (for tests of the O(1) refusal path).
     rescans: u64,
 }
@@ -274,6 +242,10 @@ struct Inner {
 /// the [module docs](self) for the design.
 pub struct NonceStore {
     inner: Mutex<Inner>,
+    /// Where the table is and its bucket mask, read without the lock to
+    /// prefetch a nonce's bucket (see [`NonceStore::key`]); stored whenever the
+    /// table is replaced. A stale pair only prefetches a useless line.
+    table_at: [AtomicUsize; 2],
     capacity: usize,
     ttl_ms: u64,
     k0: u64,
@@ -287,7 +259,7 @@ impl std::fmt::Debug for NonceStore {
         f.debug_struct("NonceStore")
             .field("capacity", &self.capacity)
             .field("ttl_ms", &self.ttl_ms)
-            .field("len", &inner.map.len())
+            .field("len", &inner.table.len())
             .field("journal", &inner.journal.as_ref().map(|j| &j.path))
             .finish_non_exhaustive()
     }
@@ -313,10 +285,7 @@ impl NonceStore {
             .into());
         }
         let ttl_ms = u64::try_from(config.ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-        let mut map = Table::with_capacity_and_hasher(
-            config.capacity.min(INITIAL_TABLE_CAPACITY),
-            Default::default(),
-        );
+        let mut map = Table::with_capacity(config.capacity.min(INITIAL_TABLE_CAPACITY));
 
         let (key, journal) = match config.journal {
             None => (random_key(), None),
@@ -335,7 +304,7 @@ impl NonceStore {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => random_key(),
                     Err(e) => return Err(e.into()),
                 };
-                let (file, records) = rewrite_journal(&path, &key, &map)?;
+                let (file, records) = rewrite_journal(&path, &key, map.iter())?;
                 sync_parent_dir(&path)?;
                 let journal = Journal {
                     path,
@@ -350,16 +319,17 @@ impl NonceStore {
             }
         };
 
-        let earliest = map.values().copied().min().unwrap_or(u32::MAX);
+        let earliest = map.iter().map(|(_, e)| e).min().unwrap_or(u32::MAX);
         let (k0, k1) = split_key(&key);
+        let (base, mask) = map.layout();
         Ok(Self {
             inner: Mutex::new(Inner {
-                table_capacity: map.capacity(),
-                map,
+                table: map,
                 earliest,
                 journal,
                 rescans: 0,
             }),
+            table_at: [AtomicUsize::new(base), AtomicUsize::new(mask)],
             capacity: config.capacity,
             ttl_ms,
             k0,
@@ -386,37 +356,69 @@ impl NonceStore {
         nonce: &str,
         now_unix_ms: u64,
     ) -> Result<(), NonceError> {
-        let key = self.key_for(scope, nonce);
+        self.check_and_insert_key(NonceKey(self.hash(scope, nonce)), now_unix_ms)
+    }
+
+    /// The store's key for `(scope, nonce)`; its bucket starts loading into
+    /// the cache, without the lock. Made before a call's signature is checked,
+    /// so that [`check_and_insert_key`](Self::check_and_insert_key), after it,
+    /// finds the bucket there. It records nothing.
+    pub fn key(&self, scope: &str, nonce: &str) -> NonceKey {
+        let key = self.hash(scope, nonce);
+        let at = (
+            self.table_at[0].load(Ordering::Relaxed),
+            self.table_at[1].load(Ordering::Relaxed),
+        );
+        table::prefetch(at, key);
+        NonceKey(key)
+    }
+
+    /// [`check_and_insert`](Self::check_and_insert) for a key from
+    /// [`key`](Self::key). Call it only after the request's signature was
+    /// verified.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_and_insert`](Self::check_and_insert).
+    pub fn check_and_insert_key(
+        &self,
+        NonceKey(key): NonceKey,
+        now_unix_ms: u64,
+    ) -> Result<(), NonceError> {
         let expiry = expiry_secs(now_unix_ms, self.ttl_ms);
         let mut guard = self.lock();
         let inner = &mut *guard;
 
-        match inner.map.get(&key) {
-            Some(&old) if is_live(old, now_unix_ms) => return Err(NonceError::Replay),
-            // An expired entry that was not purged yet: its slot is reused.
-            Some(_) => {}
-            None => {
-                if inner.map.len() >= self.capacity {
-                    inner.purge(now_unix_ms);
-                    if inner.map.len() >= self.capacity {
-                        let retry_ms = secs_to_ms(inner.earliest).saturating_sub(now_unix_ms);
-                        return Err(NonceError::Full {
-                            retry_after: Duration::from_millis(retry_ms.max(1)),
-                        });
-                    }
+        // An expired entry of this nonce, or of another on its way, is taken over.
+        let mut at = inner.table.find_reusing(key, live_after(now_unix_ms));
+        if at.expiry != 0 && is_live(at.expiry, now_unix_ms) {
+            return Err(NonceError::Replay);
+        }
+        if at.free {
+            if inner.table.len() >= self.capacity {
+                inner.purge(now_unix_ms);
+                if inner.table.len() >= self.capacity {
+                    let retry_ms = secs_to_ms(inner.earliest).saturating_sub(now_unix_ms);
+                    return Err(NonceError::Full {
+                        retry_after: Duration::from_millis(retry_ms.max(1)),
+                    });
                 }
-                if inner.map.len() >= inner.map.capacity() {
-                    inner.make_room(now_unix_ms, self.capacity);
+                at = inner.table.find(key);
+            }
+            if inner.table.len() >= inner.table.capacity() {
+                if inner.make_room(now_unix_ms, self.capacity) {
+                    self.publish(&inner.table);
                 }
+                at = inner.table.find(key);
             }
         }
 
         // Journal first: if the write fails the table was never touched, which
         // is the rollback.
         if let Some(journal) = inner.journal.as_mut() {
-            journal.append(key, expiry, &inner.map, now_unix_ms)?;
+            journal.append(key, expiry, &inner.table, now_unix_ms)?;
         }
-        inner.map.insert(key, expiry);
+        inner.table.put(at, key, expiry);
         inner.earliest = inner.earliest.min(expiry);
 
         if inner
@@ -426,7 +428,7 @@ impl NonceStore {
         {
             inner.purge(now_unix_ms);
             if let Some(journal) = inner.journal.as_mut() {
-                journal.compact(&inner.map, self.capacity);
+                journal.compact(&inner.table, self.capacity);
             }
         }
         Ok(())
@@ -434,12 +436,12 @@ impl NonceStore {
 
     /// Number of entries held: live ones plus expired ones not purged yet.
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        self.lock().table.len()
     }
 
     /// Whether the store holds no entry at all.
     pub fn is_empty(&self) -> bool {
-        self.lock().map.is_empty()
+        self.len() == 0
     }
 
     /// The configured maximum number of entries.
@@ -457,14 +459,21 @@ impl NonceStore {
 
     /// Bytes of the in-memory table per entry of a full store: the
     /// allocation of the table that holds `capacity` entries (see the module
-    /// docs) divided by `capacity`. At most 32 for capacity >= 3.
+    /// docs) divided by `capacity`. At most 32 for capacity >= 2.
     pub fn bytes_per_entry_upper_bound(&self) -> f64 {
-        table_bytes(self.capacity) as f64 / self.capacity as f64
+        table::bytes_for(self.capacity) as f64 / self.capacity as f64
     }
 
     /// Bytes the in-memory table takes now (it grows with the live set).
     pub fn table_bytes(&self) -> usize {
-        table_bytes(self.lock().table_capacity)
+        self.lock().table.bytes()
+    }
+
+    /// Makes a new table's place the one [`key`](Self::key) prefetches from.
+    fn publish(&self, table: &Table) {
+        let (base, mask) = table.layout();
+        self.table_at[0].store(base, Ordering::Relaxed);
+        self.table_at[1].store(mask, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -473,8 +482,8 @@ impl NonceStore {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn key_for(&self, scope: &str, nonce: &str) -> Key {
-        Key::new(hash_pair(self.k0, self.k1, scope, nonce))
+    fn hash(&self, scope: &str, nonce: &str) -> u64 {
+        hash_pair(self.k0, self.k1, scope, nonce)
     }
 
     /// Replaces the journal's appender with `writer`, to simulate write failures.
@@ -497,56 +506,44 @@ impl NonceStore {
 }
 
 impl Inner {
-    /// Called when one more entry would make hashbrown grow or rehash the
-    /// table (it is full, or removals left it short of free slots): copies
-    /// the live entries into a fresh table, twice as large if more than 3/4
-    /// of the old one is live, else the same size. The fresh table has at
-    /// least a quarter of its slots free, so this is amortised O(1) per
-    /// insert. The caller has checked `len < capacity`; the table never grows
-    /// past the one `capacity` entries need.
-    fn make_room(&mut self, now_ms: u64, capacity: usize) {
+    /// Called when one more entry would take the table past its 4 entries
+    /// per bucket: the expired entries go, and if more than 3/4 of the table
+    /// is live, the live ones are copied into a table twice as large. Either
+    /// way at least a quarter of its room is then free, so this is amortised
+    /// O(1) per insert. The caller has checked `len < capacity`; the table
+    /// never grows past the one `capacity` entries need. Returns whether the
+    /// table was replaced.
+    fn make_room(&mut self, now_ms: u64, capacity: usize) -> bool {
         self.rescans += 1;
-        let full = self.table_capacity;
+        let full = self.table.capacity();
         let live = self
-            .map
-            .values()
-            .filter(|&&expiry| is_live(expiry, now_ms))
+            .table
+            .iter()
+            .filter(|&(_, expiry)| is_live(expiry, now_ms))
             .count();
-        let entries = if live > full - full / 4 {
-            (full + 1).min(capacity)
-        } else {
-            full
-        };
-        let mut fresh = Table::with_capacity_and_hasher(entries.max(live + 1), Default::default());
-        let mut earliest = u32::MAX;
-        for (&key, &expiry) in &self.map {
-            if is_live(expiry, now_ms) {
-                fresh.insert(key, expiry);
-                earliest = earliest.min(expiry);
-            }
+        if live > full - full / 4 && full < capacity {
+            let (fresh, earliest) = self
+                .table
+                .grown((full + 1).min(capacity), live_after(now_ms));
+            self.table = fresh;
+            self.earliest = earliest;
+            return true;
         }
-        self.table_capacity = fresh.capacity();
-        self.map = fresh;
+        let (_, earliest) = self.table.retain_after(live_after(now_ms));
         self.earliest = earliest;
+        false
     }
 
-    /// Removes expired entries if any may exist; recomputes `earliest`.
+    /// Removes expired entries (in place) if any may exist; recomputes
+    /// `earliest`.
     fn purge(&mut self, now_ms: u64) -> usize {
         if now_ms < secs_to_ms(self.earliest) {
             return 0;
         }
         self.rescans += 1;
-        let before = self.map.len();
-        let mut earliest = u32::MAX;
-        self.map.retain(|_, &mut expiry| {
-            let live = is_live(expiry, now_ms);
-            if live {
-                earliest = earliest.min(expiry);
-            }
-            live
-        });
+        let (removed, earliest) = self.table.retain_after(live_after(now_ms));
         self.earliest = earliest;
-        before - self.map.len()
+        removed
     }
 }
 
@@ -588,19 +585,10 @@ fn is_live(expiry: u32, now_ms: u64) -> bool {
     secs_to_ms(expiry) > now_ms
 }
 
-/// Allocation of a hashbrown table of `(Key, u32)` that holds
-/// `table_capacity` elements (`HashMap::capacity`).
-fn table_bytes(table_capacity: usize) -> usize {
-    if table_capacity == 0 {
-        return 0;
-    }
-    // hashbrown: capacity = buckets - 1 below 8 buckets, buckets * 7/8 above.
-    let buckets = if table_capacity < 8 {
-        (table_capacity + 1).next_power_of_two()
-    } else {
-        (table_capacity * 8 / 7).next_power_of_two()
-    };
-    buckets * (ENTRY_BYTES + 1) + TRAILING_CTRL_BYTES
+/// The second an entry must expire after to be live at `now_ms`: `is_live(e, now_ms)` is
+/// `e > live_after(now_ms)`.
+fn live_after(now_ms: u64) -> u32 {
+    u32::try_from(now_ms / 1000).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
