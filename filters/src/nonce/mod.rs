@@ -205,8 +205,9 @@ pub enum NonceError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NonceKey(u64);
 
-/// Passes a `u64` through unchanged, for tables whose keys are already hashes (the nonce
-/// store's keys are keyed SipHash values; hashing them again would only cost time).
+/// Passes a `u64` through unchanged, for tables whose keys are already hashes (the in-flight
+/// calls' table keys names by their foldhash; hashing again would only cost time). The nonce
+/// store's own table indexes its buckets with the keyed hash directly.
 #[derive(Default)]
 pub struct IdentityHasher(u64);
 
@@ -229,9 +230,9 @@ impl Hasher for IdentityHasher {
 
 struct Inner {
     table: Table,
-    /// Lower bound of the smallest expiry in `map` (`u32::MAX` when empty).
+    /// Lower bound of the smallest expiry in `table` (`u32::MAX` when empty).
     /// It is exact whenever it lies in the future: it only becomes stale when
-    /// an expired entry is overwritten, and then it is already in the past.
+    /// an expired entry is taken over, and then it is already in the past.
     earliest: u32,
     journal: Option<Journal>,
     /// Full-table scans done (for tests of the O(1) refusal path).
