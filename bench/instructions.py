@@ -27,12 +27,22 @@ this machine's L1 instruction and data caches and last level, per process: no ke
 process evicting anything, so a floor of the native misses) and adds per request: L1
 instruction-cache misses, L1 data-cache misses, last-level misses and mispredicted branches.
 Where two programs run about the same instructions at different speeds, these say why.
+
+`--atomics` also counts the atomic read-modify-write instructions executed per request (every
+lock-prefixed instruction, and `xchg` with memory, which locks without the prefix: reference
+counts, mutexes, wakers). Each is a full barrier that waits for the core's pending stores, so
+a few hundred of them are a measurable part of a call. Callgrind records every instruction's
+count (`--dump-instr=yes`); each object's instructions are read with `objdump`. The sites
+executed most, with the functions and lines they were inlined from, go to
+bench/out/atomics-TARGET.txt.
 """
 
 import argparse
+import collections
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -53,11 +63,13 @@ SIMULATED = [
 ]
 
 
-def under_callgrind(cache_sim):
+def under_callgrind(cache_sim, atomics=False):
     """Start the targets under callgrind (instrumentation off until switched on; nginx's worker
     is a child of its master)."""
     plain = c.start
     sim = ["--cache-sim=yes", "--branch-sim=yes"] if cache_sim else []
+    if atomics:
+        sim.append("--dump-instr=yes")
 
     def start(name, cmd, env=None):
         if name in c.CARAPACES or name in PEERS:
@@ -76,17 +88,100 @@ def control(pid, *args):
 def totals(pid):
     """Every event's total in the newest dump of `pid` (its `events:` and `summary:`/`totals:`
     lines), by event name."""
-    dumps = sorted(glob.glob(c.p(f"callgrind.*.{pid}*")), key=os.path.getmtime)
+    dump = newest_dump(pid)
     events = None
-    for line in open(dumps[-1]):
+    for line in open(dump):
         if line.startswith("events:"):
             events = line.split()[1:]
         elif line.startswith(("summary:", "totals:")) and events:
             return dict(zip(events, map(int, line.split()[1:])))
-    raise RuntimeError(f"no totals in {dumps[-1]}")
+    raise RuntimeError(f"no totals in {dump}")
 
 
-def measure(target, pid, rate, duration, closed=None):
+def newest_dump(pid):
+    return sorted(glob.glob(c.p(f"callgrind.*.{pid}*")), key=os.path.getmtime)[-1]
+
+
+def executed(dump):
+    """How many times each instruction ran in a dump made with `--dump-instr=yes`:
+    {(object, address): count}. Positions are absolute (`0x...`) or relative to the last
+    (`+n`, `-n`, `*`); the line after `calls=` is the call's inclusive cost, not an
+    instruction's, and is skipped."""
+    names, counts = {}, collections.Counter()
+    obj, addr, call_cost = None, 0, False
+    for line in open(dump):
+        head = line[:1]
+        if head.isdigit() or head in "+-*":
+            parts = line.split()
+            pos = parts[0]
+            if pos.startswith("0x"):
+                addr = int(pos, 16)
+            elif pos[0] in "+-":
+                addr += int(pos, 0)
+            if call_cost:
+                call_cost = False
+            elif len(parts) >= 2:
+                counts[(obj, addr)] += int(parts[-1])
+        elif line.startswith(("ob=", "cob=")):
+            # An object is named where it first appears, which may be as a call's target.
+            m = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line.strip())
+            if m.group(2):
+                names[m.group(1)] = m.group(2)
+            if line.startswith("ob="):
+                obj = names[m.group(1)]
+        elif line.startswith("calls="):
+            call_cost = True
+    return counts
+
+
+def locked_instructions(obj):
+    """The addresses of `obj`'s atomic read-modify-write instructions."""
+    if not os.path.isfile(obj):
+        return {}
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj], capture_output=True,
+                         text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"\s+([0-9a-f]+):\s+(.*)", line)
+        if m:
+            ins = m.group(2).strip()
+            if ins.startswith("lock ") or (ins.startswith("xchg") and "(" in ins):
+                found[int(m.group(1), 16)] = ins
+    return found
+
+
+def count_atomics(name, pid, requests):
+    """Atomic read-modify-writes per request in the newest dump of `pid`; the sites executed
+    at least once per 20 requests written to bench/out/atomics-NAME.txt."""
+    counts = executed(newest_dump(pid))
+    sites = []
+    for obj in sorted({o for o, _ in counts}):
+        locked = locked_instructions(obj)
+        sites += [(n, obj, a, locked[a]) for (o, a), n in counts.items()
+                  if o == obj and a in locked and n]
+    sites.sort(reverse=True)
+    shown = [s for s in sites if s[0] >= requests / 20]
+    where = {}
+    for obj in {o for _, o, _, _ in shown}:
+        addrs = [a for _, o, a, _ in shown if o == obj]
+        out = subprocess.run(["addr2line", "-f", "-i", "-C", "-a", "-e", obj,
+                              *map(hex, addrs)], capture_output=True, text=True).stdout
+        for block in re.split(r"^(?=0x[0-9a-f]+$)", out, flags=re.M):
+            lines = block.split("\n")
+            if lines[0].startswith("0x"):
+                # The innermost frames: the atomic operation and what it belongs to.
+                where[(obj, int(lines[0], 16))] = " < ".join(
+                    f"{fn[:80]} ({loc.rsplit('/', 1)[-1]})"
+                    for fn, loc in list(zip(lines[1::2], lines[2::2]))[:10] if fn)
+    with open(c.p(f"atomics-{name}.txt"), "w") as f:
+        f.write(f"# {name}: atomic read-modify-writes per request, by site\n")
+        for n, obj, a, ins in shown:
+            f.write(f"{n / requests:7.2f}  {os.path.basename(obj)} {a:#x} {ins}\n"
+                    f"         {where.get((obj, a), '')}\n")
+    return sum(n for n, *_ in sites) / requests
+
+
+def measure(target, pid, rate, duration, closed=None, atomics=False):
     load = (["--mode", "closed", "--connections", str(closed)] if closed
             else ["--mode", "rate", "--rate", str(rate), "--connections", "4"])
     control(pid, "-i", "on")
@@ -104,6 +199,8 @@ def measure(target, pid, rate, duration, closed=None):
     for column, names in SIMULATED:
         if all(n in events for n in names):
             out[column] = sum(events[n] for n in names) / requests
+    if atomics:
+        out["atomics"] = count_atomics(target[0], pid, requests)
     return out
 
 
@@ -119,6 +216,8 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and branch predictor (slower)")
+    ap.add_argument("--atomics", action="store_true",
+                    help="also count atomic read-modify-write instructions per request")
     args = ap.parse_args()
     keep = args.only.split(",")
     c.TARGETS[:] = [t for t in c.TARGETS
@@ -128,7 +227,7 @@ def main():
     c.prepare(not args.no_build, {"valgrind": "valgrind", "callgrind_control": "valgrind"})
     for f in glob.glob(c.p("callgrind.*")):
         os.remove(f)
-    under_callgrind(args.cache_sim)
+    under_callgrind(args.cache_sim, args.atomics)
     results = {}
     try:
         procs, failed = c.start_targets()
@@ -138,13 +237,15 @@ def main():
                 continue
             # The process that serves: nginx's worker (the last of its tree), else the one.
             pid = c.proc_tree(procs[name].pid)[-1]
-            results[name] = measure((name, port), pid, args.rate, args.duration, args.closed)
+            results[name] = measure((name, port), pid, args.rate, args.duration, args.closed,
+                                    args.atomics)
             c.log(f"{name}: {json.dumps(results[name])}")
     finally:
         c.stop_all()
     with open(c.p("instructions.json"), "w") as f:
         json.dump(results, f, indent=1)
-    columns = [col for col, _ in SIMULATED if args.cache_sim]
+    columns = ([col for col, _ in SIMULATED if args.cache_sim]
+               + (["atomics"] if args.atomics else []))
     print("| target | requests counted | instructions / request |"
           + "".join(f" {col} / request |" for col in columns))
     print("|---|---:|---:|" + "---:|" * len(columns))

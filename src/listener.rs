@@ -20,7 +20,6 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tower::util::Oneshot;
@@ -33,6 +32,7 @@ use crate::config::Loaded;
 use crate::connections::{ConnectionTable, HeadWatch, Slot};
 use crate::edge::HttpStack;
 use crate::lingering::Lingering;
+use crate::server::drain::{Drain, DrainWatch};
 use crate::server::shared::Shared;
 
 /// Streams per HTTP/2 connection, at most (and never more than the in-flight limit).
@@ -127,7 +127,7 @@ impl ConnectionStack {
     }
 }
 
-/// Serve one accepted connection under the graceful-shutdown watcher, until it ends, the
+/// Serve one accepted connection, watched by the drain, until it ends, the
 /// table evicts it, or it sits idle past its lifetime.
 async fn serve_connection<IO>(
     io: IO,
@@ -136,7 +136,7 @@ async fn serve_connection<IO>(
     slot: Slot,
     lifetime: Lifetime,
     (shared, stacks): (Arc<Shared>, Arc<ArcSwap<HttpStack>>),
-    watcher: hyper_util::server::graceful::Watcher,
+    mut drain: DrainWatch,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -172,22 +172,47 @@ async fn serve_connection<IO>(
     } else {
         lifetime.idle
     };
-    // The watch runs in a task of its own, so that the connection's many wake-ups poll only a
-    // channel, not its timer and notifications; it ends with the connection.
-    let (closed, closing) = tokio::sync::oneshot::channel::<()>();
+    // The watch runs in a task of its own, so that the connection's many wake-ups poll only
+    // two channels, not its timer, its notifications and the drain's watch. It tells the
+    // connection to close (idle, or its place needed) or to finish its request and close (the
+    // drain began), and holds the drain's watch until the connection has ended.
+    let (closed, mut closing) = tokio::sync::oneshot::channel::<()>();
+    let (began, mut draining) = tokio::sync::oneshot::channel::<()>();
     let watch = slot.closing(lifetime.first_request, idle, lifetime.head);
     let _watch = AbortOnDrop(tokio::spawn(async move {
-        watch.await;
-        let _ = closed.send(());
-    }));
-    tokio::select! {
-        r = watcher.watch(conn) => {
-            if let Err(e) = r {
-                tracing::debug!("connection ended: {e}");
+        let mut watch = std::pin::pin!(watch);
+        tokio::select! {
+            _ = watch.as_mut() => {}
+            _ = drain.began() => {
+                let _ = began.send(());
+                watch.await;
             }
         }
-        _ = closing => {
-            tracing::debug!("connection closed: idle, or its place was needed");
+        let _ = closed.send(());
+        // Dropped (with the drain's watch) only when the connection has ended.
+        std::future::pending::<()>().await;
+    }));
+    let mut conn = std::pin::pin!(conn);
+    let mut drained = false;
+    loop {
+        tokio::select! {
+            biased;
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!("connection ended: {e}");
+                }
+                return;
+            }
+            _ = &mut closing => {
+                tracing::debug!("connection closed: idle, or its place was needed");
+                return;
+            }
+            r = &mut draining, if !drained => {
+                drained = true;
+                if r.is_ok() {
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
         }
     }
 }
@@ -201,11 +226,9 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The graceful-shutdown watcher, unless shutdown has begun.
-async fn watcher(
-    graceful: &tokio::sync::Mutex<Option<GracefulShutdown>>,
-) -> Option<hyper_util::server::graceful::Watcher> {
-    graceful.lock().await.as_ref().map(|g| g.watcher())
+/// A new connection's watch of the drain, unless the drain has begun.
+async fn drain_watch(drain: &tokio::sync::Mutex<Option<Drain>>) -> Option<DrainWatch> {
+    drain.lock().await.as_ref().map(Drain::watch)
 }
 
 /// Serve a Unix socket: every connection is the local principal.
@@ -214,7 +237,7 @@ pub async fn accept_unix(
     shared: Arc<Shared>,
     stacks: Arc<ArcSwap<HttpStack>>,
     mut shutdown: watch::Receiver<bool>,
-    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    drain: Arc<tokio::sync::Mutex<Option<Drain>>>,
     max_conns: usize,
 ) {
     let table = ConnectionTable::new(max_conns, max_conns);
@@ -234,14 +257,14 @@ pub async fn accept_unix(
                 continue;
             }
         };
-        let Some(watcher) = watcher(&graceful).await else {
+        let Some(watch) = drain_watch(&drain).await else {
             return;
         };
         let lifetime = Lifetime::of(&shared.config.load());
         let parts = (shared.clone(), stacks.clone());
         shared.workers.serve(stream, move |stream| {
             let local = ConnectionIdentity::Local;
-            serve_connection(stream, local, false, slot, lifetime, parts, watcher)
+            serve_connection(stream, local, false, slot, lifetime, parts, watch)
         });
     }
 }
@@ -278,7 +301,7 @@ pub async fn accept_tcp(
     endpoint: TcpEndpoint,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
-    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    drain: Arc<tokio::sync::Mutex<Option<Drain>>>,
 ) {
     let limits = shared.config.load().config.limits.clone();
     let table = ConnectionTable::new(limits.max_connections, limits.max_connections_per_peer);
@@ -298,12 +321,12 @@ pub async fn accept_tcp(
             }
         };
         let _ = stream.set_nodelay(true);
-        if graceful.lock().await.is_none() {
+        if drain.lock().await.is_none() {
             return;
         }
-        let (endpoint, graceful, to) = (endpoint.clone(), graceful.clone(), shared.clone());
+        let (endpoint, drain, to) = (endpoint.clone(), drain.clone(), shared.clone());
         shared.workers.serve(stream, move |stream| {
-            serve_tcp(stream, peer, slot, endpoint, to, graceful)
+            serve_tcp(stream, peer, slot, endpoint, to, drain)
         });
     }
 }
@@ -315,7 +338,7 @@ async fn serve_tcp(
     slot: Slot,
     endpoint: TcpEndpoint,
     shared: Arc<Shared>,
-    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    drain: Arc<tokio::sync::Mutex<Option<Drain>>>,
 ) {
     let mut lifetime = Lifetime::of(&shared.config.load());
     let (stacks, tls) = endpoint.parts(&shared);
@@ -329,10 +352,10 @@ async fn serve_tcp(
         let identity = ConnectionIdentity::Anonymous {
             remote_ip: Some(peer.ip()),
         };
-        let Some(watcher) = watcher(&graceful).await else {
+        let Some(watch) = drain_watch(&drain).await else {
             return;
         };
-        return serve_connection(stream, identity, false, slot, lifetime, parts, watcher).await;
+        return serve_connection(stream, identity, false, slot, lifetime, parts, watch).await;
     };
     let handshake =
         Duration::from_millis(shared.config.load().config.limits.tls_handshake_timeout_ms);
@@ -377,8 +400,8 @@ async fn serve_tcp(
     }
     let h2 = conn.alpn_protocol() == Some(b"h2");
     // Watched for the drain only from here: a handshake never holds a shutdown up.
-    let Some(watcher) = watcher(&graceful).await else {
+    let Some(watch) = drain_watch(&drain).await else {
         return;
     };
-    serve_connection(tls, identity, h2, slot, lifetime, parts, watcher).await
+    serve_connection(tls, identity, h2, slot, lifetime, parts, watch).await
 }

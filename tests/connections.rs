@@ -112,21 +112,48 @@ async fn a_connection_that_sends_nothing_is_closed_at_the_first_request_deadline
     r.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_keep_alive_connection_with_no_call_in_flight_is_closed_when_idle() {
-    let env = Env::new().await;
-    let r = env
-        .start(&env.tools_yaml("limits: { idle_timeout_ms: 300 }"))
-        .await;
-    let mut conn = tls_connect(&env, &r, &env.pki.gateway).await;
+/// A keep-alive connection of the gateway's that has had one call answered, left open.
+async fn served_keep_alive(env: &Env, r: &Running) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut conn = tls_connect(env, r, &env.pki.gateway).await;
     conn.write_all(&request_bytes()).await.unwrap();
     let mut buf = vec![0u8; 16 * 1024];
     let n = conn.read(&mut buf).await.unwrap();
     let head = String::from_utf8_lossy(&buf[..n]).to_string();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(head.contains(r#""status":"ok""#), "{head}");
+    conn
+}
+
+#[tokio::test]
+async fn a_keep_alive_connection_with_no_call_in_flight_is_closed_when_idle() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { idle_timeout_ms: 300 }"))
+        .await;
+    let mut conn = served_keep_alive(&env, &r).await;
     assert!(closed_within(&mut conn, CLOSE_WITHIN).await);
     r.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_drain_closes_an_idle_keep_alive_connection_at_once() {
+    let env = Env::new().await;
+    // Neither the idle timeout nor the drain's (30 s) would end it within the test's bound.
+    let r = env
+        .start(&env.tools_yaml("limits: { idle_timeout_ms: 60000 }"))
+        .await;
+    let mut conn = served_keep_alive(&env, &r).await;
+    let drain = tokio::spawn(r.shutdown());
+    assert!(
+        closed_within(&mut conn, CLOSE_WITHIN).await,
+        "the idle connection was told to close"
+    );
+    // carapace lingers until the caller closes its side too.
+    drop(conn);
+    tokio::time::timeout(CLOSE_WITHIN, drain)
+        .await
+        .expect("the drain ended once the connection closed")
+        .unwrap();
 }
 
 #[tokio::test]

@@ -156,7 +156,7 @@ mod tests {
             let mut req = Request::post("/v1/tools/call").body(()).unwrap();
             req.extensions_mut()
                 .insert(request_id::RequestId(HeaderValue::from_static("id-7")));
-            let scope = call_scope(&req, beside);
+            let mut scope = call_scope(&req, beside);
             let text = scope.in_scope(call_fields::current_fields).map(|f| {
                 let mut text = String::new();
                 f.write(&mut text).unwrap();

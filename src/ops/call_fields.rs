@@ -192,21 +192,35 @@ impl CallScope {
         }
     }
 
-    /// Run in this scope until the guard is dropped.
-    pub fn enter(&self) -> Entered<'_> {
-        match self {
-            CallScope::Span(span) => Entered::Span(span.enter()),
-            CallScope::Fields(fields) => Entered::Fields(
-                CURRENT
-                    .try_with(|c| c.borrow_mut().replace(Arc::clone(fields)))
-                    .ok()
-                    .flatten(),
-            ),
+    /// Run in this scope until the guard is dropped. The fields are moved onto the thread
+    /// and back when the guard is dropped, so entering changes no reference count: a call's
+    /// future enters its scope at every poll, and each atomic increment and decrement of a
+    /// shared count is a locked instruction.
+    pub fn enter(&mut self) -> Entered<'_> {
+        if let CallScope::Span(span) = self {
+            return Entered::Span(span.enter());
+        }
+        // Left in the fields' place while they are on the thread: a span that is no span.
+        let CallScope::Fields(fields) = std::mem::replace(self, CallScope::Span(Span::none()))
+        else {
+            unreachable!("a span returned above")
+        };
+        let mut ours = Some(fields);
+        match CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), ours.take())) {
+            Ok(before) => Entered::Fields {
+                scope: self,
+                before,
+            },
+            // The thread's locals are being destroyed: nothing is current, the fields stay.
+            Err(_) => {
+                *self = CallScope::Fields(ours.take().expect("not moved"));
+                Entered::Outside
+            }
         }
     }
 
     /// `f` run in this scope.
-    pub fn in_scope<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub fn in_scope<T>(&mut self, f: impl FnOnce() -> T) -> T {
         let _entered = self.enter();
         f()
     }
@@ -254,17 +268,25 @@ pub fn record_tool(tool: &Arc<ToolSpec>) {
 #[must_use = "the scope is left when the guard is dropped"]
 pub enum Entered<'a> {
     Span(tracing::span::Entered<'a>),
-    /// The fields current before (put back on drop).
-    Fields(Option<Arc<CallFields>>),
+    /// The fields are on the thread; `before` was current before them (put back on drop, and
+    /// the fields back into `scope`).
+    Fields {
+        scope: &'a mut CallScope,
+        before: Option<Arc<CallFields>>,
+    },
+    /// Entered while the thread's locals were being destroyed: nothing to put back.
+    Outside,
 }
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        if let Entered::Fields(before) = self {
+        if let Entered::Fields { scope, before } = self {
             let before = before.take();
-            let ours = CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), before));
-            // Dropped outside the borrow.
-            drop(ours);
+            if let Ok(Some(ours)) =
+                CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), before))
+            {
+                **scope = CallScope::Fields(ours);
+            }
         }
     }
 }
@@ -335,8 +357,8 @@ mod tests {
     #[test]
     fn fields_are_current_only_while_entered_and_nest() {
         assert!(current_fields().is_none());
-        let outer = CallScope::Fields(fields());
-        let inner = CallScope::Fields(Arc::new(CallFields::new(
+        let mut outer = CallScope::Fields(fields());
+        let mut inner = CallScope::Fields(Arc::new(CallFields::new(
             HeaderValue::from_static("inner"),
             Method::GET,
             Uri::from_static("/"),
@@ -349,6 +371,28 @@ mod tests {
             assert!(text(&current_fields().unwrap()).contains("0af7651916cd43dd"));
         });
         assert!(current_fields().is_none());
+    }
+
+    #[test]
+    fn entering_moves_the_fields_onto_the_thread_and_back_without_a_copy() {
+        let fields = fields();
+        let weak = Arc::downgrade(&fields);
+        let mut scope = CallScope::Fields(fields);
+        for _ in 0..2 {
+            let entered = scope.enter();
+            // The thread holds the one reference there is: moved, not cloned.
+            assert_eq!(weak.strong_count(), 1);
+            let current = current_fields().unwrap();
+            assert!(std::ptr::eq(&*current, weak.as_ptr()));
+            drop(current);
+            drop(entered);
+            assert!(current_fields().is_none());
+            match &scope {
+                CallScope::Fields(back) => assert!(std::ptr::eq(&**back, weak.as_ptr())),
+                CallScope::Span(_) => panic!("the fields were not given back"),
+            }
+            assert_eq!(weak.strong_count(), 1);
+        }
     }
 
     #[test]

@@ -77,7 +77,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let scope = (self.make_span)(&req).into();
+        let mut scope = (self.make_span)(&req).into();
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let inner = scope.in_scope(|| self.inner.call(req));
         ResponseFuture {

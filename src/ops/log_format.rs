@@ -341,7 +341,7 @@ mod tests {
             span.in_scope(|| a_calls_lines(|f, v| CallScope::current().record(f, v)));
         });
         let beside = lines(TextFormat::default(), || {
-            let scope = CallScope::Fields(std::sync::Arc::new(CallFields::new(
+            let mut scope = CallScope::Fields(std::sync::Arc::new(CallFields::new(
                 http::HeaderValue::from_static("0af7651916cd43dd"),
                 http::Method::POST,
                 http::Uri::from_static("/v1/tools/call?q=1"),

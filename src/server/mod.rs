@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use carapace_filters::signature::UnixClock;
 use http::Request;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 
 use crate::caller_body::CallerBody;
@@ -23,6 +22,7 @@ pub use crate::inbound::build_stack;
 pub use crate::ops::reload::reload;
 
 mod bind;
+pub mod drain;
 mod error;
 mod files;
 pub(crate) mod shared;
@@ -64,13 +64,13 @@ pub struct Running {
     pub admin_socket: PathBuf,
     shutdown: watch::Sender<bool>,
     tasks: tokio::task::JoinSet<()>,
-    graceful: Arc<tokio::sync::Mutex<Option<GracefulShutdown>>>,
+    drain: Arc<tokio::sync::Mutex<Option<drain::Drain>>>,
 }
 
 impl Running {
     /// Stop accepting, let calls in flight finish (up to the drain timeout), then return.
     pub async fn shutdown(mut self) {
-        let drain = Duration::from_secs(self.shared.config.load().config.limits.drain_timeout_s);
+        let timeout = Duration::from_secs(self.shared.config.load().config.limits.drain_timeout_s);
         let _ = self.shutdown.send(true);
         // Accept loops end first, so no new connection is watched after this point.
         while let Some(r) = self.tasks.join_next().await {
@@ -80,9 +80,12 @@ impl Running {
                 }
             }
         }
-        let graceful = self.graceful.lock().await.take();
-        if let Some(g) = graceful {
-            if tokio::time::timeout(drain, g.shutdown()).await.is_err() {
+        let drain = self.drain.lock().await.take();
+        if let Some(drain) = drain {
+            if tokio::time::timeout(timeout, drain.shutdown())
+                .await
+                .is_err()
+            {
                 tracing::warn!("drain timeout elapsed; closing remaining connections");
             }
         }

@@ -9,11 +9,11 @@ use arc_swap::ArcSwap;
 use carapace_filters::kill_switch::KillSwitch;
 use carapace_filters::nonce::{NonceStore, NonceStoreConfig};
 use carapace_filters::signature::UnixClock;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use super::bind::{bind_tcp, bind_unix_socket, pairing_endpoint};
+use super::drain::Drain;
 use super::error::StartError;
 use super::files::create_private_dir;
 use super::shared::{switches, tls_acceptor, Shared};
@@ -346,7 +346,7 @@ async fn bind_listeners(
 fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
     let c = &cfg.config;
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let graceful = Arc::new(tokio::sync::Mutex::new(Some(GracefulShutdown::new())));
+    let drain = Arc::new(tokio::sync::Mutex::new(Some(Drain::default())));
     let mut tasks = tokio::task::JoinSet::new();
     let tcp_address = bound.tcp.as_ref().and_then(|l| l.local_addr().ok());
     let outbound_address = bound
@@ -367,7 +367,7 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
             shared.clone(),
             shared.stack.clone(),
             shutdown.clone(),
-            graceful.clone(),
+            drain.clone(),
             max_conns,
         ));
     }
@@ -378,7 +378,7 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
             crate::listener::TcpEndpoint::Inbound,
             shared.clone(),
             shutdown.clone(),
-            graceful.clone(),
+            drain.clone(),
         );
         tasks.spawn(accept);
     }
@@ -392,7 +392,7 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
             crate::listener::TcpEndpoint::Outbound(tls),
             shared.clone(),
             shutdown.clone(),
-            graceful.clone(),
+            drain.clone(),
         ));
     }
     if let Some(l) = bound.ops {
@@ -414,7 +414,7 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
             shared.clone(),
             shared.outbound_stack.clone(),
             shutdown.clone(),
-            graceful.clone(),
+            drain.clone(),
             max_conns,
         ));
         tasks.spawn(outbound_discovery(ob, shared.clone(), shutdown.clone()));
@@ -444,6 +444,6 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
         admin_socket: cfg.admin_socket(),
         shutdown: shutdown_tx,
         tasks,
-        graceful,
+        drain,
     }
 }

@@ -219,7 +219,16 @@ impl Pools {
             since: clock::now(),
         });
         drop(idle);
-        if !pool.sweeping.swap(true, Ordering::AcqRel) {
+        self.keep_swept(home);
+    }
+
+    /// Start worker `home`'s sweeper unless it runs. Read first: a swap is a locked
+    /// instruction, and the sweeper runs while connections are idle, so a checkin nearly always
+    /// finds it running. (It stops only with both lists locked and empty: a connection pushed
+    /// after it looked is seen here as not swept.)
+    fn keep_swept(self: &Arc<Self>, home: usize) {
+        let sweeping = &self.per_worker[home].sweeping;
+        if !sweeping.load(Ordering::Acquire) && !sweeping.swap(true, Ordering::AcqRel) {
             tokio::spawn(sweep(self.clone(), home));
         }
     }
@@ -262,9 +271,7 @@ impl Pools {
             since: clock::now(),
         });
         drop(idle);
-        if !pool.sweeping.swap(true, Ordering::AcqRel) {
-            tokio::spawn(sweep(self.clone(), home));
-        }
+        self.keep_swept(home);
     }
 }
 
