@@ -9,6 +9,7 @@
 //! `first_request_timeout_ms`. The [`ConnectionTable`] keeps such connections, and every
 //! other unpaired one, from ever locking out a paired peer.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -136,7 +137,7 @@ async fn serve_connection<IO>(
     slot: Slot,
     lifetime: Lifetime,
     (shared, stacks): (Arc<Shared>, Arc<ArcSwap<HttpStack>>),
-    mut drain: DrainWatch,
+    drain: DrainWatch,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -172,26 +173,8 @@ async fn serve_connection<IO>(
     } else {
         lifetime.idle
     };
-    // The watch runs in a task of its own, so that the connection's many wake-ups poll only
-    // two channels, not its timer, its notifications and the drain's watch. It tells the
-    // connection to close (idle, or its place needed) or to finish its request and close (the
-    // drain began), and holds the drain's watch until the connection has ended.
-    let (closed, mut closing) = tokio::sync::oneshot::channel::<()>();
-    let (began, mut draining) = tokio::sync::oneshot::channel::<()>();
     let watch = slot.closing(lifetime.first_request, idle, lifetime.head);
-    let _watch = AbortOnDrop(tokio::spawn(async move {
-        let mut watch = std::pin::pin!(watch);
-        tokio::select! {
-            _ = watch.as_mut() => {}
-            _ = drain.began() => {
-                let _ = began.send(());
-                watch.await;
-            }
-        }
-        let _ = closed.send(());
-        // Dropped (with the drain's watch) only when the connection has ended.
-        std::future::pending::<()>().await;
-    }));
+    let (_watch, mut closing, mut draining) = ConnectionWatch::spawn(watch, drain);
     let mut conn = std::pin::pin!(conn);
     let mut drained = false;
     loop {
@@ -217,10 +200,43 @@ async fn serve_connection<IO>(
     }
 }
 
-/// A task that ends when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// A connection's watch, in a task of its own, so that the connection's many wake-ups poll
+/// only two channels, not its timer, its notifications and the drain's watch. It tells the
+/// connection to close (idle, or its place needed) or to finish its request and close (the
+/// drain began), and holds the drain's watch until the connection has ended: the task ends
+/// when this handle is dropped.
+struct ConnectionWatch(tokio::task::JoinHandle<()>);
 
-impl Drop for AbortOnDrop {
+/// The watch's word to its connection: close now, or begin to drain.
+type Told = tokio::sync::oneshot::Receiver<()>;
+
+impl ConnectionWatch {
+    /// Watch `closing` (the slot's idle and head timers) and `drain`; the two receivers hear
+    /// when the connection is to close, and when the drain began.
+    fn spawn(
+        closing: impl Future<Output = ()> + Send + 'static,
+        mut drain: DrainWatch,
+    ) -> (Self, Told, Told) {
+        let (closed, closing_told) = tokio::sync::oneshot::channel::<()>();
+        let (began, draining_told) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut closing = std::pin::pin!(closing);
+            tokio::select! {
+                _ = closing.as_mut() => {}
+                _ = drain.began() => {
+                    let _ = began.send(());
+                    closing.await;
+                }
+            }
+            let _ = closed.send(());
+            // Dropped (with the drain's watch) only when the connection has ended.
+            std::future::pending::<()>().await;
+        });
+        (ConnectionWatch(task), closing_told, draining_told)
+    }
+}
+
+impl Drop for ConnectionWatch {
     fn drop(&mut self) {
         self.0.abort();
     }

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use serde_json::Value;
 use tower::{Layer, Service};
 
-use crate::call::{CallOutcome, ToolCall};
+use crate::call::{CallOutcome, ToolCall, ToolSpec};
 use crate::{Rejection, SchemaViolation};
 
 /// Most violations reported back to a caller for one instance.
@@ -159,10 +159,11 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let schema = call.tool.output.clone();
+        // The tool, not a copy of its schema: one reference count taken instead of two.
+        let tool = call.tool.output.is_some().then(|| Arc::clone(&call.tool));
         OutputSchemaFuture {
             inner: self.inner.call(call),
-            schema,
+            tool,
         }
     }
 }
@@ -173,7 +174,8 @@ pin_project! {
     pub struct OutputSchemaFuture<F> {
         #[pin]
         inner: F,
-        schema: Option<CompiledSchema>,
+        // The called tool, when it has an output schema.
+        tool: Option<Arc<ToolSpec>>,
     }
 }
 
@@ -186,7 +188,8 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let outcome = ready!(this.inner.poll(cx))?;
-        if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, this.schema.as_ref()) {
+        let schema = this.tool.as_ref().and_then(|tool| tool.output.as_ref());
+        if let (CallOutcome::Ok { output, .. }, Some(schema)) = (&outcome, schema) {
             tracing::debug_span!("output_schema")
                 .in_scope(|| schema.validate_redacted(output))
                 .map_err(Rejection::OutputSchema)?;

@@ -123,6 +123,13 @@ impl CatalogHandle {
         self.current.load_full()
     }
 
+    /// The served catalog's entry for the tool `name` ([`Catalog::lookup`]), read without
+    /// taking a reference to the whole catalog: a call needs only its tool, and each count
+    /// taken and given back is an atomic read-modify-write on a line every call shares.
+    pub fn lookup(&self, name: &str) -> Result<Arc<ToolSpec>, Rejection> {
+        self.current.load().lookup(name).cloned()
+    }
+
     /// Serve `catalog` (the outbound registry builds its own from several peers).
     pub fn replace(&self, catalog: Catalog) {
         self.set_base(catalog);
@@ -389,4 +396,28 @@ pub fn tools_v1_descriptor(t: &ToolSpec) -> Value {
         None => Value::Null,
     };
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_looks_its_tool_up_in_the_catalog_served_now() {
+        let handle = CatalogHandle::default();
+        let tool = crate::front::tool_call(None).tool;
+        let mut catalog = Catalog::default();
+        catalog.tools.insert("t".into(), tool.clone());
+        handle.replace(catalog);
+        assert!(Arc::ptr_eq(&handle.lookup("t").unwrap(), &tool));
+        assert!(matches!(handle.lookup("x"), Err(Rejection::ToolNotFound(n)) if n == "x"));
+        // A tool a connected caller offers is served beside the app's.
+        handle.set_overlay(BTreeMap::from([("c".to_string(), tool.clone())]));
+        assert!(handle.lookup("c").is_ok() && handle.lookup("t").is_ok());
+        handle.set_overlay(BTreeMap::new());
+        assert!(matches!(
+            handle.lookup("c"),
+            Err(Rejection::ToolNotFound(_))
+        ));
+    }
 }

@@ -1,7 +1,7 @@
 //! The call-stage stack as the fronts hold it: a copy per started call, kept for the next one
 //! by the worker that started it.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
@@ -93,24 +93,31 @@ impl CallStack {
         }
     }
 
-    /// The calling worker's spare copies.
-    fn spare(&self) -> MutexGuard<'_, Vec<CallService>> {
+    /// The calling worker's spare copies, unless they are in use: by this thread further up
+    /// (a layer that starts a call on the same stack) or by another worker that shares them.
+    fn spare(&self) -> Option<MutexGuard<'_, Vec<CallService>>> {
         let i = crate::server::worker_index() % self.spare.len();
-        self.spare[i].0.lock().unwrap_or_else(|e| e.into_inner())
+        match self.spare[i].0.try_lock() {
+            Ok(spare) => Some(spare),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Start `call` on a copy of the stack: a kept one when there is one. Every layer is ready
     /// at once (limits are taken in `call`); should one not be, the call waits for it on its
     /// copy, which is then not kept. The layers' `call` runs here, not when the returned future
     /// is first polled, and the stack as a `Service` is always ready: readiness is each copy's.
+    /// The spare copies stay locked while the call starts, so a call takes and gives back a
+    /// copy under one lock.
     pub fn start(&self, call: ToolCall) -> BoxFuture<Result<CallOutcome, Rejection>> {
-        let kept = self.spare().pop();
+        let mut spare = self.spare();
+        let kept = spare.as_mut().and_then(|spare| spare.pop());
         let mut copy = kept.unwrap_or_else(|| self.service.clone());
         match copy.ready().now_or_never() {
             Some(Ok(svc)) => {
                 let started = svc.call(call);
-                let mut spare = self.spare();
-                if spare.len() < SPARE_COPIES {
+                if let Some(spare) = spare.as_mut().filter(|s| s.len() < SPARE_COPIES) {
                     spare.push(copy);
                 }
                 started
@@ -252,6 +259,49 @@ pub(crate) mod tests {
         assert!(a.await.is_ok() && b.await.is_ok());
         assert_eq!(calls.load(Ordering::SeqCst), 7);
         assert_eq!(copies.load(Ordering::SeqCst) - before, 1);
+    }
+
+    #[tokio::test]
+    async fn a_layer_that_starts_a_call_on_its_own_stack_gets_a_copy_of_its_own() {
+        // The spare copies are locked while a call starts: a layer that starts another call
+        // on the same stack from its `call` must get a fresh copy, not wait for that lock.
+        let stack = Arc::new(std::sync::OnceLock::<CallStack>::new());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let svc = {
+            let (stack, calls) = (stack.clone(), calls.clone());
+            tower::service_fn(move |call: ToolCall| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let nested = (call.call_id.as_ref() == "outer").then(|| {
+                    let mut inner = tool_call(None);
+                    inner.call_id = "inner".into();
+                    stack.get().expect("set").start(inner)
+                });
+                async move {
+                    if let Some(nested) = nested {
+                        nested.await?;
+                    }
+                    Ok(CallOutcome::Ok {
+                        output: serde_json::json!({}),
+                        meta: None,
+                        content: None,
+                    })
+                }
+            })
+        };
+        let _ = stack.set(CallStack::new(svc));
+        let mut outer = tool_call(None);
+        outer.call_id = "outer".into();
+        let started = stack.get().unwrap().start(outer);
+        let answered = tokio::time::timeout(Duration::from_secs(5), started).await;
+        assert!(matches!(answered, Ok(Ok(_))), "{answered:?}");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "the outer call and the one it started"
+        );
+        // The stack goes on starting calls on its kept copy.
+        assert!(stack.get().unwrap().start(tool_call(None)).await.is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]

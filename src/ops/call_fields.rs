@@ -256,12 +256,25 @@ impl CallScope {
 
 /// Record `field` of the call running now.
 pub fn record(field: CallField, value: &str) {
-    CallScope::current().record(field, value);
+    if !on_current(|fields| fields.record(field, value)) {
+        CallScope::Span(Span::current()).record(field, value);
+    }
 }
 
 /// Record [`CallField::Tool`] of the call running now: the name of `tool`.
 pub fn record_tool(tool: &Arc<ToolSpec>) {
-    CallScope::current().record_tool(tool);
+    if !on_current(|fields| fields.record_tool(tool)) {
+        CallScope::Span(Span::current()).record_tool(tool);
+    }
+}
+
+/// `f` run on the fields of the call running on this thread, borrowed where they are (a
+/// clone of their `Arc` would be an atomic increment and decrement per record); false when
+/// the call keeps none beside it.
+fn on_current(f: impl FnOnce(&CallFields)) -> bool {
+    CURRENT
+        .try_with(|c| c.borrow().as_deref().map(f).is_some())
+        .unwrap_or(false)
 }
 
 /// Guard of [`CallScope::enter`]: leaves the scope when dropped.

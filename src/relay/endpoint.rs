@@ -284,7 +284,7 @@ impl RelayLayer {
                 path: Some("/method".into()),
             });
         }
-        let tool = self.catalog.load().lookup(&c.params.tool)?.clone();
+        let tool = self.catalog.lookup(&c.params.tool)?;
         let call = ToolCall {
             call_id: format!("ctr-{}", hex::encode(rand::random::<[u8; 8]>())).into(),
             tool,

@@ -309,7 +309,7 @@ impl SkillV1Front {
                 "tool discovery has not succeeded yet".into(),
             ));
         }
-        self.catalog.load().lookup(capability).cloned()
+        self.catalog.lookup(capability)
     }
 
     /// The call of a decoded body, with the request's credential headers.

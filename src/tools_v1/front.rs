@@ -293,11 +293,7 @@ fn decode(
             "tool discovery has not succeeded yet".into(),
         )));
     }
-    let tool = catalog
-        .load()
-        .lookup(&req.tool_name)
-        .cloned()
-        .map_err(fail)?;
+    let tool = catalog.lookup(&req.tool_name).map_err(fail)?;
     Ok(ToolCall {
         call_id: req.call_id,
         tool,

@@ -141,8 +141,8 @@ impl McpFront {
                 "tool discovery has not succeeded yet".into(),
             )));
         }
-        let tool = match self.catalog.load().lookup(name) {
-            Ok(tool) => tool.clone(),
+        let tool = match self.catalog.lookup(name) {
+            Ok(tool) => tool,
             Err(e @ Rejection::ToolNotApproved { .. }) => return Err(McpError::Refused(e)),
             Err(_) => return Err(McpError::InvalidParams(format!("Unknown tool: {name}"))),
         };
