@@ -10,7 +10,11 @@ mTLS, 32 connections. For each target and each load (saturation, closed loop; a 
 3,000/s) it counts, with `perf stat` attached to the proxy's processes (every thread) for the
 measured window only, the system calls entered (`raw_syscalls:sys_enter`, and the main ones
 by name) and the context switches, and divides them by the requests answered in that window.
-Results go to bench/out/syscalls.json and a table to stdout.
+It also counts the TCP segments the whole machine sent in that window (`/proc/net/snmp`
+`OutSegs`: caller to proxy, proxy to app and back, all on loopback) and, of those, the pure
+acknowledgements (`TCPPureAcks` of `/proc/net/netstat`: on loopback every segment sent is
+received), per request: a segment is a pass through the kernel's TCP stack, paid in the
+sender's system time. Results go to bench/out/syscalls.json and a table to stdout.
 
 `--allocations` also counts carapace's heap allocations per request (uprobes on the entry
 points of its allocator, `perf probe`), at a fixed 300/s on 4 connections only: a uprobe
@@ -51,12 +55,24 @@ def allocation_probes(binaries):
     return events
 
 
+def tcp_counters():
+    """The machine's TCP segments sent and pure acknowledgements received, so far."""
+    values = {}
+    for path, prefix in (("/proc/net/snmp", "Tcp:"), ("/proc/net/netstat", "TcpExt:")):
+        with open(path) as f:
+            rows = [line.split() for line in f if line.startswith(prefix)]
+        for names, numbers in zip(rows[::2], rows[1::2]):
+            values.update(zip(names[1:], (int(n) for n in numbers[1:])))
+    return {"segments": values["OutSegs"], "pure_acks": values.get("TCPPureAcks", 0)}
+
+
 def counted(target, pids, extra, duration, warmup):
     """Run the load; `perf stat` over `pids` for the measured window. Per-request counts."""
     out = c.p("perf-stat.csv")
     perf = {}
 
     def begin():
+        perf["tcp"] = tcp_counters()
         perf["proc"] = subprocess.Popen(
             ["perf", "stat", "-x", ",", "-o", out, "-e", ",".join(EVENTS),
              "-p", ",".join(str(x) for x in pids)],
@@ -65,6 +81,8 @@ def counted(target, pids, extra, duration, warmup):
     def end():
         perf["proc"].send_signal(signal.SIGINT)
         perf["proc"].wait()
+        after = tcp_counters()
+        perf["tcp"] = {k: after[k] - v for k, v in perf["tcp"].items()}
 
     res = c.loadgen_window(target, extra, duration, warmup, begin, end)
     if "error" in res or res.get("errors"):
@@ -82,7 +100,9 @@ def counted(target, pids, extra, duration, warmup):
     return {"requests": requests, "throughput_rps": res["throughput_rps"],
             "syscalls": per.pop("raw_syscalls:sys_enter", None),
             "context_switches": per.pop("context-switches", None), "by_name": per,
-            "allocations": sum(allocations.values()) if allocations else None}
+            "allocations": sum(allocations.values()) if allocations else None,
+            "tcp_segments": perf["tcp"]["segments"] / requests,
+            "pure_acks": perf["tcp"]["pure_acks"] / requests}
 
 
 def main():
@@ -130,8 +150,8 @@ def main():
     with open(c.p("syscalls.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("| target | load | req/s | syscalls / req | context switches / req | "
-          + " | ".join(NAMED) + " | allocations / req |")
-    print("|---|---|---:|---:|---:|" + "---:|" * len(NAMED) + "---:|")
+          + " | ".join(NAMED) + " | TCP segments / req | pure ACKs / req | allocations / req |")
+    print("|---|---|---:|---:|---:|" + "---:|" * len(NAMED) + "---:|---:|---:|")
     for name, loads in results.items():
         for load, runs in loads.items():
             ok = [r for r in runs if "error" not in r]
@@ -144,7 +164,7 @@ def main():
             allocs = "" if allocs is None or name not in c.CARAPACES else f"{allocs:.1f}"
             print(f"| {c.LABEL[name]} | {load} | {med['throughput_rps']:,.0f} | "
                   f"{med['syscalls']:.2f} | {med['context_switches']:.2f} | {named} | "
-                  f"{allocs} |")
+                  f"{med['tcp_segments']:.2f} | {med['pure_acks']:.2f} | {allocs} |")
 
 
 if __name__ == "__main__":
