@@ -22,7 +22,7 @@ pub use crate::inbound::build_stack;
 pub use crate::ops::reload::reload;
 
 mod bind;
-pub mod drain;
+pub(crate) mod drain;
 mod error;
 mod files;
 pub(crate) mod shared;
