@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Where a proxy's CPU goes at saturation: `perf record -g` on one target of bench/compare.py.
+"""Where a proxy's CPU goes at saturation (or at a fixed rate): `perf record -g` on one target of
+bench/compare.py.
 
-    python3 bench/profile.py [--no-build] [--target carapace-full] [--duration 5]
+    python3 bench/profile.py [--no-build] [--target carapace-full] [--duration 5] [--rate N]
 
 Same setup as bench/compare.py (its certificates, configurations, pinning and load generator):
 the app and the proxy on core 0, the load generator on core 1, one worker each, mTLS, 32
-connections in a closed loop. `perf record -g` samples the proxy's processes (every thread)
+connections in a closed loop (with `--rate N`, at N requests per second instead, sampled
+more often: the work of a request that arrives to a core doing nothing else, its caches
+cooled by whatever ran between two requests). `perf record -g` samples the proxy's processes (every thread)
 for the measured window only. Writes bench/out/profile-TARGET.data, and to
 bench/out/profile-TARGET.txt the share of samples by binary (kernel, the proxy, libc) and the
 top functions by exclusive (self) samples, with the flat view kept as the grouping.
@@ -22,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare as c  # noqa: E402
 
 
-def sampling(dwarf, allocations):
+def sampling(dwarf, allocations, rate=None):
     """`perf record`'s options: CPU samples, or every allocation (an uprobe on the
     allocator's entry point) with the stack that made it."""
     if allocations:
@@ -35,10 +38,11 @@ def sampling(dwarf, allocations):
                 "--call-graph", "dwarf,8192"]
     if dwarf:
         return ["--call-graph", "dwarf,16384", "-F", "499"]
-    return ["-g", "-F", "2999"]
+    # At a fixed rate the proxy runs a few percent of the time: sample it more often.
+    return ["-g", "-F", "19999" if rate else "2999"]
 
 
-def record(target, pids, duration, warmup, data, options):
+def record(target, pids, duration, warmup, data, options, rate=None):
     perf = {}
 
     def begin():
@@ -51,8 +55,9 @@ def record(target, pids, duration, warmup, data, options):
         perf["proc"].send_signal(signal.SIGINT)
         perf["proc"].wait()
 
-    res = c.loadgen_window(target, ["--mode", "closed", "--connections", "32"], duration,
-                           warmup, begin, end)
+    load = (["--mode", "rate", "--rate", str(rate)] if rate else ["--mode", "closed"])
+    res = c.loadgen_window(target, [*load, "--connections", "32"], duration, warmup, begin,
+                           end)
     return res
 
 
@@ -74,12 +79,15 @@ def main():
     ap.add_argument("--allocations", action="store_true",
                     help="sample allocations instead of CPU time (uprobe; carapace targets "
                          "only; the load runs far slower, so read shares, not rates)")
+    ap.add_argument("--rate", type=int,
+                    help="load at this many requests per second instead of a closed loop")
     args = ap.parse_args()
     c.TARGETS[:] = [t for t in c.TARGETS if t[0] == args.target]
     if not c.TARGETS:
         raise SystemExit(f"unknown target {args.target}")
     c.prepare(not args.no_build)
-    kind = "allocations-" if args.allocations else ""
+    kind = ("allocations-" if args.allocations else "") + (f"rate{args.rate}-" if args.rate
+                                                              else "")
     data = c.p(f"profile-{kind}{args.target}.data")
     try:
         procs, failed = c.start_targets()
@@ -88,7 +96,7 @@ def main():
         name, _, port = c.TARGETS[0]
         c.loadgen((name, port), ["--mode", "rate", "--rate", "20", "--connections", "1"], 0.5, 0)
         res = record((name, port), c.proc_tree(procs[name].pid), args.duration, 1, data,
-                     sampling(args.dwarf, args.allocations))
+                     sampling(args.dwarf, args.allocations, args.rate), args.rate)
     finally:
         c.stop_all()
     if "error" in res or res.get("errors"):

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
@@ -34,10 +35,37 @@ struct State {
     runtime: Switches,
 }
 
+impl State {
+    /// Whether any switch of either source is engaged.
+    fn any(&self) -> bool {
+        let engaged = |s: &Switches| s.global || !s.tools.is_empty();
+        engaged(&self.config) || engaged(&self.runtime)
+    }
+}
+
+/// The switches, and whether any is engaged.
+#[derive(Debug)]
+struct Shared {
+    state: RwLock<State>,
+    /// `state.any()`, stored under the state's write lock each time the state changes: a
+    /// call that finds it clear (every call while nothing is engaged) checks no further and
+    /// takes no lock.
+    engaged: AtomicBool,
+}
+
+impl Shared {
+    fn new(state: State) -> Arc<Self> {
+        Arc::new(Shared {
+            engaged: AtomicBool::new(state.any()),
+            state: RwLock::new(state),
+        })
+    }
+}
+
 /// Shared kill-switch state.
 #[derive(Debug, Clone)]
 pub struct KillSwitch {
-    state: Arc<RwLock<State>>,
+    state: Arc<Shared>,
     file: Option<Arc<PathBuf>>,
     /// Serializes runtime changes, so the state file is written outside the lock that
     /// requests read.
@@ -63,10 +91,10 @@ impl KillSwitch {
     /// A switch with only configuration state and nothing persisted.
     pub fn in_memory(config: Switches) -> Self {
         KillSwitch {
-            state: Arc::new(RwLock::new(State {
+            state: Shared::new(State {
                 config,
                 runtime: Switches::default(),
-            })),
+            }),
             file: None,
             writer: Arc::default(),
         }
@@ -89,7 +117,7 @@ impl KillSwitch {
                 Err(source) => return Err(KillSwitchError::Io { path: file, source }),
             };
         Ok(KillSwitch {
-            state: Arc::new(RwLock::new(State { config, runtime })),
+            state: Shared::new(State { config, runtime }),
             file: Some(Arc::new(file)),
             writer: Arc::default(),
         })
@@ -97,7 +125,7 @@ impl KillSwitch {
 
     /// Replace the configuration source (on reload).
     pub fn set_config(&self, config: Switches) {
-        self.write().config = config;
+        self.update(|s| s.config = config);
     }
 
     /// Engage or release the runtime switch, globally (`tool = None`) or for one tool, and
@@ -124,7 +152,7 @@ impl KillSwitch {
                 source,
             })?;
         }
-        self.write().runtime = next;
+        self.update(|s| s.runtime = next);
         Ok(())
     }
 
@@ -136,12 +164,18 @@ impl KillSwitch {
 
     /// Whether every call is refused.
     pub fn global_engaged(&self) -> bool {
+        if !self.state.engaged.load(Ordering::Acquire) {
+            return false;
+        }
         let s = self.read();
         s.config.global || s.runtime.global
     }
 
     /// Why a call to `tool` is refused, if it is.
     pub fn check(&self, tool: Option<&str>) -> Result<(), Rejection> {
+        if !self.state.engaged.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let s = self.read();
         if s.config.global || s.runtime.global {
             return Err(Rejection::Disabled("global".into()));
@@ -155,11 +189,14 @@ impl KillSwitch {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        self.state.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+    /// Change the state, and whether any switch is engaged with it.
+    fn update(&self, change: impl FnOnce(&mut State)) {
+        let mut state = self.state.state.write().unwrap_or_else(|e| e.into_inner());
+        change(&mut state);
+        self.state.engaged.store(state.any(), Ordering::Release);
     }
 }
 
@@ -252,6 +289,32 @@ mod tests {
         assert!(matches!(ks.check(None), Err(Rejection::Disabled(_))));
         ks.set_runtime(None, false).unwrap();
         assert!(ks.check(None).is_ok());
+    }
+
+    /// Calls pass without a look at the switches while none is engaged; every change to
+    /// either source is seen by every copy of the switch.
+    #[test]
+    fn a_switch_engaged_or_released_from_either_source_is_seen_at_once() {
+        let ks = KillSwitch::in_memory(Switches::default());
+        let copy = ks.clone();
+        assert!(copy.check(Some("a")).is_ok() && !copy.global_engaged());
+        ks.set_config(Switches {
+            global: false,
+            tools: ["a".to_string()].into(),
+        });
+        assert!(copy.check(Some("a")).is_err());
+        assert!(copy.check(Some("b")).is_ok() && !copy.global_engaged());
+        ks.set_runtime(None, true).unwrap();
+        ks.set_config(Switches::default());
+        assert!(copy.global_engaged() && copy.check(Some("b")).is_err());
+        ks.set_runtime(None, false).unwrap();
+        assert!(copy.check(Some("a")).is_ok() && !copy.global_engaged());
+        // Engaged by the configuration from the start.
+        let on = KillSwitch::in_memory(Switches {
+            global: true,
+            tools: Default::default(),
+        });
+        assert!(on.global_engaged() && on.check(None).is_err());
     }
 
     #[test]

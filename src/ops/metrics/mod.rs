@@ -1,8 +1,9 @@
 //! Prometheus metrics: requests by front, tool, outcome (the code the caller got) and reason, latency
 //! histograms, and gauges for the stores and the paired peers' certificates.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+mod calls;
+
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,38 +12,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::config::Protocol;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    front: &'static str,
-    tool: String,
-    outcome: &'static str,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LatencyLabels {
-    front: &'static str,
-    tool: String,
-}
-
-/// The label set of a call's two series: front, tool, outcome and reason.
-type CallLabels = (&'static str, String, &'static str, &'static str);
-
-/// A call's request counter and latency histogram, by label set: one lookup per call instead of
-/// one in each family (the labels are the configuration's tools and fixed codes, so a hash
-/// seeded per process is enough; the families still hold and export every series).
-type CallSeries = HashMap<CallLabels, (Counter, Histogram), foldhash::fast::RandomState>;
-
-thread_local! {
-    /// The label set [`Metrics::observe`] looks its series up with, reused: the table takes
-    /// its own copy only the first time it sees a set, so a call allocates none.
-    static LABELS: RefCell<CallLabels> = const { RefCell::new(("", String::new(), "", "")) };
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabels {
@@ -75,18 +47,12 @@ struct ToolLabels {
     tool: String,
 }
 
-fn latency_histogram() -> Histogram {
-    // 100 µs .. ~6.5 s
-    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
-}
-
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
-    /// The two series of each call label set seen, shared with `requests` and `latency`.
-    calls: Mutex<CallSeries>,
+    /// Every call's count and latency, by thread (`carapace_requests_total` and
+    /// `carapace_request_duration_seconds`).
+    calls: Arc<calls::CallSeries>,
     reloads: Family<ResultLabels, Counter>,
     worker_connections: Family<WorkerLabels, Counter>,
     discoveries: Family<ResultLabels, Counter>,
@@ -116,19 +82,8 @@ impl std::fmt::Debug for Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("carapace");
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "requests",
-            "Requests by front, tool and outcome (ok, app_error, or the error code the caller got) with carapace's finer reason for a refusal",
-            requests.clone(),
-        );
-        let latency: Family<LatencyLabels, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "request_duration_seconds",
-            "Time from request to response, by front and tool",
-            latency.clone(),
-        );
+        let calls = Arc::new(calls::CallSeries::default());
+        registry.register_collector(Box::new(calls::CallSeriesCollector(calls.clone())));
         let reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "config_reloads",
@@ -224,9 +179,7 @@ impl Default for Metrics {
             receipt_batches,
             receipts,
             registry,
-            requests,
-            latency,
-            calls: Mutex::default(),
+            calls,
             reloads,
             worker_connections,
             discoveries,
@@ -259,36 +212,8 @@ impl Metrics {
         (outcome, reason): (&'static str, &'static str),
         took: Duration,
     ) {
-        let front = front_label(front);
-        let tool = tool.unwrap_or("");
-        LABELS.with_borrow_mut(|key| {
-            key.1.clear();
-            key.1.push_str(tool);
-            (key.0, key.2, key.3) = (front, outcome, reason);
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            let (count, latency) = match calls.get(&*key) {
-                Some(series) => series,
-                None => {
-                    let series = self.series(key);
-                    calls.entry(key.clone()).or_insert(series)
-                }
-            };
-            count.inc();
-            latency.observe(took.as_secs_f64());
-        });
-    }
-
-    /// The families' series for `labels`, created when new.
-    fn series(&self, (front, tool, outcome, reason): &CallLabels) -> (Counter, Histogram) {
-        let (front, tool) = (*front, tool.clone());
-        let count = self.requests.get_or_create(&RequestLabels {
-            front,
-            tool: tool.clone(),
-            outcome,
-            reason,
-        });
-        let latency = self.latency.get_or_create(&LatencyLabels { front, tool });
-        (count.clone(), latency.clone())
+        let labels = (front_label(front), tool.unwrap_or(""), outcome, reason);
+        self.calls.observe(labels, took);
     }
 
     /// The circuit of `provider` is open, or not.
