@@ -31,7 +31,7 @@ const BOUNDS: [f64; 17] = {
 };
 
 /// A call's label set: front, tool, outcome and reason.
-pub(super) type CallLabels = (&'static str, String, &'static str, &'static str);
+type CallLabels = (&'static str, String, &'static str, &'static str);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -47,33 +47,32 @@ struct LatencyLabels {
     tool: String,
 }
 
-/// One thread's count and latencies of one label set. Only the thread that made it writes
-/// it; scrapes read it.
+/// One thread's calls of one label set: their latencies by bucket, which also count them.
+/// One thread at a time writes it (the thread whose table holds it); scrapes read it.
 #[derive(Debug, Default)]
 struct Series {
-    count: AtomicU64,
     /// The latencies' sum, in seconds, as `f64` bits.
     sum: AtomicU64,
     /// Calls per bucket (not cumulative); the last one is above every bound.
     buckets: [AtomicU64; BOUNDS.len() + 1],
 }
 
-/// Add `n` to a counter only this thread writes.
-fn add(counter: &AtomicU64, n: u64) {
-    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+/// Add one to a counter only this thread writes.
+fn add_one(counter: &AtomicU64) {
+    counter.store(counter.load(Relaxed).wrapping_add(1), Relaxed);
 }
 
 impl Series {
-    /// Count one call that took `secs`. Only the series' own thread calls this.
+    /// Count one call that took `secs`. Only the thread whose table holds the series calls
+    /// this.
     fn observe(&self, secs: f64) {
-        add(&self.count, 1);
         let sum = f64::from_bits(self.sum.load(Relaxed)) + secs;
         self.sum.store(sum.to_bits(), Relaxed);
         let bucket = BOUNDS
             .iter()
             .position(|bound| secs <= *bound)
             .unwrap_or(BOUNDS.len());
-        add(&self.buckets[bucket], 1);
+        add_one(&self.buckets[bucket]);
     }
 }
 
@@ -129,22 +128,25 @@ impl CallSeries {
     }
 
     /// Every thread's series added up: the count per label set, and the latencies per front
-    /// and tool (sum, count, calls per bucket).
+    /// and tool (sum, count, calls per bucket). A series' count is the sum of its buckets as
+    /// read, so a scrape during a call still shows `_count` equal to the `+Inf` bucket and to
+    /// the requests counted.
     fn totals(&self) -> Totals {
         let mut counts = BTreeMap::new();
         let mut latencies: BTreeMap<_, Latency> = BTreeMap::new();
         for ((front, tool, outcome, reason), s) in
             self.all.lock().unwrap_or_else(|e| e.into_inner()).iter()
         {
-            let count = s.count.load(Relaxed);
+            let buckets = s.buckets.each_ref().map(|b| b.load(Relaxed));
+            let count: u64 = buckets.iter().sum();
             *counts
                 .entry((*front, tool.clone(), *outcome, *reason))
                 .or_default() += count;
             let latency = latencies.entry((*front, tool.clone())).or_default();
             latency.sum += f64::from_bits(s.sum.load(Relaxed));
             latency.count += count;
-            for (total, b) in latency.buckets.iter_mut().zip(&s.buckets) {
-                *total += b.load(Relaxed);
+            for (total, b) in latency.buckets.iter_mut().zip(buckets) {
+                *total += b;
             }
         }
         (counts, latencies)
@@ -174,7 +176,8 @@ impl Collector for CallSeriesCollector {
         let (counts, latencies) = self.0.totals();
         let mut requests = encoder.encode_descriptor(
             "requests",
-            "Requests by front, tool and outcome (ok, app_error, or the error code the caller got) with carapace's finer reason for a refusal",
+            // With the period `Registry::register` adds to the help of the metrics it holds.
+            "Requests by front, tool and outcome (ok, app_error, or the error code the caller got) with carapace's finer reason for a refusal.",
             None,
             MetricType::Counter,
         )?;
@@ -191,7 +194,7 @@ impl Collector for CallSeriesCollector {
         }
         let mut durations = encoder.encode_descriptor(
             "request_duration_seconds",
-            "Time from request to response, by front and tool",
+            "Time from request to response, by front and tool.",
             None,
             MetricType::Histogram,
         )?;
@@ -268,6 +271,7 @@ mod tests {
             r#"carapace_request_duration_seconds_bucket{le="0.0001",front="skill-v1",tool=""} 1"#,
             "# TYPE carapace_requests counter",
             "# TYPE carapace_request_duration_seconds histogram",
+            "# HELP carapace_request_duration_seconds Time from request to response, by front and tool.",
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line} in\n{text}");
         }
@@ -287,7 +291,17 @@ mod tests {
     #[test]
     fn before_any_call_a_scrape_describes_both_series() {
         let text = scrape(&Arc::new(CallSeries::default()));
-        assert!(text.contains("# TYPE carapace_requests counter"), "{text}");
+        for line in [
+            "# HELP carapace_requests Requests by front, tool and outcome (ok, app_error, or the error code the caller got) with carapace's finer reason for a refusal.",
+            "# TYPE carapace_requests counter",
+            "# TYPE carapace_request_duration_seconds histogram",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line} in\n{text}");
+        }
         assert!(!text.contains("carapace_requests_total"), "{text}");
+        assert!(
+            !text.contains("carapace_request_duration_seconds_count"),
+            "{text}"
+        );
     }
 }
