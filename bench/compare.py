@@ -21,6 +21,11 @@ sharing cores 0..N-1 (the load generator competes with the proxy for them). All 
 on 127.0.0.1. Raw results go to bench/out/results.json, the tables to
 bench/out/table.md, the latency plot to bench/latency.png. Everything started is stopped on
 exit, Ctrl-C or error.
+
+carapace sends the app three identity headers and a request id with every request it forwards;
+the peers, as configured here, send none of them. `--peer-headers` makes the peers send the
+same four, so the app does the same work behind every proxy (results in
+`*-peer-headers.json/md`; bench/core_split.py shows what the headers cost the app).
 """
 
 import argparse
@@ -63,6 +68,8 @@ PROXY_CORE = "0"
 LOADGEN_CORE = "1"
 # `--workers N`: every proxy, the app and the load generator run N threads on cores 0..N-1.
 WORKERS = 1
+# `--peer-headers`: the peers send the app what carapace adds to each request it forwards.
+PEER_HEADERS = False
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # name, label, port (None: the app itself, plain HTTP)
@@ -116,9 +123,52 @@ def log(msg):
 
 
 def named(f):
-    """An output file's name: with --workers N, `stem-wN.ext`."""
+    """An output file's name: with --workers N, `stem-wN.ext`; with --peer-headers,
+    `stem-peer-headers.ext`."""
     stem, ext = os.path.splitext(f)
-    return f"{stem}-w{WORKERS}{ext}" if WORKERS > 1 else f
+    if WORKERS > 1:
+        stem += f"-w{WORKERS}"
+    if PEER_HEADERS:
+        stem += "-peer-headers"
+    return stem + ext
+
+
+def peer_identity():
+    """What carapace tells the app about the benchmark's caller, from the peers file: the
+    three identity headers it sets on every request it forwards (with `--peer-headers` the
+    peers set them too)."""
+    with open(p("peers.json")) as f:
+        peer = json.load(f)["peers"][0]
+    return [("x-carapace-peer-id", peer["component_id"]),
+            ("x-carapace-peer-type", peer["component_type"]),
+            ("x-carapace-peer-fingerprint", peer["mtls_cert_fingerprint"])]
+
+
+def script_arguments(doc, duration, rounds=1):
+    """The arguments every per-target script takes: `--only`, `--duration`, `--rounds`,
+    `--no-build`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--only", default="carapace-full,carapace-fwd,nginx,haproxy")
+    ap.add_argument("--duration", type=float, default=duration)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--no-build", action="store_true")
+    return ap
+
+
+def select(only):
+    """Keep only the targets named in `only` (comma-separated); returns their names."""
+    keep = only.split(",")
+    TARGETS[:] = [t for t in TARGETS if t[0] in keep]
+    return keep
+
+
+def script(main):
+    """Run a benchmark script's `main`; on Ctrl-C stop everything it started."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        stop_all()
+        sys.exit(130)
 
 
 def run(cmd, **kw):
@@ -293,6 +343,20 @@ def make_configs():
         os.makedirs(p(name, "state"), mode=0o700, exist_ok=True)
     for name in CARAPACES:
         write(p(name, "carapace.yaml"), carapace_yaml(name, app, tls))
+    # With --peer-headers every peer sends the app carapace's identity headers and a request
+    # id (Envoy makes one by default, nginx's $request_id and carapace's are 32 hex digits,
+    # HAProxy's UUID 36 characters), so the app reads the same headers behind each of them.
+    identity = peer_identity() if PEER_HEADERS else []
+    envoy_headers = ""
+    if identity:
+        adds = ", ".join(f'{{ header: {{ key: {k}, value: "{v}" }} }}' for k, v in identity)
+        envoy_headers = f"              request_headers_to_add: [{adds}]\n"
+    nginx_headers = "".join(f"\n      proxy_set_header {k} {v};" for k, v in identity)
+    if identity:
+        nginx_headers += "\n      proxy_set_header x-request-id $request_id;"
+    haproxy_headers = "".join(f"  http-request set-header {k} {v}\n" for k, v in identity)
+    if identity:
+        haproxy_headers += "  http-request set-header x-request-id %[uuid]\n"
     write(p("envoy", "envoy.yaml"), f"""\
 static_resources:
   listeners:
@@ -323,7 +387,7 @@ static_resources:
             - name: app
               domains: ["*"]
               routes: [{{ match: {{ prefix: "/" }}, route: {{ cluster: app }} }}]
-          http_filters:
+{envoy_headers}          http_filters:
           - name: envoy.filters.http.router
             typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
   clusters:
@@ -370,7 +434,7 @@ http {{
     location / {{
       proxy_pass http://app;
       proxy_http_version 1.1;
-      proxy_set_header Connection "";
+      proxy_set_header Connection "";{nginx_headers}
     }}
   }}
 }}
@@ -388,7 +452,7 @@ defaults
   http-reuse always
 frontend mtls
   bind 127.0.0.1:9445 ssl crt {p('server.pem')} verify required ca-file {p('ca.pem')} alpn h2,http/1.1 ssl-min-ver TLSv1.3
-  default_backend app
+{haproxy_headers}  default_backend app
 backend app
   server app {APP_ADDR[0]}:{APP_ADDR[1]}
 """)
@@ -709,8 +773,13 @@ def main():
                     "*-wN.json/md")
     ap.add_argument("--baseline-targets", default="carapace-full,carapace-fwd",
                     help="the carapace targets --baseline runs (default: %(default)s)")
+    ap.add_argument("--peer-headers", action="store_true",
+                    help="Envoy, nginx and HAProxy send the app the identity headers and the "
+                    "request id carapace adds to each request; results go to "
+                    "*-peer-headers.json/md")
     args = ap.parse_args()
-    global WORKERS, PROXY_CORE, LOADGEN_CORE
+    global WORKERS, PROXY_CORE, LOADGEN_CORE, PEER_HEADERS
+    PEER_HEADERS = args.peer_headers
     if args.workers > 1:
         if (os.cpu_count() or 1) < args.workers:
             raise SystemExit(f"--workers {args.workers} needs {args.workers} cores")
@@ -905,7 +974,7 @@ def report(results):
         f.write(table)
     print()
     print(table)
-    if WORKERS > 1:
+    if WORKERS > 1 or PEER_HEADERS:
         return log(f"wrote {p(named('results.json'))}, {p(named('table.md'))}")
     plot(results, os.path.join(BENCH, "latency.png"))
     log(f"wrote {p('results.json')}, {p('table.md')}, {os.path.join(BENCH, 'latency.png')}")

@@ -258,8 +258,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        c.stop_all()
-        sys.exit(130)
+    c.script(main)

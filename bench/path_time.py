@@ -26,7 +26,6 @@ that makes more of them): read the figures against each other, not as absolute l
 Results go to bench/out/path_time.json and a table to stdout.
 """
 
-import argparse
 import json
 import os
 import re
@@ -136,17 +135,12 @@ def traced(target, pids, rate, duration):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="carapace-full,carapace-fwd,nginx,haproxy")
+    ap = c.script_arguments(__doc__, duration=4)
     ap.add_argument("--rate", type=int, default=1000)
-    ap.add_argument("--duration", type=float, default=4)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--baseline", metavar="BIN",
                     help="also run the carapace targets with this carapace binary")
     args = ap.parse_args()
-    keep = args.only.split(",")
-    c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep]
+    keep = c.select(args.only)
     if args.baseline:
         c.add_baseline(os.path.abspath(args.baseline), keep)
     c.prepare(not args.no_build)
@@ -183,8 +177,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        c.stop_all()
-        sys.exit(130)
+    c.script(main)

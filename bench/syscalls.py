@@ -22,7 +22,6 @@ costs microseconds, so under saturation the count would follow how requests bunc
 `--baseline BIN` measures the carapace targets a second time run by another build.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -106,18 +105,13 @@ def counted(target, pids, extra, duration, warmup):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="carapace-full,carapace-fwd,nginx,haproxy")
-    ap.add_argument("--duration", type=float, default=5)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--no-build", action="store_true")
+    ap = c.script_arguments(__doc__, duration=5)
     ap.add_argument("--allocations", action="store_true",
                     help="count carapace's heap allocations per request (at 300/s only)")
     ap.add_argument("--baseline", metavar="BIN",
                     help="also run the carapace targets with this carapace binary")
     args = ap.parse_args()
-    keep = args.only.split(",")
-    c.TARGETS[:] = [t for t in c.TARGETS if t[0] in keep]
+    keep = c.select(args.only)
     if args.baseline:
         c.add_baseline(os.path.abspath(args.baseline), keep)
     loads = LOADS
@@ -168,8 +162,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        c.stop_all()
-        sys.exit(130)
+    c.script(main)
