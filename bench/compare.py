@@ -23,9 +23,11 @@ bench/out/table.md, the latency plot to bench/latency.png. Everything started is
 exit, Ctrl-C or error.
 
 carapace sends the app three identity headers and a request id with every request it forwards;
-the peers, as configured here, send none of them. `--peer-headers` makes the peers send the
-same four, so the app does the same work behind every proxy (results in
-`*-peer-headers.json/md`; bench/core_split.py shows what the headers cost the app).
+nginx and HAProxy, as configured here, send none of the four, Envoy only a request id of its own
+(with `x-forwarded-proto` and `x-envoy-expected-rq-timeout-ms`). `--peer-headers` makes the
+peers send the same four, so the app reads the same headers behind every proxy (the body still
+differs by the `timeout_ms` carapace sets; results in `*-peer-headers.json/md`;
+bench/core_split.py shows what the headers cost the app).
 """
 
 import argparse
@@ -351,10 +353,10 @@ def make_configs():
     if identity:
         adds = ", ".join(f'{{ header: {{ key: {k}, value: "{v}" }} }}' for k, v in identity)
         envoy_headers = f"              request_headers_to_add: [{adds}]\n"
-    nginx_headers = "".join(f"\n      proxy_set_header {k} {v};" for k, v in identity)
+    nginx_headers = "".join(f"\n      proxy_set_header {k} \"{v}\";" for k, v in identity)
     if identity:
         nginx_headers += "\n      proxy_set_header x-request-id $request_id;"
-    haproxy_headers = "".join(f"  http-request set-header {k} {v}\n" for k, v in identity)
+    haproxy_headers = "".join(f"  http-request set-header {k} \"{v}\"\n" for k, v in identity)
     if identity:
         haproxy_headers += "  http-request set-header x-request-id %[uuid]\n"
     write(p("envoy", "envoy.yaml"), f"""\
@@ -806,7 +808,7 @@ def main():
         "connect_s": conn_s, "warmup_s": warm, "saturation_connections": 32,
         "rate_connections": 32, "connect_connections": 16, "rates": RATES,
         "proxy_core": PROXY_CORE, "loadgen_core": LOADGEN_CORE,
-        "workers": WORKERS}, "targets": {}}
+        "workers": WORKERS, "peer_headers": PEER_HEADERS}, "targets": {}}
     try:
         R = results["targets"]
         for name, label, _ in TARGETS:

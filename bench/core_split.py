@@ -10,15 +10,22 @@ each, mTLS, 32 connections in a closed loop. At saturation core 0 is the limit, 
 requests per second are set by everything that core does per request, not only by the
 proxy's own CPU (what compare.py reports). For the measured window of each target this reads
 the CPU time of the proxy's processes and of the app's (user and kernel, /proc/PID/stat) and
-core 0's idle and softirq time (/proc/stat: the loopback network's receive path, run on the
-core in no process's account), and divides each by the requests answered in the window.
+core 0's idle, softirq and steal time (/proc/stat), and divides each by the requests answered
+in the window.
+
+The kernel accounts CPU time by the tick on most configurations (no
+CONFIG_IRQ_TIME_ACCOUNTING): a tick that lands in a softirq counts both as the core's softirq
+and as kernel time of the process it interrupted. The softirq column (the loopback network's
+receive path, mostly) is therefore part of the two kernel columns, not beside them, and proxy
++ app + idle make up the core's total.
 
 `--peer-headers` makes Envoy, nginx and HAProxy send the app the identity headers and request
-id carapace adds to each request (see compare.py), so the app reads the same headers behind
-every target. Results go to bench/out/core-split.json (core-split-peer-headers.json) and a
+id carapace adds to each request (see compare.py). Results go to bench/out/core-split.json
+(core-split-peer-headers.json; with --only, core-split-only*.json), with the settings, and a
 table of the rounds' medians to stdout.
 """
 
+import datetime
 import json
 import os
 import statistics
@@ -31,7 +38,9 @@ import compare as c  # noqa: E402
 CORE_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
 COLUMNS = [("proxy_user", "proxy user"), ("proxy_kernel", "proxy kernel"),
            ("app_user", "app user"), ("app_kernel", "app kernel"),
-           ("core_softirq", "softirq"), ("core_idle", "idle"), ("core_total", "core 0 total")]
+           ("core_softirq", "of the kernel columns: softirq"), ("core_idle", "idle"),
+           ("core_steal", "steal"), ("core_total", "core 0 total")]
+DEFAULT_TARGETS = "carapace-full,carapace-fwd,nginx,haproxy"
 
 
 def core_ms(core):
@@ -75,14 +84,18 @@ def split(target, proxy, app, duration, core):
 
 def main():
     ap = c.script_arguments(__doc__, duration=8, rounds=3)
+    ap.set_defaults(only=None)
     ap.add_argument("--peer-headers", action="store_true",
                     help="the peers send the app carapace's identity headers and a request id")
     args = ap.parse_args()
     c.PEER_HEADERS = args.peer_headers
-    c.select(args.only)
+    c.select(args.only or DEFAULT_TARGETS)
     c.TARGETS[:] = [t for t in c.TARGETS if t[2] is not None]
+    if not c.TARGETS:
+        raise SystemExit(f"no proxy among --only {args.only}")
     c.prepare(not args.no_build)
     core = int(c.PROXY_CORE)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results = {}
     try:
         for rnd in range(args.rounds):
@@ -95,15 +108,23 @@ def main():
                     results.setdefault(name, []).append({"error": failed[name]})
                     continue
                 target = (name, port)
-                c.loadgen(target, ["--mode", "rate", "--rate", "20", "--connections", "1"],
-                          0.5, 0)
+                warm = c.loadgen(target, ["--mode", "rate", "--rate", "20",
+                                          "--connections", "1"], 0.5, 0)
+                if "error" in warm or not warm.get("requests") or warm.get("errors"):
+                    why = warm.get("error") or warm.get("first_error")
+                    results.setdefault(name, []).append({"error": f"warm-up failed: {why}"})
+                    continue
                 r = split(target, c.proc_tree(procs[name].pid), app, args.duration, core)
                 results.setdefault(name, []).append(r)
                 c.log(f"round {rnd + 1} {name}: {json.dumps(r)}")
     finally:
         c.stop_all()
-    with open(c.p(c.named("core-split.json")), "w") as f:
-        json.dump(results, f, indent=1)
+    out = c.p(c.named("core-split-only.json" if args.only else "core-split.json"))
+    settings = {"targets": [t[0] for t in c.TARGETS], "rounds": args.rounds,
+                "duration_s": args.duration, "peer_headers": args.peer_headers,
+                "core": core, "started": started}
+    with open(out, "w") as f:
+        json.dump({"settings": settings, "targets": results}, f, indent=1)
     print("| target | req/s | " + " | ".join(label for _, label in COLUMNS) + " |")
     print("|---|---:|" + "---:|" * len(COLUMNS))
     for name, runs in results.items():
@@ -115,7 +136,8 @@ def main():
         cells += [f"{statistics.median(r[k] for r in ok):.2f}" for k, _ in COLUMNS]
         print(f"| {c.LABEL[name]} | " + " | ".join(cells) + " |")
     print(f"\nµs of core {core} per request, medians of {args.rounds} rounds"
-          + (" (peers sending carapace's headers)" if args.peer_headers else ""))
+          + (" (peers sending carapace's headers)" if args.peer_headers else "")
+          + "; softirq is counted inside the kernel columns")
 
 
 if __name__ == "__main__":
