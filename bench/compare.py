@@ -13,7 +13,8 @@ sample app keeps memory for every call), and measures every target in turn, inte
 * latency at a fixed 1,000/s and 3,000/s (timed from the scheduled send time, so there is no
   coordinated omission),
 * new mTLS connections per second (a full handshake for every request),
-* RSS idle and peak, and CPU time per 1,000 requests of the proxy's own processes.
+* RSS idle and peak, and CPU time per 1,000 requests of the proxy's own processes (and, at
+  saturation, of the app behind it: the two share a core).
 
 The app and the proxy under test are pinned to core 0, the load generator to core 1. With
 `--workers N`, every proxy runs N workers, the app and the load generator N threads, all
@@ -587,9 +588,9 @@ def loadgen_args(name, port):
     return ["--url", f"https://127.0.0.1:{port}/v1/tools/call", *tls]
 
 
-def loadgen(target, extra, duration, warmup, pids=None):
+def loadgen(target, extra, duration, warmup, pids=None, app_pids=None):
     """Run loadgen pinned to its core; with pids, sample their CPU time at the start and the
-    end of the measured window (the warm-up is left out)."""
+    end of the measured window (the warm-up is left out), and with app_pids the app's too."""
     name, port = target
     cmd = ["taskset", "-c", LOADGEN_CORE, LOADGEN, *loadgen_args(name, port), *extra,
            "--threads", str(WORKERS),
@@ -601,7 +602,8 @@ def loadgen(target, extra, duration, warmup, pids=None):
     if pids:
         for key, at in [("start", 0.05 + warmup), ("end", 0.05 + warmup + duration)]:
             def sample(key=key):
-                samples[key] = (time.monotonic(), cpu_ms(pids))
+                samples[key] = (time.monotonic(), cpu_ms(pids),
+                                cpu_ms(app_pids) if app_pids else None)
             tm = threading.Timer(max(0.0, t0 + at - time.monotonic()), sample)
             tm.start()
             timers.append(tm)
@@ -623,6 +625,10 @@ def loadgen(target, extra, duration, warmup, pids=None):
         res["cpu_ms_window"] = (u1 - u0) + (k1 - k0)
         res["cpu_kernel_ms_window"] = k1 - k0
         res["cpu_window_s"] = samples["end"][0] - samples["start"][0]
+        if app_pids:
+            (u1, k1), (u0, k0) = samples["end"][2], samples["start"][2]
+            res["app_cpu_ms_window"] = (u1 - u0) + (k1 - k0)
+            res["app_cpu_kernel_ms_window"] = k1 - k0
     return res
 
 
@@ -857,8 +863,11 @@ def main():
             for name, port in order:
                 def saturate():
                     pids = pids_of(name)
+                    # The app shares the proxy's cores: its CPU per request behind each
+                    # proxy is measured too (what the proxy sends it changes its work).
+                    app = pids_of("direct") if port is not None else None
                     res = loadgen((name, port), ["--mode", "closed", "--connections", "32"],
-                                  sat_s, warm, pids)
+                                  sat_s, warm, pids, app)
                     # Read now: a later attempt restarts every process, and the attempt kept
                     # may be an earlier one.
                     res["rss_peak_kb"] = status_kb(pids, "VmHWM")
@@ -877,6 +886,9 @@ def main():
                     res["cpu_ms_per_1k"] = res["cpu_ms_window"] / done * 1000 if done else None
                     res["cpu_kernel_ms_per_1k"] = (res["cpu_kernel_ms_window"] / done * 1000
                                                    if done else None)
+                    for key in ("app_cpu_ms", "app_cpu_kernel_ms"):
+                        if f"{key}_window" in res and done:
+                            res[f"{key}_per_1k"] = res[f"{key}_window"] / done * 1000
                 rr[name]["saturation"] = res
                 log(f"  {name:14s} {fmt_rps(res)}")
                 time.sleep(0.5)
@@ -925,8 +937,9 @@ def main():
 
 def brief(results):
     """The medians of a partial run (`--only`), one line per target."""
-    print("| target | requests/s | CPU ms / 1k | p50 / p99 at 1,000/s (µs) | p50 / p99 at 3,000/s (µs) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| target | requests/s | CPU ms / 1k | the app's CPU ms / 1k behind it | "
+          "p50 / p99 at 1,000/s (µs) | p50 / p99 at 3,000/s (µs) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, r in results["targets"].items():
         s = r.get("summary", {})
         lat = [f"{s.get(f'rate_{x}', {}).get('p50')} / {s.get(f'rate_{x}', {}).get('p99')}"
@@ -934,8 +947,9 @@ def brief(results):
         cpu = s.get("cpu_ms_per_1k")
         errors = s.get("saturation_errors")
         rps = f0(s.get("throughput_rps")) + (f" ({errors} errors)" if errors else "")
+        app = s.get("app_cpu_ms_per_1k")
         print(f"| {r['label']} | {rps} | "
-              f"{f1(cpu) if cpu else '-'} | {lat[0]} | {lat[1]} |")
+              f"{f1(cpu) if cpu else '-'} | {f1(app) if app else '-'} | {lat[0]} | {lat[1]} |")
     for line in provable_cost(results) + steal_note(results):
         print(line)
 
@@ -1010,6 +1024,9 @@ def summarize(rounds):
                                  if "saturation" in r)
     s["cpu_ms_per_1k"] = pick("saturation", lambda x: x.get("cpu_ms_per_1k"))
     s["cpu_kernel_ms_per_1k"] = pick("saturation", lambda x: x.get("cpu_kernel_ms_per_1k"))
+    s["app_cpu_ms_per_1k"] = pick("saturation", lambda x: x.get("app_cpu_ms_per_1k"))
+    s["app_cpu_kernel_ms_per_1k"] = pick("saturation",
+                                         lambda x: x.get("app_cpu_kernel_ms_per_1k"))
     # Peak RSS after the first saturation run (before it only the warm-up ran); VmHWM never
     # falls, so later rounds also count the fixed-rate and connection runs in between.
     peaks = [r["saturation"].get("rss_peak_kb", 0) for r in rounds if "saturation" in r]
@@ -1156,16 +1173,23 @@ def tables(results):
 
     # Where a target's CPU went: its own code (user) or the kernel's work for it (TCP on
     # loopback, scheduling, system calls).
+    # The app shares the proxy's core, and what a proxy sends it (headers, body) is part of
+    # its work: the app's CPU per request behind each target is the rest of the core's time.
     lines += ["", "CPU ms per 1k requests at saturation, user and kernel (medians over the "
-              "rounds; user is the total less the kernel):", "",
-              "| target | user | kernel | kernel share |", "|---|---:|---:|---:|"]
+              "rounds; user is the total less the kernel), and the app's behind each proxy:", "",
+              "| target | user | kernel | kernel share | app behind it: user | app: kernel |",
+              "|---|---:|---:|---:|---:|---:|"]
     for name, label, port in TARGETS:
         s = R.get(name, {}).get("summary")
         if not s or s.get("cpu_kernel_ms_per_1k") is None or s.get("cpu_ms_per_1k") is None:
             continue
         k, total = s["cpu_kernel_ms_per_1k"], s["cpu_ms_per_1k"]
+        app, app_k = s.get("app_cpu_ms_per_1k"), s.get("app_cpu_kernel_ms_per_1k")
+        app_cells = (f"{f1(app - app_k)} | {f1(app_k)}" if app is not None and app_k is not None
+                     else "n/a | n/a")
         lines.append(f"| {label} | {f1(total - k)} | {f1(k)} | "
-                     f"{100 * k / total:.0f}% |" if total else f"| {label} | n/a | n/a | n/a |")
+                     f"{100 * k / total:.0f}% | {app_cells} |" if total
+                     else f"| {label} | n/a | n/a | n/a | n/a | n/a |")
 
     # What the resident memory is: anonymous (heap, stacks: the process's own) and file-backed
     # (program text and libraries mapped from the page cache: clean, shared, reclaimable).
