@@ -1209,7 +1209,8 @@ def tables(results):
 
     # The spread: every round's figure, so a reader can see how much the medians can be trusted.
     n_rounds = st["rounds"]
-    lines += ["", "Every round (saturation req/s; new mTLS conn/s; p99 ms at 1k/s and 3k/s):", "",
+    lines += ["", "Every round (saturation req/s; new mTLS conn/s; p50 / p99 ms at 1k/s and at "
+              "3k/s):", "",
               "| target | " + " | ".join(f"round {i + 1}" for i in range(n_rounds)) + " |",
               "|---" + "|---:" * n_rounds + "|"]
     for name, label, port in TARGETS:
@@ -1220,7 +1221,8 @@ def tables(results):
             if port is not None:
                 parts.append(f0(r.get("connect", {}).get("throughput_rps")))
             for rate in RATES:
-                parts.append(ms(r.get(f"rate_{rate}", {}).get("latency_us", {}).get("p99")))
+                lat = r.get(f"rate_{rate}", {}).get("latency_us", {})
+                parts.append(f"{ms(lat.get('p50'))} / {ms(lat.get('p99'))}")
             cells.append("; ".join(parts))
         if rounds:
             lines.append("| " + " | ".join(cells) + " |")
