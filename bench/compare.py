@@ -147,11 +147,15 @@ def peer_identity():
             ("x-carapace-peer-fingerprint", peer["mtls_cert_fingerprint"])]
 
 
+# The targets a per-target script measures unless told otherwise (`--only`).
+SCRIPT_TARGETS = "carapace-full,carapace-fwd,nginx,haproxy"
+
+
 def script_arguments(doc, duration, rounds=1):
     """The arguments every per-target script takes: `--only`, `--duration`, `--rounds`,
     `--no-build`."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--only", default="carapace-full,carapace-fwd,nginx,haproxy")
+    ap.add_argument("--only", default=SCRIPT_TARGETS)
     ap.add_argument("--duration", type=float, default=duration)
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--no-build", action="store_true")

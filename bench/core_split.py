@@ -21,7 +21,7 @@ receive path, mostly) is therefore part of the two kernel columns, not beside th
 
 `--peer-headers` makes Envoy, nginx and HAProxy send the app the identity headers and request
 id carapace adds to each request (see compare.py). Results go to bench/out/core-split.json
-(core-split-peer-headers.json; with --only, core-split-only*.json), with the settings, and a
+(core-split-peer-headers.json; with other targets than the default, core-split-only*.json), with the settings, and a
 table of the rounds' medians to stdout.
 """
 
@@ -40,7 +40,6 @@ COLUMNS = [("proxy_user", "proxy user"), ("proxy_kernel", "proxy kernel"),
            ("app_user", "app user"), ("app_kernel", "app kernel"),
            ("core_softirq", "of the kernel columns: softirq"), ("core_idle", "idle"),
            ("core_steal", "steal"), ("core_total", "core 0 total")]
-DEFAULT_TARGETS = "carapace-full,carapace-fwd,nginx,haproxy"
 
 
 def core_ms(core):
@@ -84,12 +83,11 @@ def split(target, proxy, app, duration, core):
 
 def main():
     ap = c.script_arguments(__doc__, duration=8, rounds=3)
-    ap.set_defaults(only=None)
     ap.add_argument("--peer-headers", action="store_true",
                     help="the peers send the app carapace's identity headers and a request id")
     args = ap.parse_args()
     c.PEER_HEADERS = args.peer_headers
-    c.select(args.only or DEFAULT_TARGETS)
+    c.select(args.only)
     c.TARGETS[:] = [t for t in c.TARGETS if t[2] is not None]
     if not c.TARGETS:
         raise SystemExit(f"no proxy among --only {args.only}")
@@ -108,18 +106,14 @@ def main():
                     results.setdefault(name, []).append({"error": failed[name]})
                     continue
                 target = (name, port)
-                warm = c.loadgen(target, ["--mode", "rate", "--rate", "20",
-                                          "--connections", "1"], 0.5, 0)
-                if "error" in warm or not warm.get("requests") or warm.get("errors"):
-                    why = warm.get("error") or warm.get("first_error")
-                    results.setdefault(name, []).append({"error": f"warm-up failed: {why}"})
-                    continue
+                c.warm_up(name, port)
                 r = split(target, c.proc_tree(procs[name].pid), app, args.duration, core)
                 results.setdefault(name, []).append(r)
                 c.log(f"round {rnd + 1} {name}: {json.dumps(r)}")
     finally:
         c.stop_all()
-    out = c.p(c.named("core-split-only.json" if args.only else "core-split.json"))
+    only = args.only != c.SCRIPT_TARGETS
+    out = c.p(c.named("core-split-only.json" if only else "core-split.json"))
     settings = {"targets": [t[0] for t in c.TARGETS], "rounds": args.rounds,
                 "duration_s": args.duration, "peer_headers": args.peer_headers,
                 "core": core, "started": started}
