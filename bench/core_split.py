@@ -21,8 +21,8 @@ receive path, mostly) is therefore part of the two kernel columns, not beside th
 
 `--peer-headers` makes Envoy, nginx and HAProxy send the app the identity headers and request
 id carapace adds to each request (see compare.py). Results go to bench/out/core-split.json
-(core-split-peer-headers.json; with other targets than the default, core-split-only*.json), with the settings, and a
-table of the rounds' medians to stdout.
+(core-split-peer-headers.json; with other targets than the default, core-split-only*.json),
+with the settings, and a table of the rounds' medians to stdout.
 """
 
 import datetime
