@@ -906,8 +906,10 @@ def main():
                                        "--connections", "32"], rate_s, warm))
                     rr[name][f"rate_{rate}"] = res
                     lat = res.get("latency_us", {})
+                    late = (res.get("send_late_us") or {}).get("p99")
                     log(f"  {name:14s} p50 {lat.get('p50')} µs  p99 {lat.get('p99')} µs  "
-                        f"errors {res.get('errors', res.get('error'))}{fmt_steal(res)}")
+                        f"errors {res.get('errors', res.get('error'))}{fmt_steal(res)}"
+                        f"  sent late p99 {late} µs")
                     time.sleep(0.5)
             targets = fresh()
             log(f"round {rnd + 1}/{args.rounds}: new mTLS connections, 16 connections, "
@@ -954,7 +956,7 @@ def brief(results):
         app = s.get("app_cpu_ms_per_1k")
         print(f"| {r['label']} | {rps} | "
               f"{f1(cpu) if cpu else '-'} | {f1(app) if app else '-'} | {lat[0]} | {lat[1]} |")
-    for line in provable_cost(results) + steal_note(results):
+    for line in provable_cost(results) + steal_note(results) + lateness_note(results):
         print(line)
 
 
@@ -986,6 +988,18 @@ def steal_note(results):
     return ["", f"Host steal time during the {len(kept)} kept measurements: at most "
             f"{worst:.1f}% of the machine's time; {again} taken again for more than "
             f"{STEAL_MAX:g}%, {over} kept above it after {ATTEMPTS} attempts."]
+
+
+def lateness_note(results):
+    """One sentence on how close to their scheduled times the fixed-rate requests were sent:
+    latency is timed from the schedule, so the load generator's lateness counts as latency."""
+    late = [m["send_late_us"] for t in results["targets"].values() for r in t.get("rounds", [])
+            for m in r.values() if m.get("send_late_us")]
+    if not late:
+        return []
+    return ["", f"The load generator sent the {len(late)} fixed-rate measurements' requests at "
+            f"most {max(x['p99'] for x in late)} µs after their scheduled times at the 99th "
+            f"percentile (at worst {max(x['max'] for x in late)} µs)."]
 
 
 def report(results):
@@ -1096,7 +1110,8 @@ def f1(x):
 
 
 def ms(us):
-    return "n/a" if us is None else f"{us / 1000:.2f}"
+    """µs as ms to the µs: a proxy's part of a request at a fixed rate is tens of µs."""
+    return "n/a" if us is None else f"{us / 1000:.3f}"
 
 
 def ratio(a, b):
@@ -1138,7 +1153,7 @@ def tables(results):
         cells.append(f1(s["rss_peak_kb"] / 1024) + (" (app)" if port is None else ""))
         lines.append("| " + " | ".join(cells) + " |")
 
-    lines += steal_note(results)
+    lines += steal_note(results) + lateness_note(results)
     cost = provable_cost(results)
     if cost:
         lines += ["", "The ledger and receipts on the full stack (same run):", "", *cost]
