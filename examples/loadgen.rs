@@ -422,6 +422,9 @@ async fn worker(
     let (mut ok, mut errors) = (0u64, 0u64);
     loop {
         let seq = next.fetch_add(1, Ordering::Relaxed);
+        // Made before it is due: building and signing a request is the client's work, and
+        // timing it would charge the targets that take signed requests for it.
+        let req = t.request(seq);
         // When the request is due: its slot in the schedule, or now.
         let due = match mode {
             Mode::Rate => w.start + Duration::from_nanos(seq.saturating_mul(1_000_000_000) / rate),
@@ -453,7 +456,7 @@ async fn worker(
         let result = conn
             .as_ref()
             .expect("connected")
-            .send(t.request(seq), must_contain)
+            .send(req, must_contain)
             .await;
         let done = Instant::now();
         match result {
