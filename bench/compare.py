@@ -596,7 +596,10 @@ def loadgen(target, extra, duration, warmup, pids=None, app_pids=None):
     """Run loadgen pinned to its core; with pids, sample their CPU time at the start and the
     end of the measured window (the warm-up is left out), and with app_pids the app's too."""
     name, port = target
-    cmd = ["taskset", "-c", LOADGEN_CORE, LOADGEN, *loadgen_args(name, port), *extra,
+    # With one worker the load generator has core 1 to itself: at fixed rates it waits by
+    # yielding, so its own wake-up is not timed. Sharing the cores (--workers), it sleeps.
+    busy = ["--busy-poll"] if WORKERS == 1 and "rate" in extra else []
+    cmd = ["taskset", "-c", LOADGEN_CORE, LOADGEN, *loadgen_args(name, port), *extra, *busy,
            "--threads", str(WORKERS),
            "--duration", str(duration), "--warmup", str(warmup)]
     samples = {}
