@@ -441,7 +441,8 @@ impl Alarm {
         Ok(Alarm { fd, base })
     }
 
-    async fn sleep_until(&self, at: Instant) {
+    /// Sleep until `at`. An error is the alarm's, not the server's: the caller ends the run.
+    async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
         let when = self.base.1 + at.saturating_duration_since(self.base.0);
         let spec = libc::itimerspec {
@@ -460,17 +461,19 @@ impl Alarm {
             libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut())
         };
         if armed != 0 {
-            return;
+            return Err(std::io::Error::last_os_error());
         }
         loop {
-            let Ok(mut ready) = self.fd.readable().await else {
-                return;
-            };
+            let mut ready = self.fd.readable().await?;
             let mut expirations = [0u8; 8];
             // SAFETY: reads at most 8 bytes into an 8-byte buffer.
             let read = unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) };
             if read == 8 {
-                return;
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(e);
             }
             ready.clear_ready();
         }
@@ -490,7 +493,11 @@ impl Schedule {
     async fn until(&self, at: Instant) {
         let wake = at.checked_sub(SPIN).filter(|w| *w > Instant::now());
         if let (Some(wake), false) = (wake, self.busy_poll) {
-            self.alarm.sleep_until(wake).await;
+            // Yielding through the wait instead would take the CPU of servers sharing the cores.
+            if let Err(e) = self.alarm.sleep_until(wake).await {
+                eprintln!("loadgen: timerfd: {e}");
+                std::process::exit(1);
+            }
         }
         while Instant::now() < at {
             tokio::task::yield_now().await;
