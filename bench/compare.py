@@ -946,6 +946,8 @@ def main():
 
 def brief(results):
     """The medians of a partial run (`--only`), one line per target."""
+    print(machine_line(results.get("machine", {})))
+    print()
     print("| target | requests/s | CPU ms / 1k | the app's CPU ms / 1k behind it | "
           "p50 / p99 at 1,000/s (µs) | p50 / p99 at 3,000/s (µs) |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -1075,16 +1077,49 @@ def summarize(rounds):
 
 
 def machine_info():
-    cpu = ""
+    cpu = {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model") and key not in cpu:
+                cpu[key] = value.strip()
+            if not line.strip():
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
+
+    def sysfs(path):
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+    vulnerabilities = "/sys/devices/system/cpu/vulnerabilities"
+    return {"nproc": os.cpu_count(), "cpu": cpu.get("model name", ""),
+            "cpu_family": cpu.get("cpu family"), "cpu_model": cpu.get("model"),
+            "kernel": platform.release(),
+            "clocksource": sysfs("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+            "cpuidle": sysfs("/sys/devices/system/cpu/cpuidle/current_driver"),
+            "mitigations": {name: sysfs(f"{vulnerabilities}/{name}")
+                            for name in ("spectre_v2", "spec_rstack_overflow", "retbleed", "mds")},
+            "syscall_ns": syscall_ns(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def syscall_ns():
+    """What entering the kernel costs on this machine: `perf bench syscall basic` (two million
+    `getppid` calls) on the load generator's core, before any server runs; None without perf.
+    Runs on machines that differ in it are not comparable in their ratios (BENCHMARKS.md)."""
+    try:
+        r = subprocess.run(["taskset", "-c", LOADGEN_CORE, "perf", "bench", "syscall", "basic",
+                            "--loop", "2000000"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in r.stdout.splitlines():
+        if line.strip().endswith("usecs/op"):
+            return round(float(line.split()[0]) * 1000, 1)
+    return None
 
 
 def versions(results):
@@ -1117,6 +1152,19 @@ def ms(us):
     return "n/a" if us is None else f"{us / 1000:.3f}"
 
 
+def machine_line(m):
+    """The machine, as the tables' second line: what the ratios depend on beyond the code."""
+    cpu = m.get("cpu") or "unknown CPU"
+    if m.get("cpu_family"):
+        cpu += f" (family {m['cpu_family']}, model {m.get('cpu_model')})"
+    syscall = m.get("syscall_ns")
+    return (f"Machine: {m.get('nproc')} CPUs, {cpu}, kernel {m.get('kernel')}, clock source "
+            f"{m.get('clocksource') or 'unknown'}, idle driver {m.get('cpuidle') or 'unknown'}; "
+            "a system call (`getppid`) "
+            + (f"{syscall:.0f} ns." if syscall is not None
+               else "not timed (no perf)." if "syscall_ns" in m else "not recorded."))
+
+
 def ratio(a, b):
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
@@ -1128,6 +1176,8 @@ def tables(results):
         f"Median of {st['rounds']} round(s); saturation {st['saturation_s']} s closed loop, 32 "
         f"connections; fixed rates {st['rate_s']} s, 32 connections; new connections "
         f"{st['connect_s']} s, 16 connections. Latency in ms, timed from the scheduled send time.",
+        "",
+        machine_line(results.get("machine", {})),
         "",
         "| target | saturation req/s | p50 / p99 / p99.9 / max @1k/s | "
         "p50 / p99 / p99.9 / max @3k/s | new mTLS conn/s | CPU ms / 1k req | RSS idle MB | "
