@@ -896,6 +896,10 @@ def main():
                     for key in ("app_cpu_ms", "app_cpu_kernel_ms"):
                         if f"{key}_window" in res and done:
                             res[f"{key}_per_1k"] = res[f"{key}_window"] / done * 1000
+                own = res.get("cpu_ms")
+                if own and res.get("requests"):
+                    res["loadgen_cpu_ms_per_1k"] = ((own["user"] + own["system"])
+                                                    / res["requests"] * 1000)
                 rr[name]["saturation"] = res
                 log(f"  {name:14s} {fmt_rps(res)}")
                 time.sleep(0.5)
@@ -949,8 +953,9 @@ def brief(results):
     print(machine_line(results.get("machine", {})))
     print()
     print("| target | requests/s | CPU ms / 1k | the app's CPU ms / 1k behind it | "
+          "the load generator's CPU ms / 1k | "
           "p50 / p99 at 1,000/s (µs) | p50 / p99 at 3,000/s (µs) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in results["targets"].items():
         s = r.get("summary", {})
         lat = [f"{s.get(f'rate_{x}', {}).get('p50')} / {s.get(f'rate_{x}', {}).get('p99')}"
@@ -959,8 +964,10 @@ def brief(results):
         errors = s.get("saturation_errors")
         rps = f0(s.get("throughput_rps")) + (f" ({errors} errors)" if errors else "")
         app = s.get("app_cpu_ms_per_1k")
+        own = s.get("loadgen_cpu_ms_per_1k")
         print(f"| {r['label']} | {rps} | "
-              f"{f1(cpu) if cpu else '-'} | {f1(app) if app else '-'} | {lat[0]} | {lat[1]} |")
+              f"{f1(cpu) if cpu else '-'} | {f1(app) if app else '-'} | "
+              f"{f1(own) if own else '-'} | {lat[0]} | {lat[1]} |")
     for line in provable_cost(results) + steal_note(results) + lateness_note(results):
         print(line)
 
@@ -1050,6 +1057,7 @@ def summarize(rounds):
     s["app_cpu_ms_per_1k"] = pick("saturation", lambda x: x.get("app_cpu_ms_per_1k"))
     s["app_cpu_kernel_ms_per_1k"] = pick("saturation",
                                          lambda x: x.get("app_cpu_kernel_ms_per_1k"))
+    s["loadgen_cpu_ms_per_1k"] = pick("saturation", lambda x: x.get("loadgen_cpu_ms_per_1k"))
     # Peak RSS after the first saturation run (before it only the warm-up ran); VmHWM never
     # falls, so later rounds also count the fixed-rate and connection runs in between.
     peaks = [r["saturation"].get("rss_peak_kb", 0) for r in rounds if "saturation" in r]
@@ -1248,9 +1256,11 @@ def tables(results):
     # The app shares the proxy's core, and what a proxy sends it (headers, body) is part of
     # its work: the app's CPU per request behind each target is the rest of the core's time.
     lines += ["", "CPU ms per 1k requests at saturation, user and kernel (medians over the "
-              "rounds; user is the total less the kernel), and the app's behind each proxy:", "",
-              "| target | user | kernel | kernel share | app behind it: user | app: kernel |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "rounds; user is the total less the kernel), the app's behind each proxy, and the "
+              "load generator's own (user and kernel):", "",
+              "| target | user | kernel | kernel share | app behind it: user | app: kernel | "
+              "load generator |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, label, port in TARGETS:
         s = R.get(name, {}).get("summary")
         if not s or s.get("cpu_kernel_ms_per_1k") is None or s.get("cpu_ms_per_1k") is None:
@@ -1259,9 +1269,11 @@ def tables(results):
         app, app_k = s.get("app_cpu_ms_per_1k"), s.get("app_cpu_kernel_ms_per_1k")
         app_cells = (f"{f1(app - app_k)} | {f1(app_k)}" if app is not None and app_k is not None
                      else "n/a | n/a")
+        own = s.get("loadgen_cpu_ms_per_1k")
+        own_cell = f1(own) if own is not None else "n/a"
         lines.append(f"| {label} | {f1(total - k)} | {f1(k)} | "
-                     f"{100 * k / total:.0f}% | {app_cells} |" if total
-                     else f"| {label} | n/a | n/a | n/a | n/a | n/a |")
+                     f"{100 * k / total:.0f}% | {app_cells} | {own_cell} |" if total
+                     else f"| {label} | n/a | n/a | n/a | n/a | n/a | n/a |")
 
     # What the resident memory is: anonymous (heap, stacks: the process's own) and file-backed
     # (program text and libraries mapped from the page cache: clean, shared, reclaimable).

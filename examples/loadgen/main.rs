@@ -396,6 +396,31 @@ struct Window {
     end: Instant,
 }
 
+/// This process's CPU time so far, every thread: (user, system) in milliseconds.
+fn cpu_ms() -> (f64, f64) {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` fills the struct it is given; `RUSAGE_SELF` cannot fail.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    (ms(usage.ru_utime), ms(usage.ru_stime))
+}
+
+/// The CPU time this process spends in the measured window, read by a thread of its own that
+/// sleeps until the window starts and until it ends.
+fn cpu_over(w: Window) -> std::thread::JoinHandle<(f64, f64)> {
+    std::thread::spawn(move || {
+        let until = |t: Instant| std::thread::sleep(t.saturating_duration_since(Instant::now()));
+        until(w.measure_from);
+        let (user, system) = cpu_ms();
+        until(w.end);
+        let (user_end, system_end) = cpu_ms();
+        (user_end - user, system_end - system)
+    })
+}
+
 /// A worker's schedule in mode `rate`; the other modes send at once.
 fn schedule(args: &Args) -> Result<Option<Schedule>, String> {
     match args.mode {
@@ -511,14 +536,15 @@ fn main() -> std::process::ExitCode {
     .expect("runtime");
     let rec = Arc::new(Record::new());
     let streams = if args.http2 { args.streams.max(1) } else { 1 };
+    let start = Instant::now() + Duration::from_millis(50);
+    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let w = Window {
+        start,
+        measure_from,
+        end: measure_from + Duration::from_secs_f64(args.duration),
+    };
+    let own_cpu = cpu_over(w);
     let summary = rt.block_on(async {
-        let start = Instant::now() + Duration::from_millis(50);
-        let measure_from = start + Duration::from_secs_f64(args.warmup);
-        let w = Window {
-            start,
-            measure_from,
-            end: measure_from + Duration::from_secs_f64(args.duration),
-        };
         let next = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         if args.http2 && args.mode != Mode::Connect {
@@ -559,6 +585,7 @@ fn main() -> std::process::ExitCode {
     let ok = rec.ok.load(Ordering::Relaxed);
     let errors = rec.errors.load(Ordering::Relaxed);
     let seconds = (w.end - w.measure_from).as_secs_f64();
+    let (cpu_user, cpu_system) = own_cpu.join().unwrap_or_default();
     let out = json!({
         "mode": match args.mode { Mode::Closed => "closed", Mode::Rate => "rate", Mode::Connect => "connect" },
         "protocol": if args.http2 { "h2" } else { "http/1.1" },
@@ -577,6 +604,9 @@ fn main() -> std::process::ExitCode {
             "max": h.max(),
             "mean": h.mean(),
         },
+        // What the load generator itself spent in the window: where it shares the cores with
+        // the server (`--workers`), this is taken from the server's CPU.
+        "cpu_ms": { "user": cpu_user, "system": cpu_system },
         "send_late_us": (args.mode == Mode::Rate).then(|| json!({
             "p50": late.value_at_quantile(0.50),
             "p99": late.value_at_quantile(0.99),
