@@ -429,6 +429,8 @@ http {{
   upstream app {{
     server {APP_ADDR[0]}:{APP_ADDR[1]};
     keepalive 64;
+    # As the callers' connections: by default an upstream connection closes after 1,000.
+    keepalive_requests 1000000;
   }}
   server {{
     listen 127.0.0.1:9444 ssl http2;
