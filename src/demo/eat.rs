@@ -11,6 +11,7 @@ use super::{call, start};
 use crate::client::{tls_config, Client, Transport};
 use crate::eat::discover::{self, DiscoveryError, Fetch, Fetched, Outcome};
 use crate::pki::{Authority, Issued};
+use crate::server::Running;
 
 /// The documents of the demo host as the gateway gets them, with one catalog byte (the
 /// first `m`, inside a name or a string) changed when `tamper` is set.
@@ -48,10 +49,57 @@ pub(super) async fn eat_step(
     ca: &Authority,
     gateway: &Issued,
 ) -> Result<(), String> {
+    let (host, port) = start_host(dir, app_addr).await?;
+    let client = Client::new(Transport::Tls {
+        address: host.tcp_address.ok_or("no tcp address")?,
+        config: tls_config(&ca.cert_pem(), Some(gateway), false),
+    });
+    let catalog = client
+        .send(Method::GET, "/.well-known/api-catalog", &[], "")
+        .await?;
+    let tools = catalog.json()["tools"].as_array().map_or(0, Vec::len);
+    let jws = catalog
+        .headers
+        .get("x-jws-signature")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("the catalog is not signed")?
+        .to_owned();
+    let kid = crate::eat::jws::parse(&jws).map_err(|e| e.to_string())?.kid;
+
+    let gw_dir = dir.join("eat-gateway");
+    let gw = start_gateway(dir, &gw_dir, app_addr, gateway, port).await?;
+    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
+    let listed = listed_tools(&agent).await?;
+    let answer = agent
+        .post_json(
+            "/v1/tools/call",
+            &[],
+            &call("memory.query", json!({"query": "cat"}), None),
+        )
+        .await?;
+    if listed != ["memory.query"] || answer.json()["status"] != "ok" {
+        return Err(format!(
+            "EAT: the gateway listed {listed:?} and answered {}",
+            String::from_utf8_lossy(&answer.body)
+        ));
+    }
+    let refused = tampered_is_refused(&client, port).await?;
+    println!(
+        "14. EAT catalog   GET /.well-known/api-catalog -> {tools} tools, X-JWS-Signature RS256 kid={}...; the gateway verified it (did:web:localhost%3A{port}) and took memory.query (tag memory) -> call {}; one catalog byte changed -> refused {refused}",
+        &kid[..8.min(kid.len())],
+        answer.json()["status"]
+    );
+    gw.shutdown().await;
+    host.shutdown().await;
+    Ok(())
+}
+
+/// Carapace A: an MCP front publishing `memory.query` in its EAT catalog; with its port.
+async fn start_host(dir: &Path, app_addr: &str) -> Result<(Running, u16), String> {
     // The host names its own address in its configuration (`base_url`), so its port is
     // chosen before it binds, and another process may take it in between: then another port.
     let mut attempts = 0;
-    let (host, port) = loop {
+    loop {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
@@ -78,32 +126,26 @@ ops: {{ address: "" }}
         );
         attempts += 1;
         match super::start_or_address_taken(&dir.join("eat-host"), &yaml).await {
-            Ok(host) => break (host, port),
+            Ok(host) => return Ok((host, port)),
             Err(super::NotStarted::AddressTaken(_)) if attempts < 5 => continue,
             Err(super::NotStarted::AddressTaken(e) | super::NotStarted::Other(e)) => return Err(e),
         }
-    };
-    let client = Client::new(Transport::Tls {
-        address: host.tcp_address.ok_or("no tcp address")?,
-        config: tls_config(&ca.cert_pem(), Some(gateway), false),
-    });
-    let catalog = client
-        .send(Method::GET, "/.well-known/api-catalog", &[], "")
-        .await?;
-    let tools = catalog.json()["tools"].as_array().map_or(0, Vec::len);
-    let jws = catalog
-        .headers
-        .get("x-jws-signature")
-        .and_then(|v| v.to_str().ok())
-        .ok_or("the catalog is not signed")?
-        .to_owned();
-    let kid = crate::eat::jws::parse(&jws).map_err(|e| e.to_string())?.kid;
+    }
+}
 
+/// Carapace B: a gateway whose outbound role discovers A's catalog (the tools tagged
+/// `memory`), with the paired gateway's client certificate.
+async fn start_gateway(
+    dir: &Path,
+    gw_dir: &Path,
+    app_addr: &str,
+    gateway: &Issued,
+    port: u16,
+) -> Result<Running, String> {
     std::fs::write(dir.join("gw_demo.crt"), &gateway.cert_pem).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("gw_demo.key"), &gateway.key_pem).map_err(|e| e.to_string())?;
-    let gw_dir = dir.join("eat-gateway");
-    let gw = start(
-        &gw_dir,
+    start(
+        gw_dir,
         &format!(
             r#"
 state_dir: {d}/state
@@ -127,8 +169,11 @@ outbound:
             dir = dir.display()
         ),
     )
-    .await?;
-    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
+    .await
+}
+
+/// The tools the gateway's outbound socket lists, once its discovery found some (up to 5 s).
+async fn listed_tools(agent: &Client) -> Result<Vec<String>, String> {
     let mut listed = Vec::new();
     for _ in 0..100 {
         let list = agent.send(Method::GET, "/v1/tools", &[], "").await?;
@@ -143,21 +188,11 @@ outbound:
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let answer = agent
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.query", json!({"query": "cat"}), None),
-        )
-        .await?;
-    if listed != ["memory.query"] || answer.json()["status"] != "ok" {
-        return Err(format!(
-            "EAT: the gateway listed {listed:?} and answered {}",
-            String::from_utf8_lossy(&answer.body)
-        ));
-    }
+    Ok(listed)
+}
 
-    // The same documents with one catalog byte changed.
+/// Discovery of the host's documents with one catalog byte changed: the reason it refused.
+async fn tampered_is_refused(client: &Client, port: u16) -> Result<&'static str, String> {
     let request = discover::Request {
         origin: format!("https://localhost:{port}"),
         path: "/.well-known/api-catalog".into(),
@@ -171,18 +206,10 @@ outbound:
         client: client.clone(),
         tamper: true,
     };
-    let refused = match discover::discover(&tampered, &request, None, now).await {
-        Err(e) => e.reason(),
+    match discover::discover(&tampered, &request, None, now).await {
+        Err(e) => Ok(e.reason()),
         Ok(Outcome::New(_) | Outcome::Unchanged { .. }) => {
-            return Err("EAT: a changed catalog was taken".into())
+            Err("EAT: a changed catalog was taken".into())
         }
-    };
-    println!(
-        "14. EAT catalog   GET /.well-known/api-catalog -> {tools} tools, X-JWS-Signature RS256 kid={}...; the gateway verified it (did:web:localhost%3A{port}) and took memory.query (tag memory) -> call {}; one catalog byte changed -> refused {refused}",
-        &kid[..8.min(kid.len())],
-        answer.json()["status"]
-    );
-    gw.shutdown().await;
-    host.shutdown().await;
-    Ok(())
+    }
 }

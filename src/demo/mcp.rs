@@ -10,6 +10,7 @@ use super::start;
 use crate::client::{tls_config, Client, Reply, Transport};
 use crate::memory_app::MemoryApp;
 use crate::pki::Authority;
+use crate::server::Running;
 
 /// A JSON-RPC request as a 2026-07-28 MCP client sends it, with its mirrored headers.
 async fn mcp_modern(
@@ -68,12 +69,26 @@ ops: {{ address: "" }}
         address: addr,
         config: tls_config(&ca.cert_pem(), Some(gateway), false),
     });
-    let list = mcp_modern(&gw, 1, "tools/list", json!({})).await?;
+    let bad_code = modern_step(&gw, addr, app).await?;
+    session_step(&gw).await?;
+    mcp_back_step(dir).await?;
+    mcp.shutdown().await;
+    Ok(vec![bad_code])
+}
+
+/// 7: a 2026-07-28 client lists the tools, calls one, and sends bad arguments (not forwarded);
+/// the error code met.
+async fn modern_step(
+    gw: &Client,
+    addr: std::net::SocketAddr,
+    app: &MemoryApp,
+) -> Result<String, String> {
+    let list = mcp_modern(gw, 1, "tools/list", json!({})).await?;
     let tools = list.json()["result"]["tools"]
         .as_array()
         .map_or(0, Vec::len);
     let good = mcp_modern(
-        &gw,
+        gw,
         2,
         "tools/call",
         json!({"name": "memory.query", "arguments": {"query": "cat"}}),
@@ -87,7 +102,7 @@ ops: {{ address: "" }}
     }
     let before = app.received().len();
     let bad = mcp_modern(
-        &gw,
+        gw,
         3,
         "tools/call",
         json!({"name": "memory.append", "arguments": {"text": 42}}),
@@ -110,7 +125,12 @@ ops: {{ address: "" }}
         "7. MCP 2026-07-28  https://{addr}/mcp tools/list -> {tools} tools; tools/call memory.query -> structuredContent={}; bad arguments -> isError {bad_code}, not forwarded",
         good.json()["result"]["structuredContent"]
     );
+    Ok(bad_code)
+}
 
+/// 8: an older (2025-06-18) client: `initialize` gives a session, a call in it is answered,
+/// one without it refused.
+async fn session_step(gw: &Client) -> Result<(), String> {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}}});
     let i = gw.post_json("/mcp", &[], &init).await?;
@@ -132,9 +152,7 @@ ops: {{ address: "" }}
         in_session.json()["result"]["isError"],
         without.status.as_u16()
     );
-    mcp_back_step(dir).await?;
-    mcp.shutdown().await;
-    Ok(vec![bad_code])
+    Ok(())
 }
 
 /// 9: carapace in front of a stdio MCP server. The server is `carapace mcp-stdio` bridging to
@@ -186,6 +204,49 @@ pub(super) async fn outbound_step(
     app_addr: &str,
     app: &MemoryApp,
 ) -> Result<(), String> {
+    let (host, gateway) = start_paired(dir, app_addr).await?;
+    let agent = Client::new(Transport::Unix(dir.join("gateway/outbound.sock")));
+    let mut tools = 0;
+    for _ in 0..100 {
+        let list = mcp_modern(&agent, 1, "tools/list", json!({})).await?;
+        tools = list.json()["result"]["tools"]
+            .as_array()
+            .map_or(0, Vec::len);
+        if tools > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = app.received().len();
+    let call = mcp_modern(
+        &agent,
+        2,
+        "tools/call",
+        json!({"name": "memory.append", "arguments": {"text": "from the gateway's agent"}}),
+    )
+    .await?;
+    let reached = app
+        .received()
+        .get(before)
+        .map(|r| r.headers["x-carapace-peer-id"].clone());
+    if call.json()["result"]["isError"] != false || reached.is_none() {
+        return Err(format!(
+            "outbound MCP call failed: {}",
+            String::from_utf8_lossy(&call.body)
+        ));
+    }
+    println!(
+        "10. outbound MCP  gateway paired memory-east; its agent on the outbound socket's /mcp: tools/list -> {tools} tools; tools/call memory.append -> isError=false, the app saw caller {:?} (`carapace mcp-stdio` serves the same to a stdio agent)",
+        reached.expect("checked")
+    );
+    gateway.shutdown().await;
+    host.shutdown().await;
+    Ok(())
+}
+
+/// A tool host (`memory-east`, with a pairing listener) and a gateway paired with it through
+/// the gateway's admin socket; the gateway's outbound socket is `gateway/outbound.sock`.
+async fn start_paired(dir: &Path, app_addr: &str) -> Result<(Running, Running), String> {
     let gw_dir = dir.join("gateway");
     std::fs::create_dir_all(gw_dir.join("state")).map_err(|e| e.to_string())?;
     let gateway_key =
@@ -236,41 +297,5 @@ outbound:
     )
     .await?;
     super::pair_memory_east(&gateway, &host).await?;
-    let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
-    let mut tools = 0;
-    for _ in 0..100 {
-        let list = mcp_modern(&agent, 1, "tools/list", json!({})).await?;
-        tools = list.json()["result"]["tools"]
-            .as_array()
-            .map_or(0, Vec::len);
-        if tools > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let before = app.received().len();
-    let call = mcp_modern(
-        &agent,
-        2,
-        "tools/call",
-        json!({"name": "memory.append", "arguments": {"text": "from the gateway's agent"}}),
-    )
-    .await?;
-    let reached = app
-        .received()
-        .get(before)
-        .map(|r| r.headers["x-carapace-peer-id"].clone());
-    if call.json()["result"]["isError"] != false || reached.is_none() {
-        return Err(format!(
-            "outbound MCP call failed: {}",
-            String::from_utf8_lossy(&call.body)
-        ));
-    }
-    println!(
-        "10. outbound MCP  gateway paired memory-east; its agent on the outbound socket's /mcp: tools/list -> {tools} tools; tools/call memory.append -> isError=false, the app saw caller {:?} (`carapace mcp-stdio` serves the same to a stdio agent)",
-        reached.expect("checked")
-    );
-    gateway.shutdown().await;
-    host.shutdown().await;
-    Ok(())
+    Ok((host, gateway))
 }

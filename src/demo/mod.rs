@@ -2,19 +2,20 @@
 //! what carapace does for it. Nothing to configure; everything lives in a temporary directory
 //! that is removed afterwards.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Method;
 use serde_json::{json, Value};
 
-use crate::client::{signed_run, tls_config, Client, Reply, Transport};
+use crate::client::{tls_config, Client, Reply, Transport};
 use crate::memory_app::MemoryApp;
-use crate::pki::Authority;
+use crate::pki::{Authority, Issued};
 use crate::server::{self, Running};
 
+mod basics;
 mod eat;
 mod mcp;
 mod pinning;
@@ -150,34 +151,42 @@ fn call(tool: &str, args: Value, timeout_ms: Option<u64>) -> Value {
     c
 }
 
-async fn run_in(dir: &Path) -> Result<Vec<String>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let mut codes = Vec::new();
+/// The certificates of the first steps: the gateway's CA, the paired gateway's client
+/// certificate and a stranger's from the same CA that was never paired. Written to `dir` with
+/// carapace's server certificate, the HMAC key and the peer store.
+struct Pki {
+    ca: Authority,
+    gateway: Issued,
+    stranger: Issued,
+}
 
-    // A gateway CA, a server certificate for carapace, the paired gateway's client
-    // certificate, and a stranger's certificate from the same CA that was never paired.
-    let ca = Authority::new("carapace demo gateway CA");
-    let server_cert = ca.server(&["127.0.0.1", "localhost"]);
-    let gateway = ca.client("gw_demo");
-    let stranger = ca.client("stranger");
-    write(&dir.join("ca.pem"), &ca.cert_pem())?;
-    write(&dir.join("server.crt"), &server_cert.cert_pem)?;
-    write(&dir.join("server.key"), &server_cert.key_pem)?;
-    write(&dir.join("hmac.key"), DEMO_KEY)?;
-    let peers = json!({"version": 1, "peers": [{
-        "component_type": "gateway", "component_id": "gw_demo", "role": "gateway",
-        "mtls_cert_fingerprint": gateway.fingerprint, "status": "active",
-        "paired_at": "2026-11-21T00:00:00Z"
-    }]});
-    write(&dir.join("peers.json"), &peers.to_string())?;
+impl Pki {
+    fn write(dir: &Path) -> Result<Pki, String> {
+        let ca = Authority::new("carapace demo gateway CA");
+        let server_cert = ca.server(&["127.0.0.1", "localhost"]);
+        let gateway = ca.client("gw_demo");
+        let stranger = ca.client("stranger");
+        write(&dir.join("ca.pem"), &ca.cert_pem())?;
+        write(&dir.join("server.crt"), &server_cert.cert_pem)?;
+        write(&dir.join("server.key"), &server_cert.key_pem)?;
+        write(&dir.join("hmac.key"), DEMO_KEY)?;
+        let peers = json!({"version": 1, "peers": [{
+            "component_type": "gateway", "component_id": "gw_demo", "role": "gateway",
+            "mtls_cert_fingerprint": gateway.fingerprint, "status": "active",
+            "paired_at": "2026-11-21T00:00:00Z"
+        }]});
+        write(&dir.join("peers.json"), &peers.to_string())?;
+        Ok(Pki {
+            ca,
+            gateway,
+            stranger,
+        })
+    }
+}
 
-    let app = Arc::new(MemoryApp::default());
-    let app_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let app_addr = app_listener.local_addr().map_err(|e| e.to_string())?;
-    let _app_task = app.serve(app_listener);
-
+/// The tools-v1 front (mTLS, the paired gateway of `peers.json`) and the skill-v1 front
+/// (HMAC with the demo key) before the app at `app_addr`.
+async fn start_fronts(dir: &Path, app_addr: SocketAddr) -> Result<(Running, Running), String> {
     let tools = start(
         &dir.join("tools"),
         &format!(
@@ -215,6 +224,19 @@ ops: {{ address: "" }}
         ),
     )
     .await?;
+    Ok((tools, skill))
+}
+
+async fn run_in(dir: &Path) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let pki = Pki::write(dir)?;
+    let app = Arc::new(MemoryApp::default());
+    let app_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let app_addr = app_listener.local_addr().map_err(|e| e.to_string())?;
+    let _app_task = app.serve(app_listener);
+    let (tools, skill) = start_fronts(dir, app_addr).await?;
     let tools_addr = tools.tcp_address.ok_or("no tcp address")?;
     let skill_addr = skill.tcp_address.ok_or("no tcp address")?;
 
@@ -226,185 +248,26 @@ ops: {{ address: "" }}
 
     let gw = Client::new(Transport::Tls {
         address: tools_addr,
-        config: tls_config(&ca.cert_pem(), Some(&gateway), false),
+        config: tls_config(&pki.ca.cert_pem(), Some(&pki.gateway), false),
     });
-
-    // 1. A good call.
-    let r = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call(
-                "memory.append",
-                json!({"text": "the cat sat on the mat"}),
-                None,
-            ),
-        )
-        .await?;
-    if r.json()["status"] != "ok" {
-        return Err(format!(
-            "good call failed: {}",
-            String::from_utf8_lossy(&r.body)
-        ));
-    }
-    let seen = app.received();
-    println!(
-        "1. good call       memory.append over mTLS -> {} result={}; the app saw caller {:?}",
-        r.json()["status"],
-        r.json()["result"],
-        seen.last()
-            .and_then(|c| c.headers.get("x-carapace-peer-id"))
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("?")
-    );
-
-    // 2. Bad arguments never reach the app.
-    let before = app.received().len();
-    let r = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call(
-                "memory.append",
-                json!({"text": 42, "drop_table": true}),
-                None,
-            ),
-        )
-        .await?;
-    codes.push(expect("bad arguments", &r, "INVALID_ARGS")?);
-    let reached = app.received().len() - before;
-    if reached != 0 {
-        return Err("bad arguments reached the app".into());
-    }
-    println!(
-        "2. bad arguments   memory.append {{text: 42, drop_table: true}} -> HTTP {} {}; calls that reached the app: {reached}",
-        r.status.as_u16(),
-        code(&r)
-    );
-
-    // 3. A certificate from the right CA that was never paired.
-    let outsider = Client::new(Transport::Tls {
-        address: tools_addr,
-        config: tls_config(&ca.cert_pem(), Some(&stranger), false),
-    });
-    let r = outsider
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.query", json!({"query": "cat"}), None),
-        )
-        .await?;
-    codes.push(expect("unpaired peer", &r, "PAIRING_REQUIRED")?);
-    println!(
-        "3. unpaired peer   valid certificate, not in the peer store -> HTTP {} {}",
-        r.status.as_u16(),
-        code(&r)
-    );
-
-    // 4. A signed Skill Gateway v1 call, then the same bytes again.
-    let signer = Client::new(Transport::Tcp(skill_addr));
-    let body = signed_run(
-        DEMO_KEY.as_bytes(),
-        "memory",
-        "memory.query",
-        json!({"query": "cat"}),
-        carapace_filters::unix_now_ms(),
-        &hex::encode(rand::random::<[u8; 16]>()),
-    );
-    let first = signer.post_json("/run", &[], &body).await?;
-    if first.json()["ok"] != true {
-        return Err(format!(
-            "signed call failed: {}",
-            String::from_utf8_lossy(&first.body)
-        ));
-    }
-    let replay = signer.post_json("/run", &[], &body).await?;
-    codes.push(expect("replay", &replay, "NONCE_REPLAY")?);
-    println!(
-        "4. replay          signed /run memory.query -> ok={} output={}; same request again -> HTTP {} {}",
-        first.json()["ok"],
-        first.json()["output"],
-        replay.status.as_u16(),
-        code(&replay)
-    );
-
-    // 5. The kill-switch, through the admin socket.
-    let (status, _) = crate::ops::admin::request(
-        &tools.admin_socket,
-        Method::PUT,
-        "/v1/kill-switch",
-        Some(json!({"engaged": true, "tool": "memory.delete"})),
-    )
-    .await?;
-    if !status.is_success() {
-        return Err(format!("kill-switch engage: HTTP {status}"));
-    }
-    let killed = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.delete", json!({"id": "m1"}), None),
-        )
-        .await?;
-    codes.push(expect("kill-switch", &killed, "DEPENDENCY_UNAVAILABLE")?);
-    crate::ops::admin::request(
-        &tools.admin_socket,
-        Method::PUT,
-        "/v1/kill-switch",
-        Some(json!({"engaged": false, "tool": "memory.delete"})),
-    )
-    .await?;
-    let released = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.delete", json!({"id": "m1"}), None),
-        )
-        .await?;
-    println!(
-        "5. kill-switch     engaged for memory.delete -> HTTP {} {}; released -> {}",
-        killed.status.as_u16(),
-        code(&killed),
-        released.json()["status"]
-    );
-
-    // 6. A call that runs past its timeout is cut off.
-    let r = gw
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call(
-                "memory.query",
-                json!({"query": "cat", "delay_ms": 5000}),
-                Some(300),
-            ),
-        )
-        .await?;
-    codes.push(expect("timeout", &r, "TIMEOUT")?);
-    let mut abandoned = 0;
-    for _ in 0..40 {
-        abandoned = app.abandoned();
-        if abandoned > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    println!(
-        "6. timeout         memory.query taking 5 s with timeout_ms=300 -> HTTP {} {} (status {}); upstream request dropped: {}",
-        r.status.as_u16(),
-        code(&r),
-        r.json()["status"],
-        abandoned > 0
-    );
-
-    codes.extend(mcp::mcp_steps(dir, &app_addr.to_string(), &ca, &gateway, &app).await?);
-    mcp::outbound_step(dir, &app_addr.to_string(), &app).await?;
-    pinning::pinning_step(dir, &app_addr.to_string()).await?;
-    shell_auth::oauth_step(dir, &app_addr.to_string(), &ca).await?;
-    shell_auth::signature_step(dir, &app_addr.to_string(), &ca).await?;
-    eat::eat_step(dir, &app_addr.to_string(), &ca, &gateway).await?;
-    relay::relay_step(dir, &app_addr.to_string()).await?;
-    provable::provable_steps(dir, &app_addr.to_string(), &app).await?;
+    let fronts = basics::Fronts {
+        app: &app,
+        tools: &tools,
+        tools_addr,
+        skill_addr,
+        gw: &gw,
+    };
+    let mut codes = basics::basic_steps(&fronts, &pki.ca, &pki.stranger).await?;
+    let (ca, gateway) = (&pki.ca, &pki.gateway);
+    let app_addr = app_addr.to_string();
+    codes.extend(mcp::mcp_steps(dir, &app_addr, ca, gateway, &app).await?);
+    mcp::outbound_step(dir, &app_addr, &app).await?;
+    pinning::pinning_step(dir, &app_addr).await?;
+    shell_auth::oauth_step(dir, &app_addr, ca).await?;
+    shell_auth::signature_step(dir, &app_addr, ca).await?;
+    eat::eat_step(dir, &app_addr, ca, gateway).await?;
+    relay::relay_step(dir, &app_addr).await?;
+    provable::provable_steps(dir, &app_addr, &app).await?;
     tools.shutdown().await;
     skill.shutdown().await;
     Ok(codes)

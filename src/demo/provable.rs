@@ -103,10 +103,32 @@ pub(super) async fn provable_steps(
     app: &MemoryApp,
 ) -> Result<(), String> {
     let (host, gateway, agent) = pair(dir, app_addr).await?;
+    receipt_step(dir, &agent).await?;
+    // 18 and 19 run before 17, so that the ledgers hold them, and are shown after it.
+    let ran = idempotency_step(&agent, app).await?;
+    let refused = budget_step(&agent).await?;
+    host.shutdown().await;
+    ledger_step(dir)?;
+    println!(
+        "18. idempotency   5 concurrent calls with idempotency_key demo-order-1 -> the app ran it {ran} time, all 5 got the same answer"
+    );
+    let details = &refused.json()["error"]["details"];
+    println!(
+        "19. metering      gw_home's budget 20, memory.append costs 10: third call -> {} ({}, remaining {})",
+        code(&refused),
+        details["reason"],
+        details["remaining"]
+    );
+    search_step(&agent).await?;
+    health_step(&agent).await?;
+    gateway.shutdown().await;
+    Ok(())
+}
 
-    // 16. A receipt, signed by the host and checked by the gateway.
+/// 16. A receipt, signed by the host and checked by the gateway.
+async fn receipt_step(dir: &Path, agent: &Client) -> Result<(), String> {
     let args = json!({"text": "a receipt for this"});
-    let reply = agent_call(&agent, &call("memory.append", args.clone(), None)).await?;
+    let reply = agent_call(agent, &call("memory.append", args.clone(), None)).await?;
     let receipt = reply
         .headers
         .get(crate::receipts::RECEIPT_HEADER)
@@ -127,8 +149,11 @@ pub(super) async fn provable_steps(
         "16. receipts      gateway -> memory-east memory.append: Carapace-Receipt signed by the host ({} {} -> {}, status {}), checked at the gateway: verified",
         r.tool, r.consumer, r.provider, r.status.as_str()
     );
+    Ok(())
+}
 
-    // 18 (shown before 17, so that the ledger holds it). Idempotency: five repeats, one run.
+/// 18. Idempotency: five concurrent repeats of one keyed call; how many times the app ran it.
+async fn idempotency_step(agent: &Client, app: &MemoryApp) -> Result<usize, String> {
     let before = app.received().len();
     let mut keyed = call("memory.append", json!({"text": "once"}), None);
     keyed["idempotency_key"] = json!("demo-order-1");
@@ -145,13 +170,12 @@ pub(super) async fn provable_steps(
     if ran != 1 || answers.iter().any(|a| *a != answers[0]) {
         return Err(format!("idempotency: the app ran {ran} times: {answers:?}"));
     }
+    Ok(ran)
+}
 
-    // 19. The budget (20, at 10 a call) is spent: the next call is refused before the app.
-    let refused = agent_call(
-        &agent,
-        &call("memory.append", json!({"text": "over"}), None),
-    )
-    .await?;
+/// 19. The budget (20, at 10 a call) is spent: the next call is refused before the app.
+async fn budget_step(agent: &Client) -> Result<Reply, String> {
+    let refused = agent_call(agent, &call("memory.append", json!({"text": "over"}), None)).await?;
     let details = &refused.json()["error"]["details"];
     if code(&refused) != "FORBIDDEN" || details["reason"] != "budget_exhausted" {
         return Err(format!(
@@ -159,9 +183,11 @@ pub(super) async fn provable_steps(
             String::from_utf8_lossy(&refused.body)
         ));
     }
+    Ok(refused)
+}
 
-    // 17. Both ledgers: intact, then a row edited behind carapace's back.
-    host.shutdown().await;
+/// 17. Both ledgers: intact, then a row edited behind carapace's back (the host stopped).
+fn ledger_step(dir: &Path) -> Result<(), String> {
     let host_db = dir.join("provable-host/ledger.sqlite3");
     let rows = ledger_check(&host_db)?;
     let gw_rows = ledger_check(&dir.join("provable-gw/state/ledger.sqlite3"))?;
@@ -175,17 +201,11 @@ pub(super) async fn provable_steps(
     println!(
         "17. ledgers       host ledger: {rows} rows, chain intact; gateway ledger: {gw_rows} rows, intact; one row edited -> `ledger verify`: {tampered}"
     );
-    println!(
-        "18. idempotency   5 concurrent calls with idempotency_key demo-order-1 -> the app ran it {ran} time, all 5 got the same answer"
-    );
-    println!(
-        "19. metering      gw_home's budget 20, memory.append costs 10: third call -> {} ({}, remaining {})",
-        code(&refused),
-        details["reason"],
-        details["remaining"]
-    );
+    Ok(())
+}
 
-    // 20. Tool search over what the gateway knows.
+/// 20. Tool search over what the gateway knows; query syntax in the text is only text.
+async fn search_step(agent: &Client) -> Result<(), String> {
     let found = agent
         .send(
             http::Method::GET,
@@ -202,13 +222,20 @@ pub(super) async fn provable_steps(
     if first != "memory.query" {
         return Err(format!("search: {found}"));
     }
+    println!(
+        "20. tool search   `find memory \"NEAR\"*` -> {first} first ({} results; query syntax is only text)",
+        found["results"].as_array().map_or(0, Vec::len)
+    );
+    Ok(())
+}
 
-    // 21. The host is gone: two failures open its circuit, the next call fails at once.
+/// 21. The host is gone: two failures open its circuit, the next call fails at once.
+async fn health_step(agent: &Client) -> Result<(), String> {
     for _ in 0..2 {
-        agent_call(&agent, &call("memory.query", json!({"query": "x"}), None)).await?;
+        agent_call(agent, &call("memory.query", json!({"query": "x"}), None)).await?;
     }
     let started = std::time::Instant::now();
-    let fast = agent_call(&agent, &call("memory.query", json!({"query": "x"}), None)).await?;
+    let fast = agent_call(agent, &call("memory.query", json!({"query": "x"}), None)).await?;
     let took = started.elapsed();
     if fast.json()["error"]["details"]["reason"] != "circuit_open" {
         return Err(format!("health: {}", String::from_utf8_lossy(&fast.body)));
@@ -219,14 +246,9 @@ pub(super) async fn provable_steps(
         .json()["results"][0]["healthy"]
         .clone();
     println!(
-        "20. tool search   `find memory \"NEAR\"*` -> {first} first ({} results; query syntax is only text)",
-        found["results"].as_array().map_or(0, Vec::len)
-    );
-    println!(
         "21. health        host stopped: 2 failures open its circuit -> next call {} circuit_open in {} ms; search marks its tools healthy={unhealthy}",
         code(&fast),
         took.as_millis()
     );
-    gateway.shutdown().await;
     Ok(())
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::{call, code, start};
 use crate::client::{Client, Transport};
+use crate::server::Running;
 
 /// A caller's stream on the Unix socket, read event by event.
 struct CallerStream {
@@ -71,21 +72,7 @@ impl CallerStream {
 /// 15: a caller on the local socket offers `notify`; an agent calls `demo_notify` through the
 /// tools-v1 front; the caller answers; then a caller that goes away mid-call.
 pub(super) async fn relay_step(dir: &Path, app_addr: &str) -> Result<(), String> {
-    let running = start(
-        &dir.join("relay"),
-        &format!(
-            r#"
-state_dir: {dir}/relay
-front: {{ protocol: tools-v1 }}
-listeners: {{ unix: {{ path: {dir}/relay/tools.sock }} }}
-app: {{ protocol: tools-v1, address: "http://{app_addr}" }}
-ops: {{ address: "" }}
-caller_tools: {{ keepalive_s: 5 }}
-"#,
-            dir = dir.display()
-        ),
-    )
-    .await?;
+    let running = start_relay(dir, app_addr).await?;
     let socket = running.unix_path.clone().ok_or("no unix socket")?;
     let declaration = json!({"caller_id": "demo", "tools": [{"name": "notify",
         "description": "Show a notification to the user",
@@ -154,4 +141,23 @@ caller_tools: {{ keepalive_s: 5 }}
     );
     running.shutdown().await;
     Ok(())
+}
+
+/// A tools-v1 front on a Unix socket that relays calls to the tools its callers offer.
+async fn start_relay(dir: &Path, app_addr: &str) -> Result<Running, String> {
+    start(
+        &dir.join("relay"),
+        &format!(
+            r#"
+state_dir: {dir}/relay
+front: {{ protocol: tools-v1 }}
+listeners: {{ unix: {{ path: {dir}/relay/tools.sock }} }}
+app: {{ protocol: tools-v1, address: "http://{app_addr}" }}
+ops: {{ address: "" }}
+caller_tools: {{ keepalive_s: 5 }}
+"#,
+            dir = dir.display()
+        ),
+    )
+    .await
 }
