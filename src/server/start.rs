@@ -344,95 +344,41 @@ async fn bind_listeners(
 
 /// Serve every bound listener and start the background tasks.
 fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
-    let c = &cfg.config;
     let (shutdown_tx, shutdown) = watch::channel(false);
     let drain = Arc::new(tokio::sync::Mutex::new(Some(Drain::default())));
-    let mut tasks = tokio::task::JoinSet::new();
-    let tcp_address = bound.tcp.as_ref().and_then(|l| l.local_addr().ok());
-    let outbound_address = bound
-        .outbound_tcp
-        .as_ref()
-        .and_then(|(l, _)| l.local_addr().ok());
-    let ops_address = bound.ops.as_ref().and_then(|l| l.local_addr().ok());
-    let pairing_address = bound
-        .pairing
-        .as_ref()
-        .and_then(|(l, _)| l.local_addr().ok());
-    let max_conns = c.limits.max_connections;
-    let unix_path = c.listeners.unix.as_ref().map(|u| u.path.clone());
+    let address = |l: Option<&TcpListener>| l.and_then(|l| l.local_addr().ok());
+    let tcp_address = address(bound.tcp.as_ref());
+    let outbound_address = address(bound.outbound_tcp.as_ref().map(|(l, _)| l));
+    let ops_address = address(bound.ops.as_ref());
+    let pairing_address = address(bound.pairing.as_ref().map(|(l, _)| l));
+    let unix_path = cfg.config.listeners.unix.as_ref().map(|u| u.path.clone());
+    let mut spawner = Spawner {
+        tasks: tokio::task::JoinSet::new(),
+        shared: shared.clone(),
+        shutdown,
+        drain: drain.clone(),
+        max_conns: cfg.config.limits.max_connections,
+    };
     if let (Some(l), Some(path)) = (bound.unix, &unix_path) {
         tracing::info!("listening unix={}", path.display());
-        tasks.spawn(crate::listener::accept_unix(
-            l,
-            shared.clone(),
-            shared.stack.clone(),
-            shutdown.clone(),
-            drain.clone(),
-            max_conns,
-        ));
+        spawner.unix(l, spawner.shared.stack.clone());
     }
     if let Some(l) = bound.tcp {
         tracing::info!("listening tcp={}", tcp_address.expect("bound"));
-        let accept = crate::listener::accept_tcp(
-            l,
-            crate::listener::TcpEndpoint::Inbound,
-            shared.clone(),
-            shutdown.clone(),
-            drain.clone(),
-        );
-        tasks.spawn(accept);
+        spawner.tcp(l, crate::listener::TcpEndpoint::Inbound);
     }
     if let Some((l, tls)) = bound.outbound_tcp {
-        tracing::info!(
-            "outbound listening tcp={}",
-            outbound_address.expect("bound")
-        );
-        tasks.spawn(crate::listener::accept_tcp(
-            l,
-            crate::listener::TcpEndpoint::Outbound(tls),
-            shared.clone(),
-            shutdown.clone(),
-            drain.clone(),
-        ));
+        let a = outbound_address.expect("bound");
+        tracing::info!("outbound listening tcp={a}");
+        spawner.tcp(l, crate::listener::TcpEndpoint::Outbound(tls));
     }
-    if let Some(l) = bound.ops {
-        let a = ops_address.expect("bound");
-        if !a.ip().is_loopback() {
-            tracing::warn!("ops endpoint on non-loopback address {a}: metrics are unauthenticated");
-        }
-        tracing::info!("ops listening on {a}");
-        tasks.spawn(crate::ops::endpoint::serve(
-            l,
-            shared.clone(),
-            shutdown.clone(),
-        ));
-    }
-    if let (Some((l, ob)), Some(o)) = (bound.outbound, &c.outbound) {
+    if let (Some((l, outbound)), Some(o)) = (bound.outbound, &cfg.config.outbound) {
         tracing::info!("outbound socket {}", o.socket.display());
-        tasks.spawn(crate::listener::accept_unix(
-            l,
-            shared.clone(),
-            shared.outbound_stack.clone(),
-            shutdown.clone(),
-            drain.clone(),
-            max_conns,
-        ));
-        tasks.spawn(outbound_discovery(ob, shared.clone(), shutdown.clone()));
+        spawner.unix(l, spawner.shared.outbound_stack.clone());
+        let task = outbound_discovery(outbound, shared.clone(), spawner.shutdown.clone());
+        spawner.tasks.spawn(task);
     }
-    if let Some((l, endpoint)) = bound.pairing {
-        tracing::info!(
-            "pairing endpoint on ws://{}",
-            pairing_address.expect("bound")
-        );
-        tasks.spawn(endpoint.serve(l, shutdown.clone()));
-    }
-    tasks.spawn(crate::ops::admin::serve(
-        bound.admin,
-        shared.clone(),
-        shutdown.clone(),
-    ));
-    tasks.spawn(discovery_loop(shared.clone(), shutdown.clone()));
-    tasks.spawn(housekeeping(shared.clone(), shutdown));
+    spawner.ops(bound.ops, bound.pairing, bound.admin);
     shared.listening.store(true, Ordering::Release);
     Running {
         shared,
@@ -443,7 +389,75 @@ fn serve(cfg: &Loaded, shared: Arc<Shared>, bound: Bound) -> Running {
         unix_path,
         admin_socket: cfg.admin_socket(),
         shutdown: shutdown_tx,
-        tasks,
+        tasks: spawner.tasks,
         drain,
+    }
+}
+
+/// Starts the accept loops and background tasks of a running carapace, with what they share.
+struct Spawner {
+    tasks: tokio::task::JoinSet<()>,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+    drain: Arc<tokio::sync::Mutex<Option<Drain>>>,
+    max_conns: usize,
+}
+
+impl Spawner {
+    /// Calls on a Unix socket, into `stack`.
+    fn unix(&mut self, l: UnixListener, stack: Arc<ArcSwap<crate::edge::HttpStack>>) {
+        self.tasks.spawn(crate::listener::accept_unix(
+            l,
+            self.shared.clone(),
+            stack,
+            self.shutdown.clone(),
+            self.drain.clone(),
+            self.max_conns,
+        ));
+    }
+
+    /// Calls on a TCP listener (TLS when configured), to the inbound or the outbound stack.
+    fn tcp(&mut self, l: TcpListener, endpoint: crate::listener::TcpEndpoint) {
+        self.tasks.spawn(crate::listener::accept_tcp(
+            l,
+            endpoint,
+            self.shared.clone(),
+            self.shutdown.clone(),
+            self.drain.clone(),
+        ));
+    }
+
+    /// The ops endpoint, the pairing endpoint, the admin socket and the background tasks.
+    fn ops(
+        &mut self,
+        ops: Option<TcpListener>,
+        pairing: Option<(TcpListener, Arc<PairingEndpoint>)>,
+        admin: UnixListener,
+    ) {
+        let (shared, shutdown) = (&self.shared, &self.shutdown);
+        if let Some(l) = ops {
+            if let Ok(a) = l.local_addr() {
+                if !a.ip().is_loopback() {
+                    tracing::warn!(
+                        "ops endpoint on non-loopback address {a}: metrics are unauthenticated"
+                    );
+                }
+                tracing::info!("ops listening on {a}");
+            }
+            let task = crate::ops::endpoint::serve(l, shared.clone(), shutdown.clone());
+            self.tasks.spawn(task);
+        }
+        if let Some((l, endpoint)) = pairing {
+            if let Ok(a) = l.local_addr() {
+                tracing::info!("pairing endpoint on ws://{a}");
+            }
+            self.tasks.spawn(endpoint.serve(l, shutdown.clone()));
+        }
+        let admin = crate::ops::admin::serve(admin, shared.clone(), shutdown.clone());
+        self.tasks.spawn(admin);
+        self.tasks
+            .spawn(discovery_loop(shared.clone(), shutdown.clone()));
+        self.tasks
+            .spawn(housekeeping(shared.clone(), shutdown.clone()));
     }
 }
