@@ -332,6 +332,42 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// The configuration's structure against the schema: every error at once, with what the
+/// sections that are sound (unknown keys aside) mean.
+fn check_structure(json: &serde_json::Value, base: &Path) -> Result<(), ConfigErrors> {
+    let schema = json_schema();
+    let validator = jsonschema::validator_for(&schema).expect("config schema compiles");
+    let mut structural: Vec<ConfigError> = validator
+        .iter_errors(json)
+        .map(|e| err(e.instance_path().to_string(), e.to_string()))
+        .collect();
+    if structural.is_empty() {
+        return Ok(());
+    }
+    structural.sort_by(|a, b| a.path.cmp(&b.path));
+    structural.dedup();
+    // Unknown keys aside, a section may be sound: drop them and look again.
+    let mut cleaned = json.clone();
+    for e in validator.iter_errors(json) {
+        if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } =
+            e.kind()
+        {
+            let at = e.instance_path().to_string();
+            if let Some(serde_json::Value::Object(m)) = cleaned.pointer_mut(&at) {
+                unexpected.iter().for_each(|k| {
+                    m.remove(k);
+                });
+            }
+        }
+    }
+    let remaining: Vec<ConfigError> = validator
+        .iter_errors(&cleaned)
+        .map(|e| err(e.instance_path().to_string(), e.to_string()))
+        .collect();
+    structural.extend(meaning_of_sound_sections(&cleaned, &remaining, base));
+    Err(ConfigErrors(structural))
+}
+
 /// Validate configuration text; relative paths in it are resolved against `base`.
 pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
     let yaml: serde_yaml::Value = serde_yaml::from_str(text)
@@ -340,36 +376,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigErrors> {
         .map_err(|e| ConfigErrors(vec![err("", format!("not representable as JSON: {e}"))]))?;
 
     // Pass 1: structure, against the schema, all errors at once.
-    let schema = json_schema();
-    let validator = jsonschema::validator_for(&schema).expect("config schema compiles");
-    let mut structural: Vec<ConfigError> = validator
-        .iter_errors(&json)
-        .map(|e| err(e.instance_path().to_string(), e.to_string()))
-        .collect();
-    if !structural.is_empty() {
-        structural.sort_by(|a, b| a.path.cmp(&b.path));
-        structural.dedup();
-        // Unknown keys aside, a section may be sound: drop them and look again.
-        let mut cleaned = json.clone();
-        for e in validator.iter_errors(&json) {
-            if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } =
-                e.kind()
-            {
-                let at = e.instance_path().to_string();
-                if let Some(serde_json::Value::Object(m)) = cleaned.pointer_mut(&at) {
-                    unexpected.iter().for_each(|k| {
-                        m.remove(k);
-                    });
-                }
-            }
-        }
-        let remaining: Vec<ConfigError> = validator
-            .iter_errors(&cleaned)
-            .map(|e| err(e.instance_path().to_string(), e.to_string()))
-            .collect();
-        structural.extend(meaning_of_sound_sections(&cleaned, &remaining, base));
-        return Err(ConfigErrors(structural));
-    }
+    check_structure(&json, base)?;
 
     // Pass 2: typed.
     let mut config: Config =

@@ -106,8 +106,8 @@ pub fn check_url(url: &str, allow_path: bool) -> Result<http::Uri, String> {
 
 const ACTIONS: [&str; 3] = ["tool.call:", "resource.read:", "prompt.get:"];
 
-/// The issuer's keys when they come from a file. `at` is where the section is
-/// (`/front/oauth`, `/outbound/listen/oauth`).
+/// Check an `oauth` section; the issuer's keys when they come from a file. `at` is where the
+/// section is (`/front/oauth`, `/outbound/listen/oauth`).
 pub(super) fn check_oauth(
     o: &OAuthConfig,
     at: &str,
@@ -120,6 +120,17 @@ pub(super) fn check_oauth(
         };
         errors.push(err(at, m))
     };
+    check_addresses(o, &mut e);
+    check_timing(o, &mut e);
+    check_scopes(o, &mut e);
+    issuer_keys(o, &mut e)
+}
+
+/// Reports a problem at a path inside the `oauth` section (`""` for the section itself).
+type Report<'a> = dyn FnMut(&str, String) + 'a;
+
+/// The protected resource, the issuer and the authorization servers are URLs.
+fn check_addresses(o: &OAuthConfig, e: &mut Report<'_>) {
     match check_url(&o.resource, false) {
         Ok(u) if u.query().is_some() => e("resource", "must not have a query".into()),
         Ok(_) => {}
@@ -138,6 +149,10 @@ pub(super) fn check_oauth(
             e(&at, m);
         }
     }
+}
+
+/// The clock skew allowed and how often the issuer's keys may and must be fetched again.
+fn check_timing(o: &OAuthConfig, e: &mut Report<'_>) {
     if o.clock_skew_s > MAX_CLOCK_SKEW_S {
         e(
             "clock_skew_s",
@@ -153,6 +168,10 @@ pub(super) fn check_oauth(
             "must be between jwks_min_refresh_s and 86400".into(),
         );
     }
+}
+
+/// Each scope is a token mapping to action patterns; the challenge names configured scopes.
+fn check_scopes(o: &OAuthConfig, e: &mut Report<'_>) {
     if o.scopes.is_empty() {
         e(
             "scopes",
@@ -183,6 +202,10 @@ pub(super) fn check_oauth(
             );
         }
     }
+}
+
+/// Exactly one of `jwks_file` (read now) and `jwks_url`; the keys when from a file.
+fn issuer_keys(o: &OAuthConfig, e: &mut Report<'_>) -> Option<jsonwebtoken::jwk::JwkSet> {
     let keys = match (&o.jwks_file, &o.jwks_url) {
         (Some(f), None) => match read_jwks(f) {
             Ok(k) => Some(k),

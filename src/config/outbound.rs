@@ -305,57 +305,66 @@ pub(super) fn check_outbound(
         }
     }
     for (id, skill) in &o.skills {
-        let at = |k: &str| format!("/outbound/skills/{id}/{k}");
-        if skill.capabilities.is_empty() {
-            errors.push(err(
-                at("capabilities"),
-                "name at least one capability: only the registry's capabilities are routed",
-            ));
+        if let Some(checked) = check_skill(id, skill, errors) {
+            d.outbound_skills.insert(id.clone(), checked);
         }
-        let (secure, rest) = match (
-            skill.url.strip_prefix("http://"),
-            skill.url.strip_prefix("https://"),
-        ) {
-            (Some(r), _) => (false, r),
-            (_, Some(r)) => (true, r),
-            _ => {
-                errors.push(err(
-                    at("url"),
-                    "must be http://127.0.0.1:PORT or https://IP:PORT",
-                ));
-                continue;
-            }
-        };
-        let Ok(address) = rest.trim_end_matches('/').parse::<SocketAddr>() else {
-            errors.push(err(at("url"), format!("`{}` is not IP:PORT", skill.url)));
-            continue;
-        };
-        if !secure && !address.ip().is_loopback() {
-            errors.push(err(at("url"), "plain http only to a loopback address"));
-        }
-        if secure && skill.ca_file.is_none() {
-            errors.push(err(at("ca_file"), "required for https"));
-        }
-        if let Some(ca) = &skill.ca_file {
-            if let Err(e) = std::fs::metadata(ca) {
-                errors.push(err(at("ca_file"), format!("{}: {e}", ca.display())));
-            }
-        }
-        let secret = match skill.auth.as_ref().map(|a| load_secret(&a.secret)) {
-            Some(Ok(s)) => Some(s),
-            Some(Err(m)) => {
-                errors.push(err(at("auth/secret"), m));
-                None
-            }
-            None => None,
-        };
-        d.outbound_skills.insert(
-            id.clone(),
-            OutboundSkill {
-                address,
-                ca_file: skill.ca_file.clone(),
-                secret,
-            },
-        );
     }
+}
+
+/// A skill of the outbound role: its address (http only to loopback, https with a CA), its
+/// capabilities and its HMAC secret; `None` when its URL is unusable.
+fn check_skill(
+    id: &str,
+    skill: &OutboundSkillConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Option<OutboundSkill> {
+    let at = |k: &str| format!("/outbound/skills/{id}/{k}");
+    if skill.capabilities.is_empty() {
+        errors.push(err(
+            at("capabilities"),
+            "name at least one capability: only the registry's capabilities are routed",
+        ));
+    }
+    let (secure, rest) = match (
+        skill.url.strip_prefix("http://"),
+        skill.url.strip_prefix("https://"),
+    ) {
+        (Some(r), _) => (false, r),
+        (_, Some(r)) => (true, r),
+        _ => {
+            errors.push(err(
+                at("url"),
+                "must be http://127.0.0.1:PORT or https://IP:PORT",
+            ));
+            return None;
+        }
+    };
+    let Ok(address) = rest.trim_end_matches('/').parse::<SocketAddr>() else {
+        errors.push(err(at("url"), format!("`{}` is not IP:PORT", skill.url)));
+        return None;
+    };
+    if !secure && !address.ip().is_loopback() {
+        errors.push(err(at("url"), "plain http only to a loopback address"));
+    }
+    if secure && skill.ca_file.is_none() {
+        errors.push(err(at("ca_file"), "required for https"));
+    }
+    if let Some(ca) = &skill.ca_file {
+        if let Err(e) = std::fs::metadata(ca) {
+            errors.push(err(at("ca_file"), format!("{}: {e}", ca.display())));
+        }
+    }
+    let secret = match skill.auth.as_ref().map(|a| load_secret(&a.secret)) {
+        Some(Ok(s)) => Some(s),
+        Some(Err(m)) => {
+            errors.push(err(at("auth/secret"), m));
+            None
+        }
+        None => None,
+    };
+    Some(OutboundSkill {
+        address,
+        ca_file: skill.ca_file.clone(),
+        secret,
+    })
 }
