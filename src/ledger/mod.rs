@@ -49,6 +49,28 @@ pub struct LedgerCounters {
     pub refused: Counter,
 }
 
+impl LedgerCounters {
+    /// Register the counters in `registry` (`ledger_rows_written`, `ledger_dropped`,
+    /// `ledger_refused_calls`).
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "ledger_rows_written",
+            "Ledger rows written",
+            self.written.clone(),
+        );
+        registry.register(
+            "ledger_dropped",
+            "Ledger entries dropped (queue full under on_full: drop, or a failed write)",
+            self.dropped.clone(),
+        );
+        registry.register(
+            "ledger_refused_calls",
+            "Calls refused because the ledger's queue was full (on_full: refuse)",
+            self.refused.clone(),
+        );
+    }
+}
+
 /// The handle calls record through.
 pub struct Ledger {
     queue: mpsc::Sender<Record>,

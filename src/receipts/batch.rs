@@ -101,6 +101,23 @@ pub struct BatchCounters {
     pub receipts: Counter,
 }
 
+impl BatchCounters {
+    /// Register the counters in `registry` (`receipt_batch_signatures`,
+    /// `receipt_batch_receipts`).
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "receipt_batch_signatures",
+            "Signatures over batches of receipts (receipts.batch)",
+            self.signatures.clone(),
+        );
+        registry.register(
+            "receipt_batch_receipts",
+            "Receipts signed in batches; over receipt_batch_signatures, the mean batch size",
+            self.receipts.clone(),
+        );
+    }
+}
+
 /// The receipts waiting for their batch's signature.
 #[derive(Default)]
 pub struct BatchQueue {

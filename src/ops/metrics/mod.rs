@@ -12,7 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::config::Protocol;
 
@@ -79,116 +79,68 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// `metric`, registered in `registry` as `name` with `help`.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("carapace");
         let calls = Arc::new(calls::CallSeries::default());
         registry.register_collector(Box::new(calls::CallSeriesCollector(calls.clone())));
-        let reloads = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "config_reloads",
-            "Configuration reloads by result",
-            reloads.clone(),
-        );
-        let worker_connections = Family::<WorkerLabels, Counter>::default();
-        registry.register(
-            "worker_connections",
-            "Connections served, by the worker (event loop) that served them",
-            worker_connections.clone(),
-        );
-        let discoveries = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "discoveries",
-            "Tool discoveries by result",
-            discoveries.clone(),
-        );
-        let nonce_entries = Gauge::default();
-        registry.register(
-            "nonce_store_entries",
-            "Nonces held by the replay store",
-            nonce_entries.clone(),
-        );
-        let tools = Gauge::default();
-        registry.register("catalog_tools", "Tools in the catalog", tools.clone());
-        let peers = Gauge::default();
-        registry.register(
-            "peer_store_records",
-            "Records in the peer store",
-            peers.clone(),
-        );
-        let tools_withheld = Gauge::default();
-        registry.register(
-            "tools_withheld",
-            "Tools withheld because their definition changed since it was approved (pinning)",
-            tools_withheld.clone(),
-        );
-        let tool_definition_changes = Family::<ToolLabels, Counter>::default();
-        registry.register(
-            "tool_definition_changes",
-            "Changed tool definitions seen (once per tool and new definition), by tool",
-            tool_definition_changes.clone(),
-        );
-        let certificate_expiry = Family::<PeerLabels, Gauge<i64, AtomicI64>>::default();
-        registry.register(
-            "peer_certificate_expiry_days",
-            "Days until the certificate of a paired peer expires (negative once expired), for peers whose record gives its expiry",
-            certificate_expiry.clone(),
-        );
-        let receipts = Family::<ReceiptLabels, Counter>::default();
-        registry.register(
-            "peer_receipts",
-            "Answers of paired peers by the check of their signed receipt (verified, missing, invalid)",
-            receipts.clone(),
-        );
+        let r = &mut registry;
         let ledger = Arc::new(crate::ledger::LedgerCounters::default());
-        registry.register(
-            "ledger_rows_written",
-            "Ledger rows written",
-            ledger.written.clone(),
-        );
-        registry.register(
-            "ledger_dropped",
-            "Ledger entries dropped (queue full under on_full: drop, or a failed write)",
-            ledger.dropped.clone(),
-        );
-        registry.register(
-            "ledger_refused_calls",
-            "Calls refused because the ledger's queue was full (on_full: refuse)",
-            ledger.refused.clone(),
-        );
+        ledger.register(r);
         let receipt_batches = Arc::new(crate::receipts::batch::BatchCounters::default());
-        registry.register(
-            "receipt_batch_signatures",
-            "Signatures over batches of receipts (receipts.batch)",
-            receipt_batches.signatures.clone(),
-        );
-        registry.register(
-            "receipt_batch_receipts",
-            "Receipts signed in batches; over receipt_batch_signatures, the mean batch size",
-            receipt_batches.receipts.clone(),
-        );
-        let circuits = Family::<ProviderLabels, Gauge<i64, AtomicI64>>::default();
-        registry.register(
-            "provider_circuit_open",
-            "1 while the circuit of a peer or skill the outbound role calls is open (it stopped answering), else 0",
-            circuits.clone(),
-        );
+        receipt_batches.register(r);
         Metrics {
-            circuits,
+            reloads: registered(r, "config_reloads", "Configuration reloads by result", Family::default()),
+            worker_connections: registered(
+                r,
+                "worker_connections",
+                "Connections served, by the worker (event loop) that served them",
+                Family::default(),
+            ),
+            discoveries: registered(r, "discoveries", "Tool discoveries by result", Family::default()),
+            nonce_entries: registered(r, "nonce_store_entries", "Nonces held by the replay store", Gauge::default()),
+            tools: registered(r, "catalog_tools", "Tools in the catalog", Gauge::default()),
+            peers: registered(r, "peer_store_records", "Records in the peer store", Gauge::default()),
+            tools_withheld: registered(
+                r,
+                "tools_withheld",
+                "Tools withheld because their definition changed since it was approved (pinning)",
+                Gauge::default(),
+            ),
+            tool_definition_changes: registered(
+                r,
+                "tool_definition_changes",
+                "Changed tool definitions seen (once per tool and new definition), by tool",
+                Family::default(),
+            ),
+            certificate_expiry: registered(
+                r,
+                "peer_certificate_expiry_days",
+                "Days until the certificate of a paired peer expires (negative once expired), for peers whose record gives its expiry",
+                Family::default(),
+            ),
+            receipts: registered(
+                r,
+                "peer_receipts",
+                "Answers of paired peers by the check of their signed receipt (verified, missing, invalid)",
+                Family::default(),
+            ),
+            circuits: registered(
+                r,
+                "provider_circuit_open",
+                "1 while the circuit of a peer or skill the outbound role calls is open (it stopped answering), else 0",
+                Family::default(),
+            ),
             ledger,
             receipt_batches,
-            receipts,
             registry,
             calls,
-            reloads,
-            worker_connections,
-            discoveries,
-            nonce_entries,
-            tools,
-            peers,
-            tools_withheld,
-            tool_definition_changes,
-            certificate_expiry,
             certificate_expiry_peers: Mutex::default(),
         }
     }
