@@ -188,39 +188,12 @@ where
     // not hold the key for the whole window.
     let running_ttl = (call.tool.effective_timeout(call.timeout_ms) + Duration::from_secs(5))
         .min(settings.window);
-    let deadline = tokio::time::Instant::now() + settings.wait;
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match layer
-            .keys
-            .claim(&key, &args_hash, &token, running_ttl)
-            .await?
-        {
-            Slot::Claimed => break,
-            Slot::Running { args_hash: h } | Slot::Done { args_hash: h, .. } if h != args_hash => {
-                return Err(Rejection::IdempotencyConflict);
-            }
-            Slot::Done { answer, .. } => {
-                let (outcome, receipt) = answer::decode(&answer)
-                    .ok_or_else(|| Rejection::Internal("a stored answer is unreadable".into()))?;
-                if let Some(slot) = &slot {
-                    slot.fill(ReceiptNote {
-                        encoded: receipt.and_then(|r| http::HeaderValue::from_str(&r).ok()),
-                        receipt: None,
-                        status: None,
-                    });
-                }
-                tracing::info!(call_id = %call.call_id, tool = %call.tool.name, "idempotent repeat answered from the store");
-                return Ok(outcome);
-            }
-            Slot::Running { .. } => {
-                if tokio::time::Instant::now() + pause > deadline {
-                    return Err(Rejection::IdempotencyPending);
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(100));
-            }
+    if let Some(outcome) = claim_or_answer(&layer, &key, &args_hash, &token, running_ttl).await? {
+        if let Some(slot) = &slot {
+            slot.fill(outcome.1);
         }
+        tracing::info!(call_id = %call.call_id, tool = %call.tool.name, "idempotent repeat answered from the store");
+        return Ok(outcome.0);
     }
     let mut claim = Claim {
         keys: layer.keys.clone(),
@@ -261,6 +234,44 @@ where
         tracing::warn!("idempotency key not finished: {e}");
     }
     result
+}
+
+/// Claim `key` for this call (`None`: it runs), or the first call's stored answer with its
+/// receipt; a repeat while the first call runs waits for it, up to the configured wait.
+async fn claim_or_answer(
+    layer: &IdempotencyLayer,
+    key: &str,
+    args_hash: &str,
+    token: &str,
+    running_ttl: Duration,
+) -> Result<Option<(CallOutcome, ReceiptNote)>, Rejection> {
+    let deadline = tokio::time::Instant::now() + layer.settings.wait;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match layer.keys.claim(key, args_hash, token, running_ttl).await? {
+            Slot::Claimed => return Ok(None),
+            Slot::Running { args_hash: h } | Slot::Done { args_hash: h, .. } if h != args_hash => {
+                return Err(Rejection::IdempotencyConflict);
+            }
+            Slot::Done { answer, .. } => {
+                let (outcome, receipt) = answer::decode(&answer)
+                    .ok_or_else(|| Rejection::Internal("a stored answer is unreadable".into()))?;
+                let note = ReceiptNote {
+                    encoded: receipt.and_then(|r| http::HeaderValue::from_str(&r).ok()),
+                    receipt: None,
+                    status: None,
+                };
+                return Ok(Some((outcome, note)));
+            }
+            Slot::Running { .. } => {
+                if tokio::time::Instant::now() + pause > deadline {
+                    return Err(Rejection::IdempotencyPending);
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

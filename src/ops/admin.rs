@@ -169,33 +169,7 @@ async fn pairings<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respons
         endpoint,
     };
     match crate::pairing::gateway::pair_peer(&shared, gateway, request).await {
-        Ok((peer, record)) => {
-            tracing::info!(
-                "paired component_type={} component_id={} mtls_cert_fingerprint={}",
-                peer.component_type,
-                peer.component_id,
-                peer.mtls_cert_fingerprint
-            );
-            let body = json!({
-                "pairing_id": peer.pairing_id,
-                "endpoint": peer.endpoint,
-                "peer": {
-                    "component_type": record.component_type,
-                    "component_id": record.component_id,
-                    "endpoint": record.endpoint,
-                    "public_key_ed25519": record.public_key_ed25519,
-                    "public_key_x25519": record.public_key_x25519,
-                    "mtls_cert_fingerprint": record.mtls_cert_fingerprint,
-                    "paired_at": record.paired_at,
-                    "last_seen_at": record.last_seen_at,
-                    "status": record.status,
-                }
-            });
-            // As the crabstack gateway writes it: JSON and a newline.
-            let mut r = reply(StatusCode::OK, body.clone());
-            *r.body_mut() = Full::new(Bytes::from(format!("{body}\n")));
-            r
-        }
+        Ok((peer, record)) => paired(&peer, &record),
         Err(crate::pairing::transport::PairingError::InvalidRequest(m)) => text(
             StatusCode::BAD_REQUEST,
             &format!("invalid pairing request: {m}"),
@@ -207,8 +181,38 @@ async fn pairings<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respons
     }
 }
 
-/// An admin request body: one JSON object with exactly the request's members (serde would
-/// also fill a struct from an array, `[true]`, which no client means).
+/// The answer to a pairing that succeeded, as the crabstack gateway writes it.
+fn paired(
+    peer: &crate::pairing::handshake::PairedPeer,
+    record: &crate::peers::PeerRecord,
+) -> Response<Full<Bytes>> {
+    tracing::info!(
+        "paired component_type={} component_id={} mtls_cert_fingerprint={}",
+        peer.component_type,
+        peer.component_id,
+        peer.mtls_cert_fingerprint
+    );
+    let body = json!({
+        "pairing_id": peer.pairing_id,
+        "endpoint": peer.endpoint,
+        "peer": {
+            "component_type": record.component_type,
+            "component_id": record.component_id,
+            "endpoint": record.endpoint,
+            "public_key_ed25519": record.public_key_ed25519,
+            "public_key_x25519": record.public_key_x25519,
+            "mtls_cert_fingerprint": record.mtls_cert_fingerprint,
+            "paired_at": record.paired_at,
+            "last_seen_at": record.last_seen_at,
+            "status": record.status,
+        }
+    });
+    // As the crabstack gateway writes it: JSON and a newline.
+    let mut r = reply(StatusCode::OK, body.clone());
+    *r.body_mut() = Full::new(Bytes::from(format!("{body}\n")));
+    r
+}
+
 /// A request's body (at most 64 KiB) as one JSON object of `T`'s shape, or the 400 for it.
 pub(super) async fn read_object<T: serde::de::DeserializeOwned, B: AdminBody>(
     req: Request<B>,
@@ -225,6 +229,8 @@ pub(super) async fn read_object<T: serde::de::DeserializeOwned, B: AdminBody>(
     object_body(&body).map_err(|e| reply(StatusCode::BAD_REQUEST, json!({"error": e})))
 }
 
+/// An admin request body: one JSON object with exactly the request's members (serde would
+/// also fill a struct from an array, `[true]`, which no client means).
 fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     match carapace_filters::canonical::parse_strict(body).map_err(|e| e.to_string())? {
         v @ serde_json::Value::Object(_) => serde_json::from_value(v).map_err(|e| e.to_string()),
@@ -256,30 +262,7 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
             None => reply(StatusCode::NOT_FOUND, json!({"error": "not a gateway"})),
         },
         (Method::GET, "/v1/kill-switch") => reply(StatusCode::OK, state(&shared)),
-        (Method::PUT, "/v1/kill-switch") => {
-            let r: KillSwitchRequest = match read_object(req).await {
-                Ok(r) => r,
-                Err(refused) => return refused,
-            };
-            match shared.kill_switch.set_runtime(r.tool.as_deref(), r.engaged) {
-                Ok(()) => {
-                    tracing::warn!(
-                        "kill_switch_changed scope={} engaged={}",
-                        r.tool.as_deref().unwrap_or("global"),
-                        r.engaged
-                    );
-                    if r.tool.is_none() && !r.engaged {
-                        // Registration was skipped while the switch was engaged.
-                        shared.request_discovery();
-                    }
-                    reply(StatusCode::OK, state(&shared))
-                }
-                Err(e) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({"error": e.to_string()}),
-                ),
-            }
-        }
+        (Method::PUT, "/v1/kill-switch") => set_kill_switch(&shared, req).await,
         (Method::GET, "/v1/peers") => {
             let providers = shared.outbound.get().map(|o| o.provider_health());
             reply(
@@ -287,30 +270,7 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
                 json!({"peers": shared.peers.records(), "providers": providers}),
             )
         }
-        (Method::POST, "/v1/peers/revoke") => {
-            let r: RevokeRequest = match read_object(req).await {
-                Ok(r) => r,
-                Err(refused) => return refused,
-            };
-            match shared.peers.revoke(&r.component_id) {
-                Ok(0) => reply(
-                    StatusCode::NOT_FOUND,
-                    json!({"error": format!("no active peer `{}`", r.component_id)}),
-                ),
-                Ok(n) => {
-                    tracing::warn!("peer_revoked component_id={} records={n}", r.component_id);
-                    shared.metrics.peers.set(shared.peers.len() as i64);
-                    reply(
-                        StatusCode::OK,
-                        json!({"revoked": n, "component_id": r.component_id}),
-                    )
-                }
-                Err(e) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({"error": e.to_string()}),
-                ),
-            }
-        }
+        (Method::POST, "/v1/peers/revoke") => revoke_peer(&shared, req).await,
         (Method::POST, "/v1/reload") => match crate::ops::reload::reload(&shared).await {
             Ok(()) => reply(StatusCode::OK, json!({"reloaded": true})),
             Err(errors) => reply(
@@ -321,6 +281,58 @@ pub async fn handle<B: AdminBody>(shared: Arc<Shared>, req: Request<B>) -> Respo
         _ => reply(
             StatusCode::NOT_FOUND,
             json!({"error": "no such admin route"}),
+        ),
+    }
+}
+
+/// `PUT /v1/kill-switch`: engage or release the switch, global or for one tool.
+async fn set_kill_switch<B: AdminBody>(shared: &Shared, req: Request<B>) -> Response<Full<Bytes>> {
+    let r: KillSwitchRequest = match read_object(req).await {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    match shared.kill_switch.set_runtime(r.tool.as_deref(), r.engaged) {
+        Ok(()) => {
+            tracing::warn!(
+                "kill_switch_changed scope={} engaged={}",
+                r.tool.as_deref().unwrap_or("global"),
+                r.engaged
+            );
+            if r.tool.is_none() && !r.engaged {
+                // Registration was skipped while the switch was engaged.
+                shared.request_discovery();
+            }
+            reply(StatusCode::OK, state(shared))
+        }
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": e.to_string()}),
+        ),
+    }
+}
+
+/// `POST /v1/peers/revoke`: every active record of a component revoked.
+async fn revoke_peer<B: AdminBody>(shared: &Shared, req: Request<B>) -> Response<Full<Bytes>> {
+    let r: RevokeRequest = match read_object(req).await {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    match shared.peers.revoke(&r.component_id) {
+        Ok(0) => reply(
+            StatusCode::NOT_FOUND,
+            json!({"error": format!("no active peer `{}`", r.component_id)}),
+        ),
+        Ok(n) => {
+            tracing::warn!("peer_revoked component_id={} records={n}", r.component_id);
+            shared.metrics.peers.set(shared.peers.len() as i64);
+            reply(
+                StatusCode::OK,
+                json!({"revoked": n, "component_id": r.component_id}),
+            )
+        }
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": e.to_string()}),
         ),
     }
 }

@@ -8,101 +8,53 @@ use crate::inbound::http_stage::build_stack;
 /// The service every listener hands requests to.
 use crate::server::shared::{switches, tls_acceptor, Shared};
 
-/// Settings that only take effect at start; a reload that changes one is refused.
-fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
-    let (o, n) = (&old.config, &new.config);
-    let nonce = |c: &crate::config::Config| {
-        format!(
-            "{:?}",
-            c.front
-                .auth
-                .as_ref()
-                .map(|a| (a.nonce_ttl_s, a.nonce_capacity))
-        )
-    };
-    let pairs = [
+/// The settings that take effect only at start, each as its name and a text that differs
+/// when the setting does.
+fn restart_only(l: &Loaded) -> Vec<(&'static str, String)> {
+    let c = &l.config;
+    let nonce = c
+        .front
+        .auth
+        .as_ref()
+        .map(|a| (a.nonce_ttl_s, a.nonce_capacity));
+    let limits = &c.limits;
+    vec![
         (
             "listeners.unix, listeners.tcp.address",
-            format!("{:?}{:?}", o.listeners.unix, old.tcp_address),
-            format!("{:?}{:?}", n.listeners.unix, new.tcp_address),
+            format!("{:?}{:?}", c.listeners.unix, l.tcp_address),
         ),
-        (
-            "state_dir",
-            format!("{:?}", o.state_dir),
-            format!("{:?}", n.state_dir),
-        ),
+        ("state_dir", format!("{:?}", c.state_dir)),
         (
             "front.protocol, front.skill_id",
-            format!("{:?}{:?}", o.front.protocol, old.front_skill_id),
-            format!("{:?}{:?}", n.front.protocol, new.front_skill_id),
+            format!("{:?}{:?}", c.front.protocol, l.front_skill_id),
         ),
-        ("front.auth nonce settings", nonce(o), nonce(n)),
-        (
-            "shared_state",
-            format!("{:?}", o.shared_state),
-            format!("{:?}", n.shared_state),
-        ),
-        (
-            "ops.address",
-            format!("{:?}", old.ops_address),
-            format!("{:?}", new.ops_address),
-        ),
-        (
-            "admin.socket",
-            format!("{:?}", old.admin_socket()),
-            format!("{:?}", new.admin_socket()),
-        ),
-        (
-            "peers.file",
-            format!("{:?}", old.peers_file()),
-            format!("{:?}", new.peers_file()),
-        ),
-        (
-            "limits.max_connections",
-            o.limits.max_connections.to_string(),
-            n.limits.max_connections.to_string(),
-        ),
-        (
-            "telemetry",
-            format!("{:?}", o.telemetry),
-            format!("{:?}", n.telemetry),
-        ),
+        ("front.auth nonce settings", format!("{nonce:?}")),
+        ("shared_state", format!("{:?}", c.shared_state)),
+        ("ops.address", format!("{:?}", l.ops_address)),
+        ("admin.socket", format!("{:?}", l.admin_socket())),
+        ("peers.file", format!("{:?}", l.peers_file())),
+        ("limits.max_connections", limits.max_connections.to_string()),
+        ("telemetry", format!("{:?}", c.telemetry)),
         (
             "limits.max_connections_per_peer",
-            o.limits.max_connections_per_peer.to_string(),
-            n.limits.max_connections_per_peer.to_string(),
+            limits.max_connections_per_peer.to_string(),
         ),
-        ("log", format!("{:?}", o.log), format!("{:?}", n.log)),
-        (
-            "runtime",
-            format!("{:?}", o.runtime),
-            format!("{:?}", n.runtime),
-        ),
-        (
-            "pairing",
-            format!("{:?}", o.pairing),
-            format!("{:?}", n.pairing),
-        ),
-        (
-            "gateway",
-            format!("{:?}", o.gateway),
-            format!("{:?}", n.gateway),
-        ),
-        (
-            "outbound",
-            format!("{:?}", o.outbound),
-            format!("{:?}", n.outbound),
-        ),
-        (
-            "outbound skill secrets",
-            outbound_secrets(old),
-            outbound_secrets(new),
-        ),
-    ];
-    pairs
+        ("log", format!("{:?}", c.log)),
+        ("runtime", format!("{:?}", c.runtime)),
+        ("pairing", format!("{:?}", c.pairing)),
+        ("gateway", format!("{:?}", c.gateway)),
+        ("outbound", format!("{:?}", c.outbound)),
+        ("outbound skill secrets", outbound_secrets(l)),
+    ]
+}
+
+/// Settings that only take effect at start; a reload that changes one is refused.
+fn restart_only_changes(old: &Loaded, new: &Loaded) -> Vec<String> {
+    restart_only(old)
         .into_iter()
-        .filter(|(_, a, b)| a != b)
-        .map(|(what, _, _)| format!("{what} cannot change on reload; restart to apply it"))
+        .zip(restart_only(new))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((what, _), _)| format!("{what} cannot change on reload; restart to apply it"))
         .collect()
 }
 

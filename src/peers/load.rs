@@ -50,73 +50,12 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreErro
     let mut by_fingerprint = Table::default();
     let mut by_ca = Table::default();
     let mut all = Vec::new();
-    let valid_fp = |fp: &str| {
-        fp.strip_prefix("sha256:")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-    };
     for (i, rec) in file.peers.into_iter().enumerate() {
         let invalid = |message: String| PeerStoreError::Invalid {
             path: path.into(),
             message: format!("peers[{i}]: {message}"),
         };
-        let fp = rec.mtls_cert_fingerprint.to_ascii_lowercase();
-        let ca = rec
-            .mtls_ca_fingerprint
-            .as_ref()
-            .map(|c| c.to_ascii_lowercase());
-        match (&fp[..], &ca) {
-            ("", None) => {
-                return Err(invalid(
-                    "mtls_cert_fingerprint or mtls_ca_fingerprint is required".into(),
-                ))
-            }
-            (f, _) if !f.is_empty() && !valid_fp(f) => {
-                return Err(invalid(format!(
-                    "mtls_cert_fingerprint must be sha256:<64 hex>, got `{}`",
-                    rec.mtls_cert_fingerprint
-                )))
-            }
-            (_, Some(c)) if !valid_fp(c) => {
-                return Err(invalid(format!(
-                    "mtls_ca_fingerprint must be sha256:<64 hex>, got `{c}`"
-                )))
-            }
-            _ => {}
-        }
-        // The id goes to the app in a header: it must be a valid header value, and it must
-        // not pass for one of the principals carapace itself names.
-        let id_ok = !rec.component_id.is_empty()
-            && !RESERVED_IDS.contains(&rec.component_id.as_str())
-            && http::HeaderValue::from_str(&rec.component_id).is_ok()
-            && http::HeaderValue::from_str(&rec.component_type).is_ok();
-        if !id_ok {
-            return Err(invalid(format!(
-                "component_id `{}` / component_type `{}` is reserved or not a valid header value",
-                rec.component_id, rec.component_type
-            )));
-        }
-        let not_after = match &rec.mtls_cert_not_after {
-            None => None,
-            Some(t) => Some(unix_ms(t).ok_or_else(|| {
-                invalid(format!(
-                    "mtls_cert_not_after must be an RFC 3339 time, got `{t}`"
-                ))
-            })?),
-        };
-        let principal = Arc::new(Principal {
-            id: rec.component_id.as_str().into(),
-            kind: rec.component_type.clone(),
-            fingerprint: (!fp.is_empty()).then(|| fp.clone()),
-            remote_ip: None,
-            permissions: Some(Arc::new(Permissions::new(
-                rec.role
-                    .clone()
-                    .unwrap_or_else(|| default_role(&rec.component_type).to_string()),
-                rec.policy.clone().unwrap_or_default(),
-            ))),
-            identity_values: Default::default(),
-        });
-        let entry = Arc::new((rec, principal, not_after));
+        let (fp, ca, entry) = entry_of(rec).map_err(invalid)?;
         if !fp.is_empty() && by_fingerprint.insert(fp, entry.clone()).is_some() {
             return Err(invalid("fingerprint listed twice".into()));
         }
@@ -134,6 +73,70 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Snapshot, PeerStoreErro
         all,
         digest,
     })
+}
+
+/// A fingerprint as the peer file must write it: `sha256:` and 64 hex digits.
+fn valid_fingerprint(fp: &str) -> bool {
+    fp.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// One record checked: its certificate's and its CA's fingerprints (lower case; the first is
+/// empty when the record pins only a CA) and its entry.
+fn entry_of(rec: PeerRecord) -> Result<(String, Option<String>, Entry), String> {
+    let fp = rec.mtls_cert_fingerprint.to_ascii_lowercase();
+    let ca = rec
+        .mtls_ca_fingerprint
+        .as_ref()
+        .map(|c| c.to_ascii_lowercase());
+    match (&fp[..], &ca) {
+        ("", None) => return Err("mtls_cert_fingerprint or mtls_ca_fingerprint is required".into()),
+        (f, _) if !f.is_empty() && !valid_fingerprint(f) => {
+            return Err(format!(
+                "mtls_cert_fingerprint must be sha256:<64 hex>, got `{}`",
+                rec.mtls_cert_fingerprint
+            ))
+        }
+        (_, Some(c)) if !valid_fingerprint(c) => {
+            return Err(format!(
+                "mtls_ca_fingerprint must be sha256:<64 hex>, got `{c}`"
+            ))
+        }
+        _ => {}
+    }
+    // The id goes to the app in a header: it must be a valid header value, and it must
+    // not pass for one of the principals carapace itself names.
+    let id_ok = !rec.component_id.is_empty()
+        && !RESERVED_IDS.contains(&rec.component_id.as_str())
+        && http::HeaderValue::from_str(&rec.component_id).is_ok()
+        && http::HeaderValue::from_str(&rec.component_type).is_ok();
+    if !id_ok {
+        return Err(format!(
+            "component_id `{}` / component_type `{}` is reserved or not a valid header value",
+            rec.component_id, rec.component_type
+        ));
+    }
+    let not_after =
+        match &rec.mtls_cert_not_after {
+            None => None,
+            Some(t) => Some(unix_ms(t).ok_or_else(|| {
+                format!("mtls_cert_not_after must be an RFC 3339 time, got `{t}`")
+            })?),
+        };
+    let principal = Arc::new(Principal {
+        id: rec.component_id.as_str().into(),
+        kind: rec.component_type.clone(),
+        fingerprint: (!fp.is_empty()).then(|| fp.clone()),
+        remote_ip: None,
+        permissions: Some(Arc::new(Permissions::new(
+            rec.role
+                .clone()
+                .unwrap_or_else(|| default_role(&rec.component_type).to_string()),
+            rec.policy.clone().unwrap_or_default(),
+        ))),
+        identity_values: Default::default(),
+    });
+    Ok((fp, ca, Arc::new((rec, principal, not_after))))
 }
 
 /// An RFC 3339 time as Unix milliseconds.
