@@ -96,32 +96,45 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
             edge(envelope, panic, credential)
         }
         Protocol::Mcp => {
-            let front = crate::mcp::McpFront::new(
-                shared.catalog.clone(),
-                calls,
-                call_stack(cfg, shared, app.clone(), None),
-                shared.clock.clone(),
-                Arc::new(c.front.mcp.clone().unwrap_or_default()),
-                shared
-                    .mcp_sessions
-                    .clone()
-                    .expect("made at start for an mcp front"),
-                shared.in_flight.clone(),
-            )
-            .with_server(match &app {
-                AppConn::Mcp(server) => Some(server.clone()),
-                AppConn::Http(_) => None,
-            })
-            .with_secret_guard(crate::secret_guard::of(
-                cfg,
-                crate::secret_guard::Role::Inbound,
-            ))
-            .with_relay(shared.relay.clone())
-            .with_receipts(shared.receipts.is_some());
+            let front = mcp_front(cfg, shared, calls, app);
             let envelope = Envelope::new(http.service(front), Protocol::Mcp, answers, metrics);
             edge(envelope, panic, credential)
         }
     }
+}
+
+/// The MCP front: calls through `calls`, and through a stack without the tool rate limit for
+/// calls whose limit the mirrored headers already spent; resources, prompts and completions
+/// passed through when the app is an MCP server.
+fn mcp_front(
+    cfg: &Loaded,
+    shared: &Arc<Shared>,
+    calls: crate::front::CallStack,
+    app: AppConn,
+) -> crate::mcp::McpFront {
+    let c = &cfg.config;
+    crate::mcp::McpFront::new(
+        shared.catalog.clone(),
+        calls,
+        call_stack(cfg, shared, app.clone(), None),
+        shared.clock.clone(),
+        Arc::new(c.front.mcp.clone().unwrap_or_default()),
+        shared
+            .mcp_sessions
+            .clone()
+            .expect("made at start for an mcp front"),
+        shared.in_flight.clone(),
+    )
+    .with_server(match &app {
+        AppConn::Mcp(server) => Some(server.clone()),
+        AppConn::Http(_) => None,
+    })
+    .with_secret_guard(crate::secret_guard::of(
+        cfg,
+        crate::secret_guard::Role::Inbound,
+    ))
+    .with_relay(shared.relay.clone())
+    .with_receipts(shared.receipts.is_some())
 }
 
 fn skill_v1_front(cfg: &Loaded, shared: &Shared, calls: crate::front::CallStack) -> SkillV1Front {

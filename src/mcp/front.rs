@@ -3,6 +3,7 @@
 
 mod call;
 mod era;
+mod server;
 use era::{declares_modern, session_error, Declared, Era};
 mod subscribe;
 
@@ -24,14 +25,12 @@ use carapace_filters::secret_guard::SecretGuard;
 use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 
-use super::back::relay::{log_level, ClientFeatures, LOG_LEVELS};
-use super::back::upstream::Reply;
+use super::back::relay::ClientFeatures;
 use super::back::McpUpstream;
 use super::jsonrpc::{self, error_response, result_response, McpError, Message};
 use super::passthrough;
 use super::results::tool_definition;
 use super::session::Sessions;
-use super::stream;
 use super::wire::{self, CallParams};
 use super::{LEGACY_VERSIONS, MODERN_VERSION, SESSION_HEADER, SUPPORTED_VERSIONS};
 use crate::catalog::CatalogHandle;
@@ -258,17 +257,7 @@ impl McpFront {
                 return self.response(req, &principal, id, reply)
             }
             Ok(Message::Notification { method, params }) => {
-                return match self.session_of(req, &principal) {
-                    Err(e @ McpError::SessionNotFound) => refused(None, &e),
-                    Ok(Some(s)) if method == "notifications/cancelled" => {
-                        if let Some(id) = params.get("requestId") {
-                            self.in_flight
-                                .cancel(&("mcp", s.id.into(), id.to_string().into()));
-                        }
-                        accepted()
-                    }
-                    _ => accepted(),
-                };
+                return self.notification(req, &principal, &method, &params)
             }
             Ok(Message::Request { id, method, params }) => (id, method, params),
         };
@@ -301,32 +290,9 @@ impl McpFront {
                 return self.listen(id, &params, &principal).await;
             }
             m if passthrough::METHODS.contains(&m) && self.server.is_some() => {
-                let server = self.server.as_ref().expect("checked");
-                let now = (self.clock)();
-                return match passthrough::forward(server, m, params, &principal, now).await {
-                    Ok((mut r, filtered)) => {
-                        let guarded = self
-                            .guard
-                            .as_ref()
-                            .map(|g| g.check(m, [("/result", &mut r)]));
-                        if let Some(Err(e)) = guarded {
-                            return refused(Some(&id), &McpError::Refused(e));
-                        }
-                        if version == MODERN_VERSION
-                            && (m.ends_with("/list") || m == "resources/read")
-                        {
-                            r["ttlMs"] = Value::from(self.cfg.list_ttl_ms);
-                            let scope = if filtered || m == "resources/read" {
-                                "private"
-                            } else {
-                                "public"
-                            };
-                            r["cacheScope"] = Value::from(scope);
-                        }
-                        result_response(&id, complete(r, version))
-                    }
-                    Err(e) => refused(Some(&id), &e),
-                };
+                return self
+                    .forward_to_server(&id, m, params, &principal, version)
+                    .await;
             }
             other => Err(McpError::MethodNotFound(other.into())),
         };
@@ -336,32 +302,26 @@ impl McpFront {
         }
     }
 
-    /// A caller's response to a request the server put to it (older era). Only the session the
-    /// request went to, with the id carapace gave it, answers it, once. A response to an id
-    /// carapace never gives is taken and dropped (202, as the MCP text allows and the EAT
-    /// vectors expect); one to a carapace id that waits for no answer in this session is
-    /// refused, so a late or foreign answer is told so. Nothing else reaches the server.
-    fn response(
+    /// A notification: `notifications/cancelled` cancels the session's call it names; every
+    /// other one is taken (202) and goes no further.
+    fn notification(
         &self,
         req: &Request<Bytes>,
-        principal: &Principal,
-        id: Option<Value>,
-        reply: Reply,
+        principal: &Arc<Principal>,
+        method: &str,
+        params: &Map<String, Value>,
     ) -> Resp {
-        let session = match self.session_of(req, principal) {
-            Err(e @ McpError::SessionNotFound) => return refused(None, &e),
-            Ok(s) => s,
-            Err(_) => None,
-        };
-        let answers = self.sessions.answers();
-        if session.is_some_and(|s| answers.deliver(&s.id, id.as_ref(), reply)) {
-            return accepted();
+        match self.session_of(req, principal) {
+            Err(e @ McpError::SessionNotFound) => refused(None, &e),
+            Ok(Some(s)) if method == "notifications/cancelled" => {
+                if let Some(id) = params.get("requestId") {
+                    self.in_flight
+                        .cancel(&("mcp", s.id.into(), id.to_string().into()));
+                }
+                accepted()
+            }
+            _ => accepted(),
         }
-        if !id.as_ref().is_some_and(stream::is_answer_id) {
-            return accepted();
-        }
-        let why = "the response answers no request waiting in this session";
-        refused(id.as_ref(), &McpError::InvalidRequest(why.into()))
     }
 
     /// `initialize`: negotiate a handshake-era version and open a session.
@@ -421,9 +381,6 @@ impl McpFront {
         }
     }
 
-    /// `logging/setLevel` (older era): the least severe log message of the server this session
-    /// is sent. The server behind is shared by every caller, so its own level is left alone
-    /// and each session's messages are filtered here.
     /// `caller_tool_response`: a caller's answer to a relayed call, as on
     /// `/v1/caller-tools/response` (`{stream_id, request_id, result | error}`).
     fn caller_tool_response(
@@ -439,30 +396,6 @@ impl McpFront {
             },
         )?;
         Ok(json!({}))
-    }
-
-    fn set_log_level(&self, params: &Map<String, Value>, era: &Era) -> Result<Value, McpError> {
-        let Era::Legacy(session) = era else {
-            return Err(McpError::MethodNotFound("logging/setLevel".into()));
-        };
-        let level = params.get("level").and_then(Value::as_str);
-        let Some(rank) = level.and_then(log_level) else {
-            return Err(McpError::InvalidParams(format!(
-                "`level` must be one of {}",
-                LOG_LEVELS.join(", ")
-            )));
-        };
-        self.sessions.set_log_level(&session.id, rank);
-        Ok(json!({}))
-    }
-
-    /// The capabilities of the MCP server behind carapace that are passed through.
-    fn passed_through(&self) -> Map<String, Value> {
-        self.server
-            .as_ref()
-            .and_then(|s| s.negotiated())
-            .map(|n| passthrough::capabilities(&n.capabilities))
-            .unwrap_or_default()
     }
 
     fn discover(&self) -> Value {

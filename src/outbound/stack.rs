@@ -34,29 +34,7 @@ pub(crate) fn build_outbound_stack(
 ) -> HttpStack {
     let c = &cfg.config;
     let answers = c.outbound.as_ref().map(|o| o.answers).unwrap_or_default();
-    let calls = CallStack::new(
-        ServiceBuilder::new()
-            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-            .layer(AuthorizationLayer::new(shared.clock.clone()))
-            .layer(InputSchemaLayer)
-            .layer(CallTimeoutLayer)
-            .layer(OutputSchemaLayer)
-            .option_layer(
-                crate::secret_guard::of(cfg, crate::secret_guard::Role::Outbound)
-                    .map(|g| SecretGuardLayer::new(g, Scanned::Arguments)),
-            )
-            .option_layer(shared.ledger.clone().map(|ledger| {
-                let routes = outbound.clone();
-                crate::ledger::LedgerLayer::new(
-                    ledger,
-                    "outbound",
-                    Arc::new(move |call| routes.provider_of(&call.tool.name).into()),
-                    shared.clock.clone(),
-                )
-            }))
-            .service(OutboundBack::new(outbound.clone())),
-    )
-    .for_workers(shared.workers.count());
+    let calls = call_stage(cfg, shared, &outbound);
     let body = BodyLimits {
         max_bytes: c.limits.max_body_bytes,
         deadline: Duration::from_millis(c.limits.body_timeout_ms),
@@ -114,6 +92,35 @@ pub(crate) fn build_outbound_stack(
         search: edge(search, panic(Protocol::ToolsV1), None),
         elsewhere: edge(tools, panic(Protocol::ToolsV1), None),
     })
+}
+
+/// The outbound call stage: kill-switch, the caller's permissions, the input schema, the
+/// timeout, the output schema, the secret guard on arguments and the ledger, before the back
+/// that routes each call to its peer or skill.
+fn call_stage(cfg: &Loaded, shared: &Shared, outbound: &Arc<Outbound>) -> CallStack {
+    CallStack::new(
+        ServiceBuilder::new()
+            .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
+            .layer(AuthorizationLayer::new(shared.clock.clone()))
+            .layer(InputSchemaLayer)
+            .layer(CallTimeoutLayer)
+            .layer(OutputSchemaLayer)
+            .option_layer(
+                crate::secret_guard::of(cfg, crate::secret_guard::Role::Outbound)
+                    .map(|g| SecretGuardLayer::new(g, Scanned::Arguments)),
+            )
+            .option_layer(shared.ledger.clone().map(|ledger| {
+                let routes = outbound.clone();
+                crate::ledger::LedgerLayer::new(
+                    ledger,
+                    "outbound",
+                    Arc::new(move |call| routes.provider_of(&call.tool.name).into()),
+                    shared.clock.clone(),
+                )
+            }))
+            .service(OutboundBack::new(outbound.clone())),
+    )
+    .for_workers(shared.workers.count())
 }
 
 /// The path of tool search on the outbound endpoint.
