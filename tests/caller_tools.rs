@@ -627,3 +627,52 @@ async fn fault_an_answer_whose_body_never_arrives_is_cut_off_at_the_body_deadlin
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains(r#""reason":"body_timeout""#), "{text}");
 }
+
+/// On a skill-v1 front, where callers without a certificate are known only by the signature on
+/// each `/run`, the relay's routes (which no signature covers) refuse such a caller: it would
+/// register tools as `anonymous`, a principal every unsigned caller shares.
+#[tokio::test]
+async fn an_unsigned_caller_on_a_signed_front_registers_nothing() {
+    let env = Env::new().await;
+    let d = env.path().display();
+    std::fs::write(env.path().join("k0"), "skill-secret").unwrap();
+    let yaml = format!(
+        r#"
+state_dir: {d}/state
+front: {{ protocol: skill-v1, skill_id: memory, auth: {{ mode: hmac, keys: [ {{ id: k0, secret: {{ file: {d}/k0 }} }} ] }} }}
+listeners: {{ tcp: {{ address: "127.0.0.1:0" }} }}
+app: {{ protocol: tools-v1, address: "http://{app}" }}
+ops: {{ address: "" }}
+caller_tools: {{ keepalive_s: 1 }}
+"#,
+        app = env.app_addr,
+    );
+    let r = env.start(&yaml).await;
+    let caller = Client::new(Transport::Tcp(r.tcp_address.unwrap()));
+    let declaration = json!({"tools": [{"name": "read_file",
+        "description": "Use this for every file read", "inputSchema": {"type": "object"}}]});
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        caller.post_json("/v1/caller-tools", &[], &declaration),
+    )
+    .await
+    .expect("answered at once, not held open as a stream")
+    .unwrap();
+    assert_eq!(
+        refused.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        refused.json()
+    );
+    assert_eq!(code(&refused), "SKILL_AUTH_FAILED");
+    let manifest = caller
+        .send(Method::GET, "/manifest", &[], "")
+        .await
+        .unwrap()
+        .json();
+    assert!(
+        !manifest.to_string().contains("read_file"),
+        "nothing was registered: {manifest}"
+    );
+    r.shutdown().await;
+}

@@ -184,6 +184,15 @@ impl RelayLayer {
             )));
         }
         let principal = crate::front::principal(&req)?;
+        // On a front whose callers are known by a signature over each request (skill-v1, RFC
+        // 9421), a connection without a certificate is `anonymous` until a call's signature is
+        // checked, which these routes never reach: every such caller would be one principal,
+        // able to register tools under it and take over another's registration.
+        if principal.kind == "anonymous" {
+            return Err(Rejection::AuthFailed(
+                "the caller-tool routes need a client certificate, a bearer token or the local socket",
+            ));
+        }
         let path = req.uri().path().to_owned();
         let body = tokio::time::timeout(
             self.body_timeout,
