@@ -1,5 +1,5 @@
 //! Idempotency at the shell: a keyed call to a tool with side effects runs once per caller,
-//! tool and key, on every front. (Across replicas on Redis: `tests/shared_state.rs`.)
+//! tenant, memory scope, tool and key, on every front. (Across replicas on Redis: `tests/shared_state.rs`.)
 
 mod common;
 
@@ -69,6 +69,22 @@ async fn twenty_concurrent_keyed_calls_reach_the_app_once_and_share_one_answer_a
         .unwrap();
     assert_eq!(reply.json()["status"], "ok");
     assert_eq!(env.app.received().len(), 2);
+    // The same caller's same key for another tenant, or another memory scope, is another call:
+    // it reaches the app and gets its own answer, not the first one.
+    let mut other_tenant = keyed("memory.append", json!({"text": "pay once"}), "invoice-42");
+    other_tenant["tenant_id"] = json!("work");
+    let mut other_scope = keyed("memory.append", json!({"text": "pay once"}), "invoice-42");
+    other_scope["context"]["isolation_key"] = json!("user-7");
+    for body in [other_tenant, other_scope] {
+        let reply = env
+            .local(&r)
+            .post_json("/v1/tools/call", &[], &body)
+            .await
+            .unwrap();
+        assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+        assert_ne!(reply.headers["carapace-receipt"], seen[0].1);
+    }
+    assert_eq!(env.app.received().len(), 4);
     // A tool without side effects runs every time.
     for _ in 0..2 {
         env.local(&r)
@@ -80,7 +96,7 @@ async fn twenty_concurrent_keyed_calls_reach_the_app_once_and_share_one_answer_a
             .await
             .unwrap();
     }
-    assert_eq!(env.app.received().len(), 4);
+    assert_eq!(env.app.received().len(), 6);
     r.shutdown().await;
 }
 

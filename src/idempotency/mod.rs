@@ -1,5 +1,5 @@
-//! Idempotency at the shell: a call with an `idempotency_key` runs once per (caller, tool,
-//! key) within a window. A repeat gets the first call's stored answer (and receipt) without
+//! Idempotency at the shell: a call with an `idempotency_key` runs once per (caller, tenant,
+//! memory scope, tool, key) within a window. A repeat gets the first call's stored answer (and receipt) without
 //! reaching the app; a repeat while the first still runs waits for it, up to a bound; the
 //! same key with other arguments is refused (`INVALID_ARGS`, reason `idempotency_conflict`).
 //!
@@ -92,12 +92,32 @@ pub struct Idempotent<S> {
     layer: IdempotencyLayer,
 }
 
-/// The store key of (caller, tool, key): hashed, so that any key text is safe in it.
+/// The store key of (caller, tenant, memory scope, tool, key): hashed, so that any key text is
+/// safe in it. The tenant (`tenant_id`) and the memory scope (`context.isolation_key`) go to
+/// the app with the call, so two calls that differ in them are two calls, whatever their key.
 fn store_key(call: &ToolCall, key: &str) -> String {
     let mut h = sha2::Sha256::new();
-    for part in [call.principal.limit_key().as_ref(), &call.tool.name, key] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
+    let scope = call
+        .context
+        .as_ref()
+        .and_then(|c| c.member("isolation_key"));
+    let caller = call.principal.limit_key();
+    let parts = [
+        Some(caller.as_ref()),
+        call.tenant_id.as_deref(),
+        scope.as_deref(),
+        Some(&*call.tool.name),
+        Some(key),
+    ];
+    for part in parts {
+        match part {
+            Some(p) => {
+                h.update((p.len() as u64).to_be_bytes());
+                h.update(p.as_bytes());
+            }
+            // Absent, told from an empty string.
+            None => h.update(u64::MAX.to_be_bytes()),
+        }
     }
     format!("idem:{}", hex::encode(h.finalize()))
 }
