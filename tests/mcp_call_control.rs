@@ -200,3 +200,52 @@ async fn a_tool_over_its_rate_limit_is_refused_from_the_headers_and_counted_once
         "only the first append and the query"
     );
 }
+
+/// A peer over its own rate limit spends no tool's cell: the per-peer limit answers first, so
+/// its headers-only calls to a tool, however many, leave the tool's limit to other peers. And a
+/// name no tool has takes no cell of the default per-tool limit.
+#[tokio::test]
+async fn a_peer_over_its_limit_spends_no_cell_of_a_tool_others_call() {
+    let env = Env::new().await;
+    let r = env
+        .start(&front_yaml(
+            &env,
+            "",
+            "rate_limits: { per_peer: { per_minute: 1, burst: 1 }, per_tool: { per_minute: 2, burst: 2 } }",
+        ))
+        .await;
+    let call = |text: &str| {
+        modern_body(
+            1,
+            "tools/call",
+            json!({"name": "memory.append", "arguments": {"text": text}}),
+        )
+    };
+    // The local socket's one call a minute, then its calls are over its own limit.
+    let first = modern(&env.local(&r), &call("mine")).await;
+    assert_eq!(
+        first.json()["result"]["isError"],
+        false,
+        "{:?}",
+        first.json()
+    );
+    for tool in [
+        "memory.append",
+        "memory.append",
+        "memory.append",
+        "no.such.tool",
+    ] {
+        let answer = headers_only_call(&r, tool).await;
+        assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    }
+    // The tool's second cell is still there for the gateway.
+    let theirs = modern(&env.gateway(&r), &call("theirs")).await;
+    assert_eq!(
+        theirs.json()["result"]["isError"],
+        false,
+        "{:?}",
+        theirs.json()
+    );
+    assert_eq!(env.app.received().len(), 2);
+    r.shutdown().await;
+}

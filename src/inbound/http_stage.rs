@@ -55,19 +55,21 @@ pub fn build_stack(cfg: &Loaded, shared: &Arc<Shared>) -> HttpStack {
             }))
             .layer(crate::ops::control::ControlPlaneLayer::new(control))
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-            // Not on a signed front: there the caller is known only once its signature is checked
-            // (after the body), and an unsigned request must not spend a tool's rate limit.
+            .layer(PeerRateLimitLayer::new(peer_limits))
+            .layer(shared.load_shed_layer(c.limits.max_in_flight))
+            // After the per-peer limit and load shedding: a request they refuse spends no tool's
+            // cell. Not on a signed front: there the caller is known only once its signature is
+            // checked (after the body), and an unsigned request must not spend a tool's limit.
             .option_layer(
                 (c.front.protocol == Protocol::Mcp && !c.front.http_signature()).then(|| {
                     crate::mcp::early::MirroredHeaderLayer::new(
                         shared.kill_switch.clone(),
                         tool_limits.clone(),
+                        shared.catalog.clone(),
                         shared.clock.clone(),
                     )
                 }),
             )
-            .layer(PeerRateLimitLayer::new(peer_limits))
-            .layer(shared.load_shed_layer(c.limits.max_in_flight))
             .layer(BodyLimitLayer::new(body))
             .option_layer(crate::inbound::signature_keys::layer(cfg, shared));
     let answers = c.front.answers.unwrap_or_default();

@@ -27,6 +27,7 @@ use carapace_filters::Rejection;
 use super::{
     decode_header_value, METHOD_HEADER, MODERN_VERSION, NAME_HEADER, PROTOCOL_VERSION_HEADER,
 };
+use crate::catalog::CatalogHandle;
 
 /// Marks a request whose tool (named here) took its per-tool rate-limit cell from the headers
 /// (a tool without a limit takes none, and its request is not marked).
@@ -36,10 +37,14 @@ pub struct ToolLimitTaken(pub String);
 
 /// Refuses a modern `tools/call` to a switched-off tool, to one over its rate limit, or to one
 /// the caller may not call, from its headers. Sits after identity (it reads the principal) and
-/// before the body limit. `limits` must be the same [`KeyedLimits`] the call stage uses.
+/// the per-peer rate limit and load shedding (a request they refuse spends no tool's cell), and
+/// before the body limit. `limits` must be the same [`KeyedLimits`] the call stage uses. A name
+/// the catalog does not hold is left to the front, which refuses it (`TOOL_NOT_FOUND`) before
+/// any limit, as the call stage does: it takes no cell and makes no key in the limiter.
 ///
 /// ```
 /// use std::sync::Arc;
+/// use carapace::catalog::CatalogHandle;
 /// use carapace::mcp::early::MirroredHeaderLayer;
 /// use carapace_filters::kill_switch::{KillSwitch, Switches};
 /// use carapace_filters::rate_limit::KeyedLimits;
@@ -47,8 +52,9 @@ pub struct ToolLimitTaken(pub String);
 /// let switch = KillSwitch::in_memory(Switches::default());
 /// let limits = Arc::new(KeyedLimits::new(None, []));
 /// let clock: carapace_filters::signature::UnixClock = Arc::new(carapace_filters::unix_now_ms);
+/// let catalog = Arc::new(CatalogHandle::default());
 /// let stack = tower::ServiceBuilder::new()
-///     .layer(MirroredHeaderLayer::new(switch, limits, clock))
+///     .layer(MirroredHeaderLayer::new(switch, limits, catalog, clock))
 ///     .service_fn(|_: http::Request<()>| async {
 ///         Ok::<_, carapace_filters::Rejection>(http::Response::new(()))
 ///     });
@@ -58,14 +64,21 @@ pub struct ToolLimitTaken(pub String);
 pub struct MirroredHeaderLayer {
     switch: KillSwitch,
     limits: Arc<KeyedLimits>,
+    catalog: Arc<CatalogHandle>,
     clock: UnixClock,
 }
 
 impl MirroredHeaderLayer {
-    pub fn new(switch: KillSwitch, limits: Arc<KeyedLimits>, clock: UnixClock) -> Self {
+    pub fn new(
+        switch: KillSwitch,
+        limits: Arc<KeyedLimits>,
+        catalog: Arc<CatalogHandle>,
+        clock: UnixClock,
+    ) -> Self {
         MirroredHeaderLayer {
             switch,
             limits,
+            catalog,
             clock,
         }
     }
@@ -78,6 +91,7 @@ impl<S> Layer<S> for MirroredHeaderLayer {
             inner,
             switch: self.switch.clone(),
             limits: self.limits.clone(),
+            catalog: self.catalog.clone(),
             clock: self.clock.clone(),
         }
     }
@@ -89,6 +103,7 @@ pub struct MirroredHeaderCheck<S> {
     inner: S,
     switch: KillSwitch,
     limits: Arc<KeyedLimits>,
+    catalog: Arc<CatalogHandle>,
     clock: UnixClock,
 }
 
@@ -135,7 +150,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let Some(tool) = called_tool(&req) else {
+        let Some(tool) = called_tool(&req).filter(|t| self.catalog.lookup(t).is_ok()) else {
             return Gated::inner(self.inner.call(req));
         };
         if let Err(r) = self.switch.check(Some(&tool)) {
@@ -243,8 +258,16 @@ mod tests {
         req: Request<()>,
     ) -> Result<Option<ToolLimitTaken>, Rejection> {
         let clock: UnixClock = Arc::new(|| 0);
-        let layer =
-            MirroredHeaderLayer::new(KillSwitch::in_memory(Switches::default()), limits, clock);
+        let catalog = CatalogHandle::default();
+        let mut tools = crate::catalog::Catalog::default();
+        for name in ["t", "u"] {
+            tools
+                .tools
+                .insert(name.into(), crate::front::tool_call(None).tool);
+        }
+        catalog.replace(tools);
+        let switch = KillSwitch::in_memory(Switches::default());
+        let layer = MirroredHeaderLayer::new(switch, limits, Arc::new(catalog), clock);
         let inner = tower::service_fn(|req: Request<()>| async move {
             Ok::<_, Rejection>(req.extensions().get::<ToolLimitTaken>().cloned())
         });
@@ -266,6 +289,16 @@ mod tests {
             let other = run(limits.clone(), request("u", Principal::local())).await;
             assert_eq!(other.unwrap(), None);
         }
+        // A name the catalog does not hold is left to the front (TOOL_NOT_FOUND there): no
+        // cell taken, however many come, and no key made in the limiter for it.
+        let every = Arc::new(KeyedLimits::new(Some(one_a_minute()), []));
+        for _ in 0..3 {
+            let unknown = run(every.clone(), request("no-such-tool", Principal::local())).await;
+            assert_eq!(unknown.unwrap(), None);
+        }
+        assert!(run(every.clone(), request("t", Principal::local()))
+            .await
+            .is_ok());
         // Not a modern tools/call: untouched, unmarked.
         let mut list = request("t", Principal::local());
         list.headers_mut()
