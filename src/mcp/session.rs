@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -22,6 +22,15 @@ use crate::config::mcp::{McpFrontConfig, MIN_SESSION_KEY_BYTES};
 
 /// Most sessions one process tracks; beyond it new sessions are refused until old ones age out.
 pub const MAX_TRACKED_SESSIONS: usize = 100_000;
+
+/// Most sessions one principal may have tracked at once (a tenth of the table): one caller
+/// opening sessions without end fills its own share, not everyone's. Ended and idle sessions
+/// count until their lifetime is over, since forgetting one would let it be resumed.
+pub const MAX_SESSIONS_PER_PRINCIPAL: usize = MAX_TRACKED_SESSIONS / 10;
+
+/// How often, at most, a full table (or a principal's full share) is swept of sessions past
+/// their lifetime: a sweep visits every entry under the table's lock.
+const SWEEP_EVERY_MS: u64 = 1_000;
 
 /// What a session id carries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,8 +64,10 @@ impl SessionClaims {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Seen {
+    /// Who opened it (each principal's sessions are counted).
+    principal: Arc<str>,
     issued_ms: u64,
     last_used_ms: u64,
     ended: bool,
@@ -73,12 +84,64 @@ pub enum SessionRefused {
     Full,
 }
 
+/// The sessions this process has seen, and how many each principal has.
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<String, Seen>,
+    per_principal: HashMap<Arc<str>, usize>,
+    last_sweep_ms: u64,
+}
+
+impl Table {
+    fn count(&self, principal: &str) -> usize {
+        self.per_principal.get(principal).copied().unwrap_or(0)
+    }
+
+    /// Whether a new session of `principal` fits: after a sweep of sessions past their
+    /// lifetime when the table or the principal's share is full (at most once a second).
+    fn room_for(&mut self, principal: &str, now_ms: u64, max_ms: u64, caps: Caps) -> bool {
+        let full =
+            |t: &Table| t.by_id.len() >= caps.total || t.count(principal) >= caps.per_principal;
+        if full(self) && now_ms.saturating_sub(self.last_sweep_ms) >= SWEEP_EVERY_MS {
+            self.last_sweep_ms = now_ms;
+            let per_principal = &mut self.per_principal;
+            self.by_id.retain(|_, s| {
+                let live = now_ms.saturating_sub(s.issued_ms) <= max_ms;
+                if !live {
+                    if let Some(n) = per_principal.get_mut(&s.principal) {
+                        *n -= 1;
+                    }
+                }
+                live
+            });
+            per_principal.retain(|_, n| *n > 0);
+        }
+        !full(self)
+    }
+
+    fn insert(&mut self, id: String, seen: Seen) {
+        *self
+            .per_principal
+            .entry(seen.principal.clone())
+            .or_insert(0) += 1;
+        self.by_id.insert(id, seen);
+    }
+}
+
+/// The table's bounds.
+#[derive(Debug, Clone, Copy)]
+struct Caps {
+    total: usize,
+    per_principal: usize,
+}
+
 /// The sessions of one MCP front.
 pub struct Sessions {
     key: hmac::Key,
     idle_ms: u64,
     max_ms: u64,
-    seen: Mutex<HashMap<String, Seen>>,
+    caps: Caps,
+    seen: Mutex<Table>,
     /// The MCP server's requests waiting for these sessions' answers (kept, as the sessions
     /// are, across reloads).
     answers: std::sync::Arc<PendingAnswers>,
@@ -99,7 +162,11 @@ impl Sessions {
             key: hmac::Key::new(hmac::HMAC_SHA256, key),
             idle_ms: cfg.session_idle_timeout_s.saturating_mul(1000),
             max_ms: cfg.session_max_lifetime_s.saturating_mul(1000),
-            seen: Mutex::new(HashMap::new()),
+            caps: Caps {
+                total: MAX_TRACKED_SESSIONS,
+                per_principal: MAX_SESSIONS_PER_PRINCIPAL,
+            },
+            seen: Mutex::default(),
             answers: Default::default(),
         }
     }
@@ -127,17 +194,14 @@ impl Sessions {
         let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("serializes"));
         let tag = hmac::sign(&self.key, payload.as_bytes());
         let id = format!("{payload}.{}", URL_SAFE_NO_PAD.encode(tag.as_ref()));
-        let mut seen = self.lock();
-        if seen.len() >= MAX_TRACKED_SESSIONS {
-            let max_ms = self.max_ms;
-            seen.retain(|_, s| now_ms.saturating_sub(s.issued_ms) <= max_ms);
-            if seen.len() >= MAX_TRACKED_SESSIONS {
-                return Err(SessionRefused::Full);
-            }
+        let mut table = self.lock();
+        if !table.room_for(principal, now_ms, self.max_ms, self.caps) {
+            return Err(SessionRefused::Full);
         }
-        seen.insert(
+        table.insert(
             id.clone(),
             Seen {
+                principal: principal.into(),
                 issued_ms: now_ms,
                 last_used_ms: now_ms,
                 ended: false,
@@ -164,16 +228,22 @@ impl Sessions {
         if claims.served_version().is_none() {
             return Err(SessionRefused::NotFound);
         }
-        let mut seen = self.lock();
-        if seen.len() >= MAX_TRACKED_SESSIONS && !seen.contains_key(id) {
-            return Err(SessionRefused::Full);
+        let mut table = self.lock();
+        if !table.by_id.contains_key(id) {
+            // Opened elsewhere (another replica, or before a restart): tracked from now on.
+            if !table.room_for(principal, now_ms, self.max_ms, self.caps) {
+                return Err(SessionRefused::Full);
+            }
+            let seen = Seen {
+                principal: principal.into(),
+                issued_ms: claims.issued_ms,
+                last_used_ms: now_ms,
+                ended: false,
+                log_level: None,
+            };
+            table.insert(id.to_owned(), seen);
         }
-        let s = seen.entry(id.to_owned()).or_insert(Seen {
-            issued_ms: claims.issued_ms,
-            last_used_ms: now_ms,
-            ended: false,
-            log_level: None,
-        });
+        let s = table.by_id.get_mut(id).expect("tracked above");
         if s.ended || now_ms.saturating_sub(s.last_used_ms) > self.idle_ms {
             s.ended = true;
             return Err(SessionRefused::NotFound);
@@ -185,7 +255,7 @@ impl Sessions {
     /// End the session `id` (`DELETE`).
     pub fn end(&self, id: &str, principal: &str, now_ms: u64) -> Result<(), SessionRefused> {
         self.resume(id, principal, now_ms)?;
-        if let Some(s) = self.lock().get_mut(id) {
+        if let Some(s) = self.lock().by_id.get_mut(id) {
             s.ended = true;
         }
         Ok(())
@@ -193,14 +263,14 @@ impl Sessions {
 
     /// Set the least severe log level the session `id` wants (it was resumed just before).
     pub fn set_log_level(&self, id: &str, level: u8) {
-        if let Some(s) = self.lock().get_mut(id) {
+        if let Some(s) = self.lock().by_id.get_mut(id) {
             s.log_level = Some(level);
         }
     }
 
     /// The least severe log level the session `id` wants, if it set one.
     pub fn log_level(&self, id: &str) -> Option<u8> {
-        self.lock().get(id).and_then(|s| s.log_level)
+        self.lock().by_id.get(id).and_then(|s| s.log_level)
     }
 
     fn unseal(&self, id: &str) -> Option<SessionClaims> {
@@ -211,7 +281,7 @@ impl Sessions {
         serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).ok()?).ok()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -249,6 +319,44 @@ mod tests {
             ..McpFrontConfig::default()
         };
         Sessions::new(key, &cfg)
+    }
+
+    #[test]
+    fn one_principal_fills_only_its_share_and_ended_sessions_count_until_their_lifetime() {
+        let mut s = sessions(&[1; 32]);
+        s.caps = Caps {
+            total: 4,
+            per_principal: 2,
+        };
+        let open = |s: &Sessions, who: &str, at: u64| {
+            s.open("2025-06-18", who, ClientFeatures::default(), at)
+        };
+        let first = open(&s, "greedy", 0).unwrap();
+        open(&s, "greedy", 0).unwrap();
+        assert_eq!(open(&s, "greedy", 10), Err(SessionRefused::Full));
+        // Ending one frees nothing: forgotten, it could be resumed.
+        s.end(&first, "greedy", 20).unwrap();
+        assert_eq!(open(&s, "greedy", 2_000), Err(SessionRefused::Full));
+        assert_eq!(
+            s.resume(&first, "greedy", 2_000),
+            Err(SessionRefused::NotFound)
+        );
+        // Others still get sessions, up to the table's bound.
+        open(&s, "polite", 0).unwrap();
+        let theirs = open(&s, "polite", 0).unwrap();
+        assert_eq!(open(&s, "third", 3_000), Err(SessionRefused::Full));
+        // A session another replica opened is tracked, and counted, once it is used here.
+        let elsewhere = sessions(&[1; 32]);
+        let moved = open(&elsewhere, "third", 0).unwrap();
+        assert_eq!(s.resume(&moved, "third", 3_000), Err(SessionRefused::Full));
+        assert!(s.resume(&theirs, "polite", 3_000).is_ok());
+        // Past the lifetime (600 s) the old sessions are swept and their shares come back.
+        assert!(open(&s, "greedy", 600_001).is_ok());
+        assert!(
+            s.resume(&moved, "third", 600_001).is_err(),
+            "past its own lifetime"
+        );
+        assert!(open(&s, "third", 600_002).is_ok());
     }
 
     #[test]
