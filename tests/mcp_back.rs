@@ -642,3 +642,41 @@ async fn what_the_server_says_during_a_call_is_guarded_as_its_result() {
     assert!(stream.contains("[REDACTED:github_token]"), "{stream}");
     r.shutdown().await;
 }
+
+/// A 2025-03-26 batch whose `tools/call` the server reports progress on: each item is answered
+/// as JSON inside the batch's array (a call is not turned into a stream there, which the
+/// array could not hold), with the tool's result.
+#[tokio::test]
+async fn a_batched_call_the_server_reports_progress_on_is_answered_in_the_array() {
+    let env = Env::new().await;
+    let (_server, sock) = python_http_server(&env);
+    let app = format!("address: \"unix:{}\"", sock.display());
+    let r = start(&env, &yaml(&env, "mcp", &app)).await;
+    let client = env.local(&r);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}});
+    let opened = client.post_json("/mcp", &[], &init).await.unwrap();
+    let session = opened.headers["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let batch = json!([{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "count", "arguments": {"n": 2}, "_meta": {"progressToken": "p-1"}}}]);
+    let answer = client
+        .post_json(
+            "/mcp",
+            &[
+                ("mcp-session-id", session.as_str()),
+                ("mcp-protocol-version", "2025-03-26"),
+                ("accept", "application/json, text/event-stream"),
+            ],
+            &batch,
+        )
+        .await
+        .unwrap();
+    let items = answer.json();
+    assert_eq!(items[0]["id"], 1, "{items}");
+    assert_eq!(items[0]["result"]["isError"], false, "{items}");
+    r.shutdown().await;
+}

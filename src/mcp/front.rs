@@ -205,6 +205,12 @@ impl McpFront {
             let mut one = Request::new(Bytes::from(serde_json::to_vec(&item).expect("a value")));
             *one.uri_mut() = req.uri().clone();
             *one.headers_mut() = req.headers().clone();
+            // Each answer goes into the batch's array: a call is answered as JSON, never turned
+            // into a stream of its server's messages (the array could not hold one).
+            one.headers_mut().insert(
+                http::header::ACCEPT,
+                HeaderValue::from_static("application/json"),
+            );
             if let Some(id) = req.extensions().get::<RequestId>() {
                 one.extensions_mut().insert(id.clone());
             }
