@@ -680,3 +680,28 @@ async fn a_batched_call_the_server_reports_progress_on_is_answered_in_the_array(
     assert_eq!(items[0]["result"]["isError"], false, "{items}");
     r.shutdown().await;
 }
+
+/// The server's own JSON-RPC error to a passed-through request is checked as its result
+/// would be: a private key in its message is redacted before the caller sees it.
+#[tokio::test]
+async fn a_private_key_in_the_servers_error_to_a_passed_through_read_is_redacted() {
+    let env = Env::new().await;
+    let (_server, sock) = python_http_server(&env);
+    let app = format!("address: \"unix:{}\"", sock.display());
+    let config = yaml(&env, "mcp", &app) + "\nsecret_guard: { inbound: enforce }\n";
+    let r = start(&env, &config).await;
+    let read = modern_body(
+        1,
+        "resources/read",
+        json!({"uri": "notes://public/broken/unreadable"}),
+    );
+    let answer = modern(&env.local(&r), &read).await;
+    let error = answer.json()["error"].to_string();
+    assert!(error.contains("unreadable"), "the server's error: {error}");
+    assert!(
+        !error.contains("MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+        "{error}"
+    );
+    assert!(error.contains("[REDACTED:private_key]"), "{error}");
+    r.shutdown().await;
+}

@@ -7,7 +7,9 @@ Tools: `add` (structured output), `echo` (text), `fail` (the tool reports an err
 `confirm` (asks the client to confirm by elicitation: an "input required" result in
 2026-07-28, an `elicitation/create` request before), `count` (reports progress and logs),
 `touch` (tells `subscriptions/listen` streams that a resource and the resource list changed).
-Resources: `notes://public/readme`, `notes://secret/plan`; prompts: `greet`, `internal`.
+Resources: `notes://public/readme`, `notes://public/deploy`, `notes://secret/plan`, the template
+`notes://public/broken/{why}` (reading fails, its error naming a private key); prompts: `greet`,
+`internal`.
 """
 
 import argparse
@@ -16,7 +18,7 @@ from typing import Annotated
 from pydantic import BaseModel
 
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
 server = MCPServer("carapace-test-python")
 
@@ -92,6 +94,14 @@ def readme() -> str:
 def deploy() -> str:
     """Notes that hold a private key by mistake."""
     return "deploy with -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+
+
+@server.resource("notes://public/broken/{why}")
+def broken(why: str) -> str:
+    """Notes whose reading fails with an error that names a private key by mistake."""
+    raise ResourceError(
+        f"{why}: -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+    )
 
 
 @server.resource("notes://secret/plan")

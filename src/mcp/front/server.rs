@@ -49,6 +49,32 @@ impl McpFront {
                 }
                 result_response(id, complete(r, version))
             }
+            Err(McpError::Upstream {
+                code,
+                message,
+                mut data,
+            }) => {
+                // The server's own error is checked as its result would be: its message and
+                // data reach the caller as they are.
+                let mut text = Value::String(message);
+                let mut parts = vec![("/error/message", &mut text)];
+                if let Some(d) = data.as_mut() {
+                    parts.push(("/error/data", d));
+                }
+                if let Some(Err(e)) = self.guard.as_ref().map(|g| g.check(m, parts)) {
+                    return refused(Some(id), &McpError::Refused(e));
+                }
+                let message = match text {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                let e = McpError::Upstream {
+                    code,
+                    message,
+                    data,
+                };
+                refused(Some(id), &e)
+            }
             Err(e) => refused(Some(id), &e),
         }
     }
