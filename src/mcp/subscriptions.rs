@@ -303,7 +303,7 @@ impl SubscriptionHub {
                 }
             }
             if let Some(id) = id {
-                params["_meta"][SUBSCRIPTION_ID] = id.clone();
+                with_subscription_id(&mut params, id.clone());
             }
             let msg = json!({"jsonrpc": "2.0", "method": method, "params": params});
             if let Err(mpsc::error::TrySendError::Full(_)) = st.tx.try_send(msg) {
@@ -311,6 +311,24 @@ impl SubscriptionHub {
             }
         }
     }
+}
+
+/// Name the caller's subscription in a notification's `params._meta`. A server's `params` or
+/// `_meta` that is not an object (which no revision allows) is replaced by one: indexing into
+/// it would panic the task reading the server.
+fn with_subscription_id(params: &mut Value, id: Value) {
+    if !params.is_object() {
+        *params = Value::Object(Default::default());
+    }
+    let meta = params
+        .as_object_mut()
+        .expect("made an object")
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !meta.is_object() {
+        *meta = Value::Object(Default::default());
+    }
+    meta[SUBSCRIPTION_ID] = id;
 }
 
 /// `_meta` key naming the subscription a notification belongs to (2026-07-28).
@@ -363,6 +381,35 @@ mod tests {
         hub.deliver(RESOURCES_CHANGED, &json!({}));
         assert!(a.try_recv().is_err(), "a did not ask for list changes");
         assert_eq!(s1.try_recv().unwrap()["method"], RESOURCES_CHANGED);
+    }
+
+    #[test]
+    fn a_server_notification_whose_params_or_meta_is_not_an_object_still_reaches_the_caller() {
+        let hub = SubscriptionHub::default();
+        let wanted = Wanted {
+            resources_changed: true,
+            ..Wanted::default()
+        };
+        let (_, mut rx) = hub
+            .open(Owner::Listen {
+                wanted,
+                id: json!(7),
+            })
+            .unwrap();
+        for params in [
+            json!({"_meta": 1}),
+            json!({"_meta": []}),
+            json!([]),
+            json!(null),
+        ] {
+            hub.deliver(RESOURCES_CHANGED, &params);
+            let got = rx.try_recv().unwrap();
+            assert_eq!(
+                got["params"],
+                json!({"_meta": {SUBSCRIPTION_ID: 7}}),
+                "{params}"
+            );
+        }
     }
 
     #[test]
