@@ -1,6 +1,6 @@
 //! Discovering the peers' tools and routing each to the peer that serves it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use carapace_filters::call::ToolSpec;
@@ -32,42 +32,62 @@ pub(super) fn compiled_peer_tools(
 /// One registry from every source's tools, names kept collision-free: a name only one source
 /// offers is served as it is; a name several offer is served once per source as
 /// `<source id>.<name>` (the peer's component id or the skill's id), and each call reaches its
-/// source under the plain name.
+/// source under the plain name. A qualified name always reaches the source it names: a name
+/// one source offers that is another's qualified name (`west.memory.append` from peer `aaa`)
+/// is qualified too (`aaa.west.memory.append`), and qualified names are served first.
 pub(super) fn merge(
     sources: Vec<(Route, BTreeMap<String, Arc<ToolSpec>>)>,
     merged: &mut Catalog,
     routes: &mut HashMap<String, Route>,
 ) {
+    let source_of = |route: &Route| match route {
+        Route::Peer(id) | Route::Skill(id) | Route::Eat(id) => id.clone(),
+    };
     let mut offered: HashMap<&str, usize> = HashMap::new();
     for (_, tools) in &sources {
         for name in tools.keys() {
             *offered.entry(name).or_default() += 1;
         }
     }
-    let shared: std::collections::HashSet<String> = offered
+    let shared: HashSet<&str> = offered
         .into_iter()
         .filter(|(_, n)| *n > 1)
-        .map(|(name, _)| name.to_owned())
+        .map(|(name, _)| name)
         .collect();
-    for (route, tools) in sources {
-        let source = match &route {
-            Route::Peer(id) | Route::Skill(id) | Route::Eat(id) => id.clone(),
-        };
-        for (name, spec) in tools {
-            let (served, spec) = if shared.contains(&name) {
-                let mut qualified = (*spec).clone();
-                qualified.name = format!("{source}.{name}");
-                qualified.app_name = Some(name);
-                (qualified.name.clone(), Arc::new(qualified))
-            } else {
-                (name, spec)
-            };
-            if merged.tools.contains_key(&served) {
-                tracing::warn!("outbound_tool_duplicate tool={served} source={source}");
-                continue;
+    let generated: HashSet<String> = sources
+        .iter()
+        .flat_map(|(route, tools)| {
+            let source = source_of(route);
+            tools
+                .keys()
+                .filter(|n| shared.contains(n.as_str()))
+                .map(move |n| format!("{source}.{n}"))
+        })
+        .collect();
+    let qualify = |name: &str| shared.contains(name) || generated.contains(name);
+    for qualified_pass in [true, false] {
+        for (route, tools) in &sources {
+            let source = source_of(route);
+            for (name, spec) in tools {
+                if qualify(name) != qualified_pass {
+                    continue;
+                }
+                let (served, spec) = match qualified_pass {
+                    true => {
+                        let mut qualified = (**spec).clone();
+                        qualified.name = format!("{source}.{name}");
+                        qualified.app_name = Some(name.clone());
+                        (qualified.name.clone(), Arc::new(qualified))
+                    }
+                    false => (name.clone(), spec.clone()),
+                };
+                if merged.tools.contains_key(&served) {
+                    tracing::warn!("outbound_tool_duplicate tool={served} source={source}");
+                    continue;
+                }
+                routes.insert(served.clone(), route.clone());
+                merged.tools.insert(served, spec);
             }
-            routes.insert(served.clone(), route.clone());
-            merged.tools.insert(served, spec);
         }
     }
 }

@@ -177,27 +177,8 @@ fn a_refusal_with_an_http_error_status_keeps_its_code_details_and_retryability()
 fn a_name_several_sources_offer_is_served_once_per_source_qualified() {
     use super::discovery::merge;
     use super::routes::Route;
-    use std::collections::{BTreeMap, HashMap};
-    let tools = |names: &[&str]| -> BTreeMap<String, Arc<ToolSpec>> {
-        names
-            .iter()
-            .map(|n| {
-                let spec = ToolSpec {
-                    name: n.to_string(),
-                    app_name: None,
-                    definition: None,
-                    description: String::new(),
-                    input: CompiledSchema::compile(json!({})).unwrap(),
-                    output: None,
-                    timeout_ms_default: 1000,
-                    timeout_ms_max: 1000,
-                    idempotent: false,
-                    side_effects: true,
-                };
-                (n.to_string(), Arc::new(spec))
-            })
-            .collect()
-    };
+    use std::collections::HashMap;
+    let tools = |names: &[&str]| names_as_tools(names);
     let mut merged = crate::catalog::Catalog::default();
     let mut routes = HashMap::new();
     merge(
@@ -227,4 +208,61 @@ fn a_name_several_sources_offer_is_served_once_per_source_qualified() {
     assert_eq!(routes["west.memory.append"], Route::Peer("west".into()));
     assert_eq!(routes["demo.echo"], Route::Skill("demo.echo".into()));
     assert_eq!(merged.tools["east.only"].app_name(), "east.only");
+}
+
+/// A source cannot take another's qualified name: peer `aaa` offering `west.memory.append`
+/// while `east` and `west` both offer `memory.append` gets its tool served as
+/// `aaa.west.memory.append`, and `west.memory.append` still reaches `west`.
+#[test]
+fn a_tool_named_as_another_sources_qualified_tool_does_not_take_its_calls() {
+    use super::discovery::merge;
+    use super::routes::Route;
+    use std::collections::HashMap;
+    let tools = |names: &[&str]| names_as_tools(names);
+    for order in [["aaa", "east", "west"], ["east", "west", "aaa"]] {
+        let offers = |id: &str| match id {
+            "aaa" => tools(&["west.memory.append"]),
+            _ => tools(&["memory.append"]),
+        };
+        let sources = order
+            .iter()
+            .map(|id| (Route::Peer(id.to_string()), offers(id)))
+            .collect();
+        let mut merged = crate::catalog::Catalog::default();
+        let mut routes = HashMap::new();
+        merge(sources, &mut merged, &mut routes);
+        assert_eq!(routes["west.memory.append"], Route::Peer("west".into()));
+        assert_eq!(
+            merged.tools["west.memory.append"].app_name(),
+            "memory.append"
+        );
+        assert_eq!(routes["aaa.west.memory.append"], Route::Peer("aaa".into()));
+        assert_eq!(
+            merged.tools["aaa.west.memory.append"].app_name(),
+            "west.memory.append"
+        );
+        assert_eq!(merged.tools.len(), 3, "{:?}", merged.tools.keys());
+    }
+}
+
+/// Tools of these names, with permissive schemas.
+fn names_as_tools(names: &[&str]) -> std::collections::BTreeMap<String, Arc<ToolSpec>> {
+    names
+        .iter()
+        .map(|n| {
+            let spec = ToolSpec {
+                name: n.to_string(),
+                app_name: None,
+                definition: None,
+                description: String::new(),
+                input: CompiledSchema::compile(json!({})).unwrap(),
+                output: None,
+                timeout_ms_default: 1000,
+                timeout_ms_max: 1000,
+                idempotent: false,
+                side_effects: true,
+            };
+            (n.to_string(), Arc::new(spec))
+        })
+        .collect()
 }
