@@ -18,6 +18,11 @@ pub struct MeteringConfig {
     /// The budget of a consumer not named in `budgets` (none: unlimited, charges recorded).
     #[serde(default)]
     pub default_budget: Option<BudgetConfig>,
+    /// Budgets are kept by each process, in its own ledger: with `shared_state` on Redis
+    /// (replicas), each replica lets a consumer spend its whole budget. Required then, to say
+    /// that is meant (a consumer may spend N times its budget on N replicas).
+    #[serde(default)]
+    pub per_replica: bool,
 }
 
 /// What one consumer may spend, in the units prices are in.
@@ -45,6 +50,15 @@ pub(super) fn check_metering(c: &Config, errors: &mut Vec<ConfigError>) {
             "/metering",
             "prices and budgets need `ledger`: charges are recorded there, and what each consumer spent is kept there",
         ));
+    }
+    let replicas = c.shared_state.backend == super::SharedStateBackend::Redis;
+    if let Some(m) = c.metering.as_ref().filter(|m| replicas && !m.per_replica) {
+        if !m.budgets.is_empty() || m.default_budget.is_some() {
+            errors.push(err(
+                "/metering",
+                "budgets are kept by each replica in its own ledger, not in Redis: with shared_state on Redis a consumer may spend its budget once per replica; set `per_replica: true` to accept that, or run one replica",
+            ));
+        }
     }
     let budgets = c.metering.iter().flat_map(|m| &m.budgets);
     let default = c.metering.iter().filter_map(|m| m.default_budget.as_ref());

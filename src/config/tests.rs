@@ -490,3 +490,21 @@ fn the_caller_tool_relay_is_checked() {
         assert!(all.contains(needle), "{needle} in {all}");
     }
 }
+
+#[test]
+fn budgets_on_replicas_must_say_they_are_per_replica() {
+    let redis = "shared_state: { backend: redis, redis: { url: 'redis://10.0.0.5:6379/2', key_prefix: 'a:' } }\nledger: {}\n";
+    let budgets = "metering: { budgets: { gw_home: { per_day: 10 } } }\n";
+    let e = errors(&format!("{MINIMAL}{redis}{budgets}"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("/metering: budgets are kept by each replica"),
+        "{e:?}"
+    );
+    let accepted = "metering: { per_replica: true, budgets: { gw_home: { per_day: 10 } } }\n";
+    assert!(errors(&format!("{MINIMAL}{redis}{accepted}")).is_empty());
+    // One process, or prices without budgets: nothing to say.
+    assert!(errors(&format!("{MINIMAL}ledger: {{}}\n{budgets}")).is_empty());
+    let prices = "tools: { memory.append: { price: 5 } }\n";
+    assert!(errors(&format!("{MINIMAL}{redis}{prices}")).is_empty());
+}
