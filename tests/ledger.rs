@@ -121,6 +121,37 @@ async fn every_call_is_recorded_and_an_edited_or_deleted_row_is_found() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("row 4 is missing"));
 }
 
+/// A call the caller cancels after it reached the app is recorded all the same, as
+/// `CANCELLED`: the app may have run it.
+#[tokio::test]
+async fn a_call_cancelled_after_it_reached_the_app_is_recorded() {
+    let env = Env::new().await;
+    let r = env.start(&env.tools_yaml("ledger: {}")).await;
+    let gw = env.gateway(&r);
+    let slow = call("memory.query", json!({"query": "x", "delay_ms": 4000}));
+    let call_id = slow["call_id"].as_str().unwrap().to_string();
+    let held = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.post_json("/v1/tools/call", &[], &slow).await.unwrap() }
+    });
+    wait_until(|| env.app.received().len() == 1).await;
+    let cancel = json!({"version": "v1", "call_id": call_id});
+    let cancelled = gw
+        .post_json("/v1/tools/cancel", &[], &cancel)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.json()["cancelled"], true);
+    assert_eq!(code(&held.await.unwrap()), "CANCELLED");
+    r.shutdown().await;
+
+    let rows = lines(&ledger_cli(&env, &["export"]));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["call_id"], json!(call_id));
+    assert_eq!(rows[0]["status"], "error");
+    assert_eq!(rows[0]["error_code"], "CANCELLED");
+    assert!(ledger_cli(&env, &["verify"]).status.success());
+}
+
 /// Kills the child when dropped.
 struct Guard(Child);
 

@@ -8,7 +8,7 @@ use carapace_filters::signature::UnixClock;
 use carapace_filters::{BoxFuture, Rejection};
 use tower::{Layer, Service};
 
-use super::record::{Ending, Record};
+use super::record::{Ending, Record, Started};
 use super::Ledger;
 use crate::receipts::layer::ending;
 use crate::receipts::{output_tag, value_tag, ReceiptSlot, Tag};
@@ -131,6 +131,13 @@ where
             input.as_ref().map(Tag::as_str),
             (layer.clock)(),
         );
+        let mut pending = Pending {
+            layer,
+            record: Some(record),
+            reserved,
+            started,
+            price,
+        };
         let fut = self.inner.call(call);
         Box::pin(async move {
             let result = fut.await;
@@ -145,24 +152,70 @@ where
                     computed.as_str()
                 }
             };
-            let entry = record.end(Ending {
+            pending.end(Ending {
                 receipt_id: receipt.map(|r| r.receipt_id.as_str()),
                 input_hash: receipt.map(|r| r.input_hash.as_str()),
                 output_hash,
                 status: status.as_str(),
                 error_code: code,
-                ended_at: (layer.clock)(),
-                duration_ms: carapace_filters::clock::elapsed(started).as_millis() as u64,
+                ended_at: 0,
+                duration_ms: 0,
                 receipt: note
                     .and_then(|n| n.encoded.as_ref())
                     .and_then(|v| v.to_str().ok()),
-                charge: price.map(|p| match status {
-                    crate::receipts::ReceiptStatus::Ok => p,
-                    _ => 0,
-                }),
+                charge: pending
+                    .price
+                    .map(|p| p * u64::from(crate::metering::charged(&result))),
             });
-            layer.ledger.record(entry, reserved);
             result
         })
+    }
+}
+
+/// A started call's record, written when the call ends, or as `CANCELLED` when its future is
+/// dropped first (the caller cancelled it or went away; the app may have run it, so a priced
+/// call is charged): an accepted call is always recorded.
+struct Pending {
+    layer: LedgerLayer,
+    record: Option<Started>,
+    reserved: Option<tokio::sync::mpsc::OwnedPermit<Record>>,
+    started: tokio::time::Instant,
+    price: Option<u64>,
+}
+
+impl Pending {
+    /// Queue the record with `ending` (its end time and duration taken now).
+    fn end(&mut self, ending: Ending<'_>) {
+        let Some(record) = self.record.take() else {
+            return;
+        };
+        let entry = record.end(Ending {
+            ended_at: (self.layer.clock)(),
+            duration_ms: carapace_filters::clock::elapsed(self.started).as_millis() as u64,
+            ..ending
+        });
+        self.layer.ledger.record(entry, self.reserved.take());
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.record.is_none() {
+            return;
+        }
+        let (status, code) = (crate::receipts::ReceiptStatus::Error, "CANCELLED");
+        let output = output_tag(status, None, Some(code));
+        self.end(Ending {
+            receipt_id: None,
+            input_hash: None,
+            output_hash: output.as_str(),
+            status: status.as_str(),
+            error_code: Some(code),
+            ended_at: 0,
+            duration_ms: 0,
+            receipt: None,
+            // Charged, as metering charges a call dropped before it ended.
+            charge: self.price,
+        });
     }
 }

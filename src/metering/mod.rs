@@ -221,56 +221,83 @@ where
                 return Box::pin(std::future::ready(Err(r)));
             }
         }
-        let hold = budget.map(|_| Hold {
-            meter: self.layer.meter.clone(),
-            consumer: consumer.clone(),
+        let mut hold = Hold {
+            layer: self.layer.clone(),
+            budgeted: budget.is_some(),
+            consumer,
             price,
+            call_id: call.call_id.to_string(),
+            tool: call.tool.name.clone(),
             ended: false,
-        });
+        };
         call.extensions.insert(Priced(price));
-        let (call_id, tool) = (call.call_id.to_string(), call.tool.name.clone());
-        let layer = self.layer.clone();
         let fut = self.inner.call(call);
         Box::pin(async move {
             let result = fut.await;
-            let charged = matches!(result, Ok(CallOutcome::Ok { .. }));
-            let now = (layer.clock)();
-            if let Some(mut hold) = hold {
-                hold.ended = true;
-                layer.meter.end(&consumer, price, charged, now);
-            }
-            if charged && price > 0 {
-                let settle = layer.meter.settlement.settle(Charge {
-                    call_id,
-                    consumer,
-                    tool,
-                    amount: price,
-                    at_ms: now,
-                });
-                tokio::spawn(async move {
-                    if let Err(e) = settle.await {
-                        tracing::warn!("settlement failed: {e}");
-                    }
-                });
-            }
+            hold.end(charged(&result));
             result
         })
     }
 }
 
-/// A price held against a budget; released if the call is dropped before it ends (cancelled,
-/// or timed out above).
+/// Whether a call that ended with `result` is charged: when it succeeded, and when its outcome
+/// is not known (it timed out: the app may have run it). A budget caps what a consumer may
+/// have used.
+pub fn charged(result: &Result<CallOutcome, Rejection>) -> bool {
+    matches!(
+        result,
+        Ok(CallOutcome::Ok { .. }) | Err(Rejection::Timeout(_))
+    )
+}
+
+/// A priced call under way: its price held against the consumer's budget (when it has one),
+/// charged or released when it ends. A call dropped before it ends (cancelled, or its caller
+/// gone) is charged: the app may have run it.
 struct Hold {
-    meter: Arc<Meter>,
+    layer: MeteringLayer,
+    budgeted: bool,
     consumer: String,
     price: u64,
+    call_id: String,
+    tool: String,
     ended: bool,
+}
+
+impl Hold {
+    fn end(&mut self, charged: bool) {
+        self.ended = true;
+        let now = (self.layer.clock)();
+        if self.budgeted {
+            self.layer
+                .meter
+                .end(&self.consumer, self.price, charged, now);
+        }
+        if !charged || self.price == 0 {
+            return;
+        }
+        let settle = self.layer.meter.settlement.settle(Charge {
+            call_id: std::mem::take(&mut self.call_id),
+            consumer: std::mem::take(&mut self.consumer),
+            tool: std::mem::take(&mut self.tool),
+            amount: self.price,
+            at_ms: now,
+        });
+        // A call dropped as the runtime stops has no runtime to settle on: its charge is in
+        // the ledger, which is the record.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = settle.await {
+                    tracing::warn!("settlement failed: {e}");
+                }
+            });
+        }
+    }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         if !self.ended {
-            self.meter.end(&self.consumer, self.price, false, 0);
+            self.end(true);
         }
     }
 }
