@@ -129,24 +129,14 @@ async fn a_call_cancelled_after_it_reached_the_app_is_recorded() {
     let r = env.start(&env.tools_yaml("ledger: {}")).await;
     let gw = env.gateway(&r);
     let slow = call("memory.query", json!({"query": "x", "delay_ms": 4000}));
-    let call_id = slow["call_id"].as_str().unwrap().to_string();
-    let held = tokio::spawn({
-        let gw = gw.clone();
-        async move { gw.post_json("/v1/tools/call", &[], &slow).await.unwrap() }
-    });
-    wait_until(|| env.app.received().len() == 1).await;
-    let cancel = json!({"version": "v1", "call_id": call_id});
-    let cancelled = gw
-        .post_json("/v1/tools/cancel", &[], &cancel)
-        .await
-        .unwrap();
-    assert_eq!(cancelled.json()["cancelled"], true);
-    assert_eq!(code(&held.await.unwrap()), "CANCELLED");
+    let call_id = slow["call_id"].clone();
+    let answer = cancelled_in_flight(&env, &gw, slow, 1).await;
+    assert_eq!(code(&answer), "CANCELLED");
     r.shutdown().await;
 
     let rows = lines(&ledger_cli(&env, &["export"]));
     assert_eq!(rows.len(), 1, "{rows:?}");
-    assert_eq!(rows[0]["call_id"], json!(call_id));
+    assert_eq!(rows[0]["call_id"], call_id);
     assert_eq!(rows[0]["status"], "error");
     assert_eq!(rows[0]["error_code"], "CANCELLED");
     assert!(ledger_cli(&env, &["verify"]).status.success());

@@ -347,6 +347,46 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_carapace"))
 }
 
+/// The rows of the ledger of the configuration `env` started last (`carapace ledger export`).
+pub fn ledger_rows(env: &Env) -> Vec<Value> {
+    let out = std::process::Command::new(binary())
+        .args(["ledger", "export", "--config"])
+        .arg(env.path().join("carapace.yaml"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Send the tools-v1 call `body` (a slow one) on `client`, cancel it once the app has
+/// received `received` calls, and return the call's answer.
+pub async fn cancelled_in_flight(
+    env: &Env,
+    client: &Client,
+    body: Value,
+    received: usize,
+) -> carapace::client::Reply {
+    let cancel = json!({"version": "v1", "call_id": body["call_id"]});
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .post_json("/v1/tools/call", &[], &body)
+                .await
+                .unwrap()
+        }
+    });
+    wait_until(|| env.app.received().len() == received).await;
+    let cancelled = client
+        .post_json("/v1/tools/cancel", &[], &cancel)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.json()["cancelled"], true);
+    held.await.unwrap()
+}
+
 /// Pair the tool host `host` (pairing endpoint on loopback) as `component_id` with the
 /// gateway `gw`, through the gateway's admin socket; panics unless it succeeds.
 #[allow(dead_code)]
