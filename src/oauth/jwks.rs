@@ -2,6 +2,7 @@
 //! every `jwks_min_refresh_s`), and in the background once they are `jwks_max_age_s` old. A
 //! failed fetch keeps the keys held; with none, every token is refused (fail closed).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,8 @@ struct Inner {
     held: Mutex<Held>,
     /// One fetch at a time; callers behind it get its keys.
     fetching: tokio::sync::Mutex<()>,
+    /// A background refresh is spawned or running: stale keys start no other.
+    refreshing: AtomicBool,
 }
 
 /// Keys from a JWKS URL.
@@ -61,6 +64,7 @@ impl JwksUrl {
                 last_try: None,
             }),
             fetching: tokio::sync::Mutex::new(()),
+            refreshing: AtomicBool::new(false),
         })))
     }
 }
@@ -175,17 +179,31 @@ where
 }
 
 impl KeySource for JwksUrl {
+    /// The keys held; once they are `max_age` old, one refresh in the background (none while
+    /// one runs, or within `min_refresh` of the last try: every request of a token reads the
+    /// keys, and a JWKS host that fails or hangs must not make each one spawn a task).
     fn keys(&self) -> Arc<JwkSet> {
-        let (keys, stale) = {
-            let held = self.0.held();
+        let inner = &self.0;
+        let (keys, due) = {
+            let held = inner.held();
             let stale = held
                 .fetched_at
-                .is_some_and(|t| t.elapsed() >= self.0.max_age);
-            (held.keys.clone(), stale)
+                .is_some_and(|t| t.elapsed() >= inner.max_age);
+            let tried = held
+                .last_try
+                .is_some_and(|t| t.elapsed() < inner.min_refresh);
+            (held.keys.clone(), stale && !tried)
         };
-        if stale {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(self.0.clone().refresh());
+        if due && !inner.refreshing.swap(true, Ordering::AcqRel) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let inner = inner.clone();
+                    rt.spawn(async move {
+                        inner.clone().refresh().await;
+                        inner.refreshing.store(false, Ordering::Release);
+                    });
+                }
+                Err(_) => inner.refreshing.store(false, Ordering::Release),
             }
         }
         keys
@@ -193,5 +211,66 @@ impl KeySource for JwksUrl {
 
     fn refresh(&self) -> BoxFuture<Arc<JwkSet>> {
         Box::pin(self.0.clone().refresh())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A JWKS host on loopback that answers its first request with one Ed25519 key and then
+    /// takes connections without ever answering (a host that hangs).
+    async fn host_that_then_hangs() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let body = r#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"k1","alg":"EdDSA","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
+            let mut first = true;
+            let mut held = Vec::new();
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                if first {
+                    first = false;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    s.write_all(head.as_bytes()).await.unwrap();
+                    s.write_all(body.as_bytes()).await.unwrap();
+                } else {
+                    held.push(s);
+                }
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn stale_keys_start_one_background_refresh_not_one_per_request() {
+        let addr = host_that_then_hangs().await;
+        let url: http::Uri = format!("http://{addr}/jwks").parse().unwrap();
+        // Stale as soon as fetched; a failed or hanging fetch may be tried again after 1 s.
+        let jwks = JwksUrl::new(url, None, Duration::from_secs(1), Duration::ZERO).unwrap();
+        assert_eq!(KeySource::refresh(&jwks).await.keys.len(), 1);
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        // Within a second of the fetch: nothing is due, however many requests read the keys.
+        for _ in 0..1000 {
+            assert_eq!(jwks.keys().keys.len(), 1);
+        }
+        assert_eq!(tasks(), before);
+        // Past it: one refresh, which hangs; the requests meanwhile spawn nothing more.
+        jwks.0.held().last_try = Some(Instant::now() - Duration::from_secs(2));
+        for _ in 0..1000 {
+            assert_eq!(jwks.keys().keys.len(), 1, "the keys held are kept");
+        }
+        assert_eq!(tasks(), before + 1);
     }
 }
