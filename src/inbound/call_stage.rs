@@ -77,8 +77,8 @@ pub(crate) fn tool_limits(cfg: &Loaded, shared: &Shared) -> Arc<KeyedLimits> {
 }
 
 /// The call-stage stack: per-tool kill-switch, per-tool rate limit (unless `tool_limits` is
-/// `None`: the call took its cell before), authorization, signature, input schema, timeout,
-/// output schema, back.
+/// `None`: the call took its cell before), authorization, signature (the rate limit after it
+/// when there is one), input schema, timeout, output schema, back.
 pub(crate) fn call_stack(
     cfg: &Loaded,
     shared: &Shared,
@@ -87,14 +87,22 @@ pub(crate) fn call_stack(
 ) -> CallStack {
     let back = back(cfg, shared, app);
     let signature = signature_layer(cfg, shared);
+    // On a front whose calls carry a signature, a call takes its tool's rate-limit cell once
+    // the signature verified: a forged call (no key needed to send one) must not use up the
+    // limit of the callers who sign. Elsewhere, before authorization, in the design's order.
+    let (limit_first, limit_signed) = match signature.is_some() {
+        true => (None, tool_limits),
+        false => (tool_limits, None),
+    };
     let idempotency = idempotency_layer(cfg, shared);
     let keyed_answers = idempotency.is_some();
     let stack = CallStack::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-            .option_layer(tool_limits.map(ToolRateLimitLayer::new))
+            .option_layer(limit_first.map(ToolRateLimitLayer::new))
             .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
             .option_layer(signature)
+            .option_layer(limit_signed.map(ToolRateLimitLayer::new))
             .layer(InputSchemaLayer)
             .option_layer(idempotency)
             .option_layer(metering_layer(cfg, shared))

@@ -310,6 +310,37 @@ async fn a_replayed_request_is_refused_and_a_forged_one_does_not_burn_its_nonce(
     r.shutdown().await;
 }
 
+/// Forged calls (anyone can send one: no key is needed) spend no cell of the tool's rate
+/// limit: the limit is taken once the signature verified, so the callers who sign keep it.
+#[tokio::test]
+async fn forged_calls_do_not_use_up_a_tools_rate_limit() {
+    let env = Env::new().await;
+    let key = secret_file(env.path(), "k0", SECRET);
+    let yaml = front_yaml(
+        &env.path().join("state"),
+        SKILL,
+        &auth_yaml("hmac", &[key], ""),
+        env.app_addr,
+    ) + "rate_limits: { tools: { memory.append: { per_minute: 2, burst: 2 } } }\n";
+    let (_, clock) = clock_at(NOW);
+    let r = env.start_clocked(&yaml, true, clock).await;
+    for n in 0..5 {
+        let mut forged = append(SECRET, &format!("forged {n}"), NOW);
+        forged["signature"] = json!(tamper(forged["signature"].as_str().unwrap()));
+        let reply = run_signed(&r, &forged).await;
+        assert_refused(&reply, StatusCode::UNAUTHORIZED, "SKILL_AUTH_FAILED");
+    }
+    for text in ["first", "second"] {
+        assert_ok(&run_signed(&r, &append(SECRET, text, NOW)).await);
+    }
+    // The limit itself still holds for signed calls.
+    let reply = run_signed(&r, &append(SECRET, "third", NOW)).await;
+    assert_refused(&reply, StatusCode::TOO_MANY_REQUESTS, "SKILL_HTTP_ERROR");
+    assert_eq!(reply.json()["details"]["scope"], "tool");
+    assert_eq!(env.app.received().len(), 2);
+    r.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Key rotation.
 
