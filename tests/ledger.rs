@@ -142,6 +142,25 @@ async fn a_call_cancelled_after_it_reached_the_app_is_recorded() {
     assert!(ledger_cli(&env, &["verify"]).status.success());
 }
 
+/// On the gateway's side a call that times out is recorded with the answer its agent got,
+/// `TIMEOUT` (the ledger sits above the timeout there too).
+#[tokio::test]
+async fn a_gateway_records_an_outbound_call_that_timed_out_as_a_timeout() {
+    let env = Env::new().await;
+    let (host, gw, agent) = paired(&env, "", "", "ledger: {}", None).await;
+    let mut slow = call("memory.query", json!({"query": "x", "delay_ms": 2000}));
+    slow["timeout_ms"] = json!(100);
+    let reply = agent.post_json("/v1/tools/call", &[], &slow).await.unwrap();
+    assert_eq!(code(&reply), "TIMEOUT", "{:?}", reply.json());
+    gw.shutdown().await;
+    host.shutdown().await;
+    let rows = ledger_rows_of(&env.path().join("gw/carapace.yaml"));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["side"], "outbound");
+    assert_eq!(rows[0]["status"], "timeout");
+    assert_eq!(rows[0]["error_code"], "TIMEOUT");
+}
+
 /// Kills the child when dropped.
 struct Guard(Child);
 

@@ -102,13 +102,12 @@ fn store_key(call: &ToolCall, key: &str) -> String {
         .as_ref()
         .and_then(|c| c.member("isolation_key"));
     let caller = call.principal.limit_key();
-    let parts = [
-        Some(caller.as_ref()),
-        call.tenant_id.as_deref(),
-        scope.as_deref(),
-        Some(&*call.tool.name),
-        Some(key),
-    ];
+    let mut parts = vec![Some(caller.as_ref()), Some(&*call.tool.name), Some(key)];
+    // Without a tenant and a scope the key is what it was before they counted, so replicas of
+    // both versions agree on it during a rolling upgrade.
+    if call.tenant_id.is_some() || scope.is_some() {
+        parts.extend([call.tenant_id.as_deref(), scope.as_deref()]);
+    }
     for part in parts {
         match part {
             Some(p) => {

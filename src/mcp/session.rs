@@ -102,7 +102,8 @@ impl Table {
     fn room_for(&mut self, principal: &str, now_ms: u64, max_ms: u64, caps: Caps) -> bool {
         let full =
             |t: &Table| t.by_id.len() >= caps.total || t.count(principal) >= caps.per_principal;
-        if full(self) && now_ms.saturating_sub(self.last_sweep_ms) >= SWEEP_EVERY_MS {
+        // `abs_diff`: a wall clock stepped back does not hold off the sweep.
+        if full(self) && now_ms.abs_diff(self.last_sweep_ms) >= SWEEP_EVERY_MS {
             self.last_sweep_ms = now_ms;
             let per_principal = &mut self.per_principal;
             self.by_id.retain(|_, s| {

@@ -178,6 +178,16 @@ where
     sender.send_request(req).await.map_err(|e| e.to_string())
 }
 
+/// Clears the background refresh's flag when its task ends, however it ends (done, panicked,
+/// or dropped with its runtime), so a later stale read can start another.
+struct Refreshing(Arc<Inner>);
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        self.0.refreshing.store(false, Ordering::Release);
+    }
+}
+
 impl KeySource for JwksUrl {
     /// The keys held; once they are `max_age` old, one refresh in the background (none while
     /// one runs, or within `min_refresh` of the last try: every request of a token reads the
@@ -197,10 +207,10 @@ impl KeySource for JwksUrl {
         if due && !inner.refreshing.swap(true, Ordering::AcqRel) {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    let inner = inner.clone();
+                    let done = Refreshing(inner.clone());
                     rt.spawn(async move {
-                        inner.clone().refresh().await;
-                        inner.refreshing.store(false, Ordering::Release);
+                        done.0.clone().refresh().await;
+                        drop(done);
                     });
                 }
                 Err(_) => inner.refreshing.store(false, Ordering::Release),

@@ -95,7 +95,7 @@ pub(crate) fn build_outbound_stack(
 }
 
 /// The outbound call stage: kill-switch, the caller's permissions, the input schema, the
-/// timeout, the output schema, the secret guard on arguments and the ledger, before the back
+/// ledger, the timeout, the output schema and the secret guard on arguments, before the back
 /// that routes each call to its peer or skill.
 fn call_stage(cfg: &Loaded, shared: &Shared, outbound: &Arc<Outbound>) -> CallStack {
     CallStack::new(
@@ -103,12 +103,8 @@ fn call_stage(cfg: &Loaded, shared: &Shared, outbound: &Arc<Outbound>) -> CallSt
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
             .layer(AuthorizationLayer::new(shared.clock.clone()))
             .layer(InputSchemaLayer)
-            .layer(CallTimeoutLayer)
-            .layer(OutputSchemaLayer)
-            .option_layer(
-                crate::secret_guard::of(cfg, crate::secret_guard::Role::Outbound)
-                    .map(|g| SecretGuardLayer::new(g, Scanned::Arguments)),
-            )
+            // Above the timeout: a call that times out is recorded as `TIMEOUT`, with the
+            // answer the caller got (output schema and secret guard included).
             .option_layer(shared.ledger.clone().map(|ledger| {
                 let routes = outbound.clone();
                 crate::ledger::LedgerLayer::new(
@@ -118,6 +114,12 @@ fn call_stage(cfg: &Loaded, shared: &Shared, outbound: &Arc<Outbound>) -> CallSt
                     shared.clock.clone(),
                 )
             }))
+            .layer(CallTimeoutLayer)
+            .layer(OutputSchemaLayer)
+            .option_layer(
+                crate::secret_guard::of(cfg, crate::secret_guard::Role::Outbound)
+                    .map(|g| SecretGuardLayer::new(g, Scanned::Arguments)),
+            )
             .service(OutboundBack::new(outbound.clone())),
     )
     .for_workers(shared.workers.count())

@@ -349,9 +349,14 @@ pub fn binary() -> PathBuf {
 
 /// The rows of the ledger of the configuration `env` started last (`carapace ledger export`).
 pub fn ledger_rows(env: &Env) -> Vec<Value> {
+    ledger_rows_of(&env.path().join("carapace.yaml"))
+}
+
+/// The rows of the ledger of the configuration file `config`.
+pub fn ledger_rows_of(config: &Path) -> Vec<Value> {
     let out = std::process::Command::new(binary())
         .args(["ledger", "export", "--config"])
-        .arg(env.path().join("carapace.yaml"))
+        .arg(config)
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
