@@ -10,7 +10,7 @@
 //! subscribed to that URI (each was authorized to read it when it subscribed).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch, Notify};
@@ -24,6 +24,8 @@ pub const ACKNOWLEDGED: &str = "notifications/subscriptions/acknowledged";
 
 /// Most open streams over all callers; beyond it a new one is refused.
 const MAX_STREAMS: usize = 4_096;
+/// Most of them one principal may hold: one caller cannot take every stream.
+const MAX_STREAMS_PER_PRINCIPAL: usize = MAX_STREAMS / 8;
 /// Most older-era sessions with subscriptions; beyond it those without a stream are forgotten
 /// (a session that expired never says so).
 const MAX_SESSIONS: usize = 16_384;
@@ -110,6 +112,8 @@ pub enum Owner {
 
 struct Stream {
     owner: Owner,
+    /// Who opened it.
+    principal: Arc<str>,
     tx: mpsc::Sender<Value>,
 }
 
@@ -225,19 +229,36 @@ impl SubscriptionHub {
 
     /// Open a stream for `owner`: its id (to [`Self::close`] it) and what it receives. A
     /// session has one stream: a new one replaces the last.
-    pub fn open(&self, owner: Owner) -> Result<(u64, mpsc::Receiver<Value>), SubscribeRefused> {
+    pub fn open(
+        &self,
+        owner: Owner,
+        principal: &str,
+    ) -> Result<(u64, mpsc::Receiver<Value>), SubscribeRefused> {
         let mut s = self.lock();
         if let Owner::Session(_) = &owner {
             s.streams.retain(|_, st| st.owner != owner);
         }
         s.streams.retain(|_, st| !st.tx.is_closed());
-        if s.streams.len() >= MAX_STREAMS {
+        let held = s
+            .streams
+            .values()
+            .filter(|st| &*st.principal == principal)
+            .count();
+        if s.streams.len() >= MAX_STREAMS || held >= MAX_STREAMS_PER_PRINCIPAL {
             return Err(SubscribeRefused::Streams);
         }
         let (tx, rx) = mpsc::channel(QUEUE);
         s.next += 1;
         let id = s.next;
-        s.streams.insert(id, Stream { owner, tx });
+        let principal = principal.into();
+        s.streams.insert(
+            id,
+            Stream {
+                owner,
+                principal,
+                tx,
+            },
+        );
         drop(s);
         self.changed.notify_one();
         Ok((id, rx))
@@ -360,12 +381,12 @@ mod tests {
     #[test]
     fn an_update_reaches_only_the_streams_subscribed_to_its_uri() {
         let hub = SubscriptionHub::default();
-        let (_, mut a) = hub.open(listen(&["r://a"], 1)).unwrap();
-        let (_, mut b) = hub.open(listen(&["r://b"], 2)).unwrap();
+        let (_, mut a) = hub.open(listen(&["r://a"], 1), "p").unwrap();
+        let (_, mut b) = hub.open(listen(&["r://b"], 2), "p").unwrap();
         hub.subscribe("s1", "r://a").unwrap();
         // Subscribed but with no stream yet: nothing is wanted for it.
         assert_eq!(hub.wanted().uris.len(), 2);
-        let (_, mut s1) = hub.open(Owner::Session("s1".into())).unwrap();
+        let (_, mut s1) = hub.open(Owner::Session("s1".into()), "p").unwrap();
         assert!(hub.wanted().resources_changed);
 
         let server_meta = json!({"uri": "r://a", "_meta": {SUBSCRIPTION_ID: 99}});
@@ -391,10 +412,13 @@ mod tests {
             ..Wanted::default()
         };
         let (_, mut rx) = hub
-            .open(Owner::Listen {
-                wanted,
-                id: json!(7),
-            })
+            .open(
+                Owner::Listen {
+                    wanted,
+                    id: json!(7),
+                },
+                "p",
+            )
             .unwrap();
         for params in [
             json!({"_meta": 1}),
@@ -413,11 +437,28 @@ mod tests {
     }
 
     #[test]
+    fn one_principal_holds_at_most_its_share_of_the_streams() {
+        let hub = SubscriptionHub::default();
+        let mut held = Vec::new();
+        for i in 0..MAX_STREAMS_PER_PRINCIPAL {
+            held.push(hub.open(listen(&["r://a"], i as i64), "greedy").unwrap());
+        }
+        assert!(matches!(
+            hub.open(listen(&["r://a"], -1), "greedy"),
+            Err(SubscribeRefused::Streams)
+        ));
+        // Others still get theirs; a stream given back is the greedy caller's again.
+        assert!(hub.open(listen(&["r://a"], 0), "polite").is_ok());
+        drop(held.pop());
+        assert!(hub.open(listen(&["r://a"], -1), "greedy").is_ok());
+    }
+
+    #[test]
     fn what_is_wanted_shrinks_when_streams_close_and_sessions_end() {
         let hub = SubscriptionHub::default();
-        let (a, _rx_a) = hub.open(listen(&["r://a"], 1)).unwrap();
+        let (a, _rx_a) = hub.open(listen(&["r://a"], 1), "p").unwrap();
         hub.subscribe("s1", "r://b").unwrap();
-        let (_, rx_s1) = hub.open(Owner::Session("s1".into())).unwrap();
+        let (_, rx_s1) = hub.open(Owner::Session("s1".into()), "p").unwrap();
         assert_eq!(
             hub.wanted().filter()["resourceSubscriptions"],
             json!(["r://a", "r://b"])
@@ -433,7 +474,7 @@ mod tests {
             "a stream whose caller left wants nothing"
         );
         hub.end_session("s1");
-        let (_, _rx) = hub.open(Owner::Session("s1".into())).unwrap();
+        let (_, _rx) = hub.open(Owner::Session("s1".into()), "p").unwrap();
         assert!(
             hub.wanted().uris.is_empty(),
             "the ended session's subscriptions are gone"
@@ -470,8 +511,8 @@ mod tests {
     #[test]
     fn a_session_has_one_stream_and_bounded_subscriptions() {
         let hub = SubscriptionHub::default();
-        let (_, mut first) = hub.open(Owner::Session("s".into())).unwrap();
-        let (_, mut second) = hub.open(Owner::Session("s".into())).unwrap();
+        let (_, mut first) = hub.open(Owner::Session("s".into()), "p").unwrap();
+        let (_, mut second) = hub.open(Owner::Session("s".into()), "p").unwrap();
         hub.deliver(PROMPTS_CHANGED, &json!({}));
         assert!(first.try_recv().is_err(), "replaced");
         assert!(second.try_recv().is_ok());

@@ -81,7 +81,7 @@ impl McpFront {
         let hub = self.server.as_ref().expect("checked").subscriptions();
         let owner = Owner::Session(session.id);
         let wanted = hub.wanted_by(&owner);
-        match hub.open(owner) {
+        match hub.open(owner, &principal.id) {
             Ok((id, rx)) => {
                 let stream = sse(hub.clone(), id, None, rx);
                 confirmed(hub, &wanted).await;
@@ -136,7 +136,7 @@ impl McpFront {
             wanted: wanted.clone(),
             id: id.clone(),
         };
-        match hub.open(owner) {
+        match hub.open(owner, &principal.id) {
             Ok((stream, rx)) => {
                 let stream = sse(hub.clone(), stream, Some(ack), rx);
                 confirmed(hub, &wanted).await;
