@@ -130,6 +130,12 @@ impl CatalogHandle {
         self.current.load().lookup(name).cloned()
     }
 
+    /// Whether the served catalog holds the tool `name` (withheld tools are not held): read
+    /// without copying its entry or making the refusal [`lookup`](Self::lookup) would.
+    pub fn serves(&self, name: &str) -> bool {
+        self.current.load().get(name).is_some()
+    }
+
     /// Serve `catalog` (the outbound registry builds its own from several peers).
     pub fn replace(&self, catalog: Catalog) {
         self.set_base(catalog);
@@ -411,6 +417,7 @@ mod tests {
         handle.replace(catalog);
         assert!(Arc::ptr_eq(&handle.lookup("t").unwrap(), &tool));
         assert!(matches!(handle.lookup("x"), Err(Rejection::ToolNotFound(n)) if n == "x"));
+        assert!(handle.serves("t") && !handle.serves("x"));
         // A tool a connected caller offers is served beside the app's.
         handle.set_overlay(BTreeMap::from([("c".to_string(), tool.clone())]));
         assert!(handle.lookup("c").is_ok() && handle.lookup("t").is_ok());

@@ -150,7 +150,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let Some(tool) = called_tool(&req).filter(|t| self.catalog.lookup(t).is_ok()) else {
+        let Some(tool) = called_tool(&req).filter(|t| self.catalog.serves(t)) else {
             return Gated::inner(self.inner.call(req));
         };
         if let Err(r) = self.switch.check(Some(&tool)) {
