@@ -102,13 +102,15 @@ fn store_key(call: &ToolCall, key: &str) -> String {
         .as_ref()
         .and_then(|c| c.member("isolation_key"));
     let caller = call.principal.limit_key();
-    let mut parts = vec![Some(caller.as_ref()), Some(&*call.tool.name), Some(key)];
+    let parts = [Some(caller.as_ref()), Some(&*call.tool.name), Some(key)];
+    let scoped = [call.tenant_id.as_deref(), scope.as_deref()];
     // Without a tenant and a scope the key is what it was before they counted, so replicas of
     // both versions agree on it during a rolling upgrade.
-    if call.tenant_id.is_some() || scope.is_some() {
-        parts.extend([call.tenant_id.as_deref(), scope.as_deref()]);
-    }
-    for part in parts {
+    let scoped = match scoped.iter().any(Option::is_some) {
+        true => &scoped[..],
+        false => &[],
+    };
+    for part in parts.iter().chain(scoped).copied() {
         match part {
             Some(p) => {
                 h.update((p.len() as u64).to_be_bytes());
