@@ -119,6 +119,11 @@ impl Record {
     /// The hash of this record as row `seq` after `prev_hash`: SHA-256 of `prev_hash`, `seq`
     /// and the fields, each as its length and its bytes.
     pub fn row_hash(&self, seq: u64, prev_hash: &str) -> Tag {
+        Tag::of(&self.row_digest(seq, prev_hash))
+    }
+
+    /// [`Record::row_hash`]'s digest.
+    pub fn row_digest(&self, seq: u64, prev_hash: &str) -> [u8; 32] {
         let mut h = sha2::Sha256::new();
         h.update((prev_hash.len() as u64).to_be_bytes());
         h.update(prev_hash);
@@ -127,7 +132,7 @@ impl Record {
         h.update((seq.len() as u64).to_be_bytes());
         h.update(seq);
         h.update(&self.bytes);
-        Tag::of(&h.finalize().into())
+        h.finalize().into()
     }
 
     /// Each field, `None` when absent.

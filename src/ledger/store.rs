@@ -6,14 +6,21 @@
 //! `chain` table keeps where the chain starts (after retention removed older rows) and its
 //! head, updated in the same transaction as the rows: a deleted, edited or reordered row, and a
 //! row removed at either end, is found by [`verify`].
+//!
+//! The four hashes of a row (`input_hash`, `output_hash`, `prev_hash`, `row_hash`) are stored
+//! as their 32 bytes, not as their 71 characters of text: they were three quarters of a row.
+//! They are hashed and read back as the `sha256:` text ([`hash_at`]); rows written as text
+//! (by earlier versions, or a hash not in canonical form) stay text, in the same columns.
 
 use std::path::Path;
 
-use rusqlite::types::{ToSqlOutput, Value, ValueRef};
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use rusqlite::types::{ToSqlOutput, Type, ValueRef};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Statement};
 use serde::{Deserialize, Serialize};
 
 pub use super::record::Record;
+use crate::receipts::Tag;
+use carapace_filters::canonical::decode_hex32;
 
 /// The `prev_hash` of the first row ever written.
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -189,14 +196,57 @@ fn number(v: Option<&[u8]>) -> Result<Option<u64>, StoreError> {
     v.map(digits).transpose()
 }
 
-/// A record's field as its column's value: text as the slice of the record it is, numbers
-/// as integers.
-fn column(i: usize, v: Option<&[u8]>) -> Result<ToSqlOutput<'_>, StoreError> {
-    Ok(match v {
-        None => ToSqlOutput::Owned(Value::Null),
-        Some(b) if is_number(i) => ToSqlOutput::Owned(Value::Integer(digits(b)? as i64)),
-        Some(b) => ToSqlOutput::Borrowed(ValueRef::Text(b)),
-    })
+/// Which of a record's fields are hashes: `input_hash` and `output_hash` (6 and 7).
+fn is_hash(i: usize) -> bool {
+    matches!(i, 6 | 7)
+}
+
+/// The digest a `sha256:` tag in its canonical form (64 lowercase hex digits) names; `None`
+/// for any other text, which is then stored as it is.
+fn tag_digest(text: &[u8]) -> Option<[u8; 32]> {
+    decode_hex32(text.strip_prefix(b"sha256:")?)
+}
+
+/// Bind a hash column: a canonical tag as its 32 bytes (a blob), any other text as text.
+/// [`hash_at`] reads either back as the same text.
+fn bind_hash(stmt: &mut Statement<'_>, at: usize, text: &[u8]) -> rusqlite::Result<()> {
+    match tag_digest(text) {
+        Some(digest) => stmt.raw_bind_parameter(at, &digest[..]),
+        None => stmt.raw_bind_parameter(at, ToSqlOutput::Borrowed(ValueRef::Text(text))),
+    }
+}
+
+/// Bind a record's field `i` as parameter `at`: text as the slice of the record it is,
+/// numbers as integers, hashes by [`bind_hash`].
+fn bind_field(
+    stmt: &mut Statement<'_>,
+    at: usize,
+    i: usize,
+    v: Option<&[u8]>,
+) -> Result<(), StoreError> {
+    match v {
+        None => stmt.raw_bind_parameter(at, rusqlite::types::Null)?,
+        Some(b) if is_number(i) => stmt.raw_bind_parameter(at, digits(b)? as i64)?,
+        Some(b) if is_hash(i) => bind_hash(stmt, at, b)?,
+        Some(b) => stmt.raw_bind_parameter(at, ToSqlOutput::Borrowed(ValueRef::Text(b)))?,
+    }
+    Ok(())
+}
+
+/// The hash in column `i` as its `sha256:` text, stored as its 32 bytes or (rows written
+/// before hashes were stored as bytes, and tags not in canonical form) as text.
+fn hash_at(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
+    match r.get_ref(i)? {
+        ValueRef::Blob(b) => match <&[u8; 32]>::try_from(b) {
+            Ok(digest) => Ok(Tag::of(digest).as_str().to_string()),
+            Err(_) => Err(rusqlite::Error::InvalidColumnType(
+                i,
+                "a hash of 32 bytes".into(),
+                Type::Blob,
+            )),
+        },
+        _ => r.get(i),
+    }
 }
 
 /// The rows, the new head and the spend of one batch, inside [`append`]'s transaction.
@@ -208,20 +258,25 @@ fn append_rows(conn: &Connection, records: &[Record]) -> Result<u64, StoreError>
             receipt, charge, prev_hash, row_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?;
+    // The previous row's digest, once known (the head's is read from its text).
+    let mut prev_digest: Option<[u8; 32]> = None;
     for r in records {
         seq += 1;
-        let hash = r.row_hash(seq, &prev);
-        let fields = r.fields();
+        let digest = r.row_digest(seq, &prev);
         insert.raw_bind_parameter(1, seq as i64)?;
-        for (i, v) in fields.into_iter().enumerate() {
-            insert.raw_bind_parameter(i + 2, column(i, v)?)?;
+        for (i, v) in r.fields().into_iter().enumerate() {
+            bind_field(&mut insert, i + 2, i, v)?;
         }
-        insert.raw_bind_parameter(17, &prev)?;
-        insert.raw_bind_parameter(18, hash.as_str())?;
+        match prev_digest {
+            Some(d) => insert.raw_bind_parameter(17, &d[..])?,
+            None => bind_hash(&mut insert, 17, prev.as_bytes())?,
+        }
+        insert.raw_bind_parameter(18, &digest[..])?;
+        prev_digest = Some(digest);
         insert.raw_execute()?;
         // The next row's `prev_hash`, in the string the head came in (no allocation).
         prev.clear();
-        prev.push_str(hash.as_str());
+        prev.push_str(Tag::of(&digest).as_str());
     }
     conn.prepare_cached("UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1")?
         .execute(params![seq as i64, prev])?;
@@ -298,7 +353,7 @@ pub fn retain(conn: &mut Connection, before_ms: u64, max_rows: u64) -> Result<us
             .query_row(
                 "SELECT seq, prev_hash FROM invocations ORDER BY seq LIMIT 1",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, hash_at(r, 1)?)),
             )
             .optional()?;
         let (first_seq, first_prev) = match first {
@@ -362,8 +417,8 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
             tool: r.get(4)?,
             consumer: r.get(5)?,
             provider: r.get(6)?,
-            input_hash: r.get(7)?,
-            output_hash: r.get(8)?,
+            input_hash: hash_at(r, 7)?,
+            output_hash: hash_at(r, 8)?,
             status: r.get(9)?,
             error_code: r.get(10)?,
             started_at: u(11)?,
@@ -372,8 +427,8 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
             receipt: r.get(14)?,
             charge: r.get::<_, Option<i64>>(15)?.map(|c| c as u64),
         },
-        prev_hash: r.get(16)?,
-        row_hash: r.get(17)?,
+        prev_hash: hash_at(r, 16)?,
+        row_hash: hash_at(r, 17)?,
     })
 }
 

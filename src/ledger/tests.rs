@@ -298,3 +298,97 @@ fn its_fields_are_the_entrys_in_table_order() {
     assert_eq!([f[2], f[9], f[13], f[14]], [None; 4]);
     assert_eq!(f[3], Some(&b"memory.query"[..]));
 }
+
+/// What each row's four hashes are stored as: `typeof` and `length` of each.
+fn stored_hashes(conn: &rusqlite::Connection) -> Vec<Vec<(String, i64)>> {
+    let cols = ["input_hash", "output_hash", "prev_hash", "row_hash"];
+    let sql = format!(
+        "SELECT {} FROM invocations ORDER BY seq",
+        cols.map(|c| format!("typeof({c}), length({c})")).join(", ")
+    );
+    let mut stmt = conn.prepare(&sql).unwrap();
+    stmt.query_map([], |r| {
+        (0..4)
+            .map(|i| Ok((r.get(2 * i)?, r.get(2 * i + 1)?)))
+            .collect()
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+/// A row's hashes are stored as their 32 bytes, and read back as the `sha256:` text the
+/// entry had: the rows are about half as large, the chain and what `tail` shows unchanged.
+#[test]
+fn hashes_are_stored_as_their_bytes_and_read_back_as_text() {
+    let (_d, conn) = ledger_with(4);
+    let blob = ("blob".to_string(), 32);
+    assert_eq!(stored_hashes(&conn), vec![vec![blob; 4]; 4]);
+    let rows = tail(&conn, 4).unwrap();
+    for (n, row) in (1..).zip(&rows) {
+        assert_eq!(row.entry, entry(n));
+        assert!(row.row_hash.starts_with("sha256:") && row.row_hash.len() == 71);
+    }
+    assert_eq!(rows[0].prev_hash, GENESIS);
+    assert_eq!(rows[3].prev_hash, rows[2].row_hash);
+    assert_eq!(verify(&conn).unwrap(), Ok(4));
+}
+
+/// A hash that is not a canonical tag (none at all, or hex in capitals) is stored as the
+/// text it is, so it reads back unchanged and its row verifies.
+#[test]
+fn a_hash_not_in_canonical_form_is_stored_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut conn = open(&dir.path().join("l.sqlite3")).unwrap();
+    let mut none = entry(1);
+    none.input_hash = String::new();
+    let mut capitals = entry(2);
+    capitals.output_hash = format!("sha256:{}", "AB".repeat(32));
+    let mut short = entry(3);
+    short.output_hash = "sha256:abcd".into();
+    append(
+        &mut conn,
+        &[none.clone(), capitals.clone(), short.clone()].map(|e| Record::of(&e)),
+    )
+    .unwrap();
+    let stored = stored_hashes(&conn);
+    assert_eq!(stored[0][0], ("text".to_string(), 0));
+    assert_eq!(stored[1][1], ("text".to_string(), 71));
+    assert_eq!(stored[2][1], ("text".to_string(), 11));
+    let rows = tail(&conn, 3).unwrap();
+    let read: Vec<Entry> = rows.into_iter().map(|r| r.entry).collect();
+    assert_eq!(read, [none, capitals, short]);
+    assert_eq!(verify(&conn).unwrap(), Ok(3));
+}
+
+/// A file whose rows hold their hashes as text (as files written before did) verifies and
+/// reads as it did, and its chain goes on with rows that hold bytes; a stored hash of the
+/// wrong size is an error, not a row.
+#[test]
+fn rows_with_text_hashes_verify_and_the_chain_goes_on() {
+    let (_d, mut conn) = ledger_with(3);
+    let before = tail(&conn, 3).unwrap();
+    conn.execute_batch(
+        "UPDATE invocations SET input_hash = 'sha256:' || lower(hex(input_hash)),
+            output_hash = 'sha256:' || lower(hex(output_hash)),
+            prev_hash = 'sha256:' || lower(hex(prev_hash)),
+            row_hash = 'sha256:' || lower(hex(row_hash))",
+    )
+    .unwrap();
+    assert_eq!(stored_hashes(&conn)[2][3], ("text".to_string(), 71));
+    assert_eq!(tail(&conn, 3).unwrap(), before);
+    assert_eq!(verify(&conn).unwrap(), Ok(3));
+    append(&mut conn, &[rec(4), rec(5)]).unwrap();
+    assert_eq!(stored_hashes(&conn)[3][2], ("blob".to_string(), 32));
+    assert_eq!(verify(&conn).unwrap(), Ok(5));
+    // Retention starts the chain at a row whose `prev_hash` is text.
+    assert_eq!(retain(&mut conn, 0, 3).unwrap(), 2);
+    assert_eq!(verify(&conn).unwrap(), Ok(3));
+
+    conn.execute(
+        "UPDATE invocations SET output_hash = x'00' WHERE seq = 5",
+        [],
+    )
+    .unwrap();
+    assert!(tail(&conn, 1).is_err());
+}

@@ -74,8 +74,16 @@ const NOT_HEX: u8 = 0xF0;
 /// The 32 bytes written as exactly 64 lowercase hex digits (the form [`HmacSha256Key::sign_hex`]
 /// writes and Vagus sends), or `None` for any other text. One pass with a table; the time
 /// depends only on the text, which the caller sent.
+#[inline]
 pub fn decode_signature_hex(text: &str) -> Option<[u8; 32]> {
-    let text: &[u8; 64] = text.as_bytes().try_into().ok()?;
+    decode_hex32(text.as_bytes())
+}
+
+/// The 32 bytes written as exactly 64 lowercase hex digits, or `None` for any other bytes
+/// (capitals included, so that the bytes name one text). One pass with a table, no branch per
+/// digit.
+pub fn decode_hex32(text: &[u8]) -> Option<[u8; 32]> {
+    let text: &[u8; 64] = text.try_into().ok()?;
     let mut raw = [0u8; 32];
     let mut bad = 0;
     for (out, pair) in raw.iter_mut().zip(text.chunks_exact(2)) {

@@ -43,7 +43,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 pub use self::hmac::{
-    decode_signature_hex, hmac_sha256_hex, verify_hmac_sha256_hex, HmacSha256Key,
+    decode_hex32, decode_signature_hex, hmac_sha256_hex, verify_hmac_sha256_hex, HmacSha256Key,
 };
 pub use strict::{parse_strict, StrictSeed};
 pub use write::{
