@@ -436,3 +436,99 @@ async fn a_revoked_tool_host_gets_the_same_answer_before_and_after_a_gateway_res
     gw.shutdown().await;
     host.shutdown().await;
 }
+
+/// Set `policy` on every record of `component_id` in the peer file at `path`.
+fn set_policy(path: &Path, component_id: &str, policy: serde_json::Value) {
+    let mut file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    for p in file["peers"].as_array_mut().unwrap() {
+        if p["component_id"] == component_id {
+            p["policy"] = policy.clone();
+        }
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(&file).unwrap()).unwrap();
+}
+
+async fn admin(
+    r: &carapace::server::Running,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> http::StatusCode {
+    carapace::admin::request(&r.admin_socket, http::Method::POST, path, body)
+        .await
+        .unwrap()
+        .0
+}
+
+/// What a tool host's operator decided about its gateway outlives the gateway's pairings: a
+/// deny set on its record stays when the gateway pairs again (a renewal), and a gateway
+/// revoked here cannot pair its way back to `active`.
+#[tokio::test]
+async fn a_tool_host_keeps_its_gateways_policy_and_revocation_when_the_gateway_pairs_again() {
+    let env = Env::new().await;
+    let (host, gw, dir) = tool_host_and_gateway(&env).await;
+    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
+    let (status, body) = request_pairing(&gw, &endpoint).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
+    let append = || call("memory.append", serde_json::json!({"text": "x"}));
+    let query = || call("memory.query", serde_json::json!({"query": "x"}));
+    let ask = |body: serde_json::Value| {
+        let agent = &agent;
+        async move { agent.post_json("/v1/tools/call", &[], &body).await.unwrap() }
+    };
+
+    let peers = env.path().join("peers.json");
+    set_policy(
+        &peers,
+        "gw_home",
+        serde_json::json!({"deny": ["tool.call:memory.append"]}),
+    );
+    assert_eq!(admin(&host, "/v1/reload", None).await, http::StatusCode::OK);
+    assert_eq!(code(&ask(append()).await), "FORBIDDEN");
+
+    // The gateway's operator set a policy on the host's record too.
+    let gw_peers = dir.join("peers.json");
+    let gw_policy =
+        serde_json::json!({"allow": [], "deny": ["tool.call:memory.delete"], "leases": []});
+    set_policy(&gw_peers, "memory-east", gw_policy.clone());
+    assert_eq!(admin(&gw, "/v1/reload", None).await, http::StatusCode::OK);
+
+    // Paired again, the gateway lists the host's tools anew: the denied one is not offered.
+    let (status, body) = request_pairing(&gw, &endpoint).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&gw_peers).unwrap()).unwrap();
+    let records: Vec<&serde_json::Value> = file["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["component_id"] == "memory-east")
+        .collect();
+    assert_eq!(records.len(), 1, "{file}");
+    assert_eq!(records[0]["status"], "active");
+    assert_eq!(records[0]["policy"], gw_policy);
+    let reached = env.app.received().len();
+    assert_eq!(code(&ask(append()).await), "TOOL_NOT_FOUND");
+    assert_eq!(env.app.received().len(), reached);
+    assert_eq!(ask(query()).await.json()["status"], "ok");
+
+    let revoke = serde_json::json!({"component_id": "gw_home"});
+    let revoked = admin(&host, "/v1/peers/revoke", Some(revoke)).await;
+    assert_eq!(revoked, http::StatusCode::OK);
+    let (status, body) = request_pairing(&gw, &endpoint).await;
+    assert_ne!(status, http::StatusCode::OK, "{body}");
+    assert!(body.to_string().contains("could not install"), "{body}");
+    let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&peers).unwrap()).unwrap();
+    let statuses: Vec<&serde_json::Value> = file["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["component_id"] == "gw_home")
+        .map(|p| &p["status"])
+        .collect();
+    assert_eq!(statuses, ["revoked"]);
+    assert_eq!(code(&ask(query()).await), "FORBIDDEN");
+    gw.shutdown().await;
+    host.shutdown().await;
+}

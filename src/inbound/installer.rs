@@ -17,6 +17,18 @@ pub(crate) struct ToolHostInstaller {
 
 impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn install(&self, i: &Installed) -> Result<(), String> {
+        // A gateway revoked here stays revoked: pairing again would make it active.
+        if let Some(r) = self
+            .shared
+            .peers
+            .revoked(&i.gateway_id, &i.gateway_public_key_ed25519)
+        {
+            return Err(format!(
+                "gateway {} is revoked on this host; its record must be deleted from the peer \
+                 store before it pairs again",
+                r.component_id
+            ));
+        }
         let cfg = self.shared.config.load();
         let files = crate::tls::PairedFiles::of(&cfg.config.state_dir, &i.pairing_id)
             .map_err(|e| e.to_string())?;
@@ -55,10 +67,16 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
         let paired_at =
             crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
                 .and_then(|t| t.to_rfc3339_nano());
+        // The operator's role and policy for this gateway outlive its certificate.
+        let previous = self.shared.peers.settings_of(&i.gateway_id);
+        let (role, policy) = match previous {
+            Some(p) => (p.role, p.policy),
+            None => (Some("gateway".into()), None),
+        };
         let record = crate::peers::PeerRecord {
             component_type: "gateway".into(),
             component_id: i.gateway_id.clone(),
-            role: Some("gateway".into()),
+            role,
             endpoint: None,
             public_key_ed25519: Some(i.gateway_public_key_ed25519.clone()),
             public_key_x25519: None,
@@ -68,7 +86,7 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             status: "active".into(),
             paired_at,
             last_seen_at: None,
-            policy: None,
+            policy,
         };
         self.shared
             .peers

@@ -65,10 +65,17 @@ fn pending_record(shared: &Shared, peer: &PairedPeer) -> Result<PeerRecord, Stri
             ));
         }
     }
+    // The operator's role and policy for this peer outlive its certificate (a renewal, or a
+    // new key after a revocation).
+    let (role, policy) = shared
+        .peers
+        .settings_of(&peer.component_id)
+        .map(|p| (p.role, p.policy))
+        .unwrap_or_default();
     Ok(PeerRecord {
         component_type: peer.component_type.clone(),
         component_id: peer.component_id.clone(),
-        role: None,
+        role,
         endpoint: Some(peer.endpoint.clone()),
         public_key_ed25519: Some(peer.public_key_ed25519.clone()),
         public_key_x25519: Some(peer.public_key_x25519.clone()),
@@ -78,7 +85,7 @@ fn pending_record(shared: &Shared, peer: &PairedPeer) -> Result<PeerRecord, Stri
         status: crate::peers::PENDING.into(),
         paired_at: Some(peer.paired_at.clone()),
         last_seen_at: Some(peer.paired_at.clone()),
-        policy: None,
+        policy,
     })
 }
 

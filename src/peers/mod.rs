@@ -156,6 +156,37 @@ impl PeerStore {
             .map(|e| e.0.clone())
     }
 
+    /// The record whose operator settings (`role`, `policy`) a component keeps when it pairs
+    /// again: its active record, else a revoked one (a deny list outlives a revocation).
+    pub fn settings_of(&self, component_id: &str) -> Option<PeerRecord> {
+        let snapshot = self.snapshot.load();
+        let of_id = || {
+            snapshot
+                .all
+                .iter()
+                .filter(|e| e.0.component_id == component_id)
+        };
+        of_id()
+            .find(|e| e.0.status == ACTIVE)
+            .or_else(|| of_id().find(|e| e.0.status == REVOKED))
+            .map(|e| e.0.clone())
+    }
+
+    /// A revoked record of `component_id`, or of any id with the Ed25519 key `public_key`:
+    /// the component may not pair again until the operator deletes it.
+    pub fn revoked(&self, component_id: &str, public_key: &str) -> Option<PeerRecord> {
+        self.snapshot
+            .load()
+            .all
+            .iter()
+            .find(|e| {
+                e.0.status == REVOKED
+                    && (e.0.component_id == component_id
+                        || e.0.public_key_ed25519.as_deref() == Some(public_key))
+            })
+            .map(|e| e.0.clone())
+    }
+
     /// The Ed25519 identity key (32 bytes) and principal of the active peer `component_id`,
     /// when its record holds a key and its certificate has not expired (as the identity layer
     /// checks it): how the peer signs RFC 9421 requests.
