@@ -58,34 +58,65 @@ impl CompiledSchema {
     /// Validate, returning at most a few violations; messages quote the offending values
     /// (fine for a caller's own input).
     pub fn validate(&self, instance: &Value) -> Result<(), Vec<SchemaViolation>> {
-        self.check(instance, |e| e.to_string())
+        self.check(instance, |e| SchemaViolation {
+            path: e.instance_path().to_string(),
+            message: e.to_string(),
+        })
     }
 
-    /// Validate, naming only the rule each violation breaks: no value (or unexpected key) of
-    /// the instance appears in the messages. Used for app output, which must not reach the
-    /// caller in any form when it breaks the schema.
+    /// Validate, naming only the rule each violation breaks and where in the schema: nothing
+    /// of the instance appears, not a value and not a key (an instance path can be made of
+    /// the instance's own keys, so it is left empty). Used for app output, which must not
+    /// reach the caller in any form when it breaks the schema.
     pub fn validate_redacted(&self, instance: &Value) -> Result<(), Vec<SchemaViolation>> {
-        self.check(instance, |e| format!("breaks `{}`", e.kind().keyword()))
+        self.check(instance, |e| SchemaViolation {
+            path: String::new(),
+            message: format!(
+                "breaks `{}` at schema {}",
+                e.kind().keyword(),
+                e.schema_path()
+            ),
+        })
     }
 
     fn check(
         &self,
         instance: &Value,
-        message: impl Fn(&jsonschema::ValidationError<'_>) -> String,
+        violation: impl Fn(&jsonschema::ValidationError<'_>) -> SchemaViolation,
     ) -> Result<(), Vec<SchemaViolation>> {
         if self.validator.is_valid(instance) {
             return Ok(());
         }
-        let violations: Vec<_> = self
-            .validator
-            .iter_errors(instance)
-            .take(MAX_VIOLATIONS)
-            .map(|e| SchemaViolation {
-                path: e.instance_path().to_string(),
-                message: message(&e),
-            })
-            .collect();
+        // jsonschema gathers every violation before the first is taken: bounded work only
+        // for a small instance; a larger one reports its first.
+        let mut budget = ALL_VIOLATIONS_MAX_NODES;
+        let violations = if has_at_most_nodes(instance, &mut budget) {
+            let all = self.validator.iter_errors(instance);
+            all.take(MAX_VIOLATIONS).map(|e| violation(&e)).collect()
+        } else {
+            let first = self.validator.validate(instance).err();
+            first.iter().map(violation).collect()
+        };
         Err(violations)
+    }
+}
+
+/// Instances of more values than this report only their first violation. The number of
+/// violations grows with the instance (one per item of a long array of the wrong type), and
+/// jsonschema builds them all, each with its path, before any is taken.
+const ALL_VIOLATIONS_MAX_NODES: usize = 1024;
+
+/// Whether `v` holds at most `budget` values (itself included), counting down `budget`;
+/// stops as soon as it is spent.
+fn has_at_most_nodes(v: &Value, budget: &mut usize) -> bool {
+    if *budget == 0 {
+        return false;
+    }
+    *budget -= 1;
+    match v {
+        Value::Array(items) => items.iter().all(|i| has_at_most_nodes(i, budget)),
+        Value::Object(members) => members.values().all(|m| has_at_most_nodes(m, budget)),
+        _ => true,
     }
 }
 
@@ -233,6 +264,51 @@ mod tests {
         let all = format!("{v:?}");
         assert!(!all.contains("5ecret") && !all.contains("zz_key"), "{all}");
         assert!(all.contains("breaks `type`"), "{all}");
+    }
+
+    /// A key of the output is not named in the path either: a schema that checks every
+    /// member's value would otherwise put the app's own keys (here a user's address) there.
+    #[test]
+    fn redacted_violations_name_no_key_of_the_instance() {
+        let s = CompiledSchema::compile(json!({
+            "type": "object",
+            "properties": {"users": {"additionalProperties": {"type": "integer"}}}
+        }))
+        .unwrap();
+        let v = s
+            .validate_redacted(&json!({"users": {"alice@corp.example": "x"}}))
+            .unwrap_err();
+        let all = format!("{v:?}");
+        assert!(!all.contains("alice"), "{all}");
+        assert_eq!(v.len(), 1, "{all}");
+        assert_eq!(v[0].path, "");
+        assert!(v[0].message.contains("breaks `type`"), "{all}");
+        assert!(
+            v[0].message
+                .contains("/properties/users/additionalProperties"),
+            "{all}"
+        );
+    }
+
+    /// A small instance reports each violation (up to 16); a large one its first, so that a
+    /// long array of wrong items is not answered by building a violation per item.
+    #[test]
+    fn a_large_instance_reports_its_first_violation_and_a_small_one_each() {
+        let s = CompiledSchema::compile(json!({
+            "type": "object",
+            "properties": {"tags": {"items": {"type": "string"}}}
+        }))
+        .unwrap();
+        let small = s.validate(&json!({"tags": [1, 2, 3]})).unwrap_err();
+        assert_eq!(small.len(), 3, "{small:?}");
+        assert_eq!(small[2].path, "/tags/2");
+        let many = s.validate(&json!({"tags": vec![1; 100]})).unwrap_err();
+        assert_eq!(many.len(), MAX_VIOLATIONS);
+        let large = json!({"tags": vec![1; 200_000]});
+        let first = s.validate(&large).unwrap_err();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(first[0].path, "/tags/0");
+        assert_eq!(s.validate_redacted(&large).unwrap_err().len(), 1);
     }
 
     #[test]
