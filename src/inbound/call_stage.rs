@@ -76,8 +76,8 @@ pub(crate) fn tool_limits(cfg: &Loaded, shared: &Shared) -> Arc<KeyedLimits> {
     Arc::new(keyed_limits(shared, "tool", limits.per_tool, &limits.tools))
 }
 
-/// The call-stage stack: per-tool kill-switch, per-tool rate limit (unless `tool_limits` is
-/// `None`: the call took its cell before), authorization, signature (the rate limit after it
+/// The call-stage stack: per-tool kill-switch, authorization, per-tool rate limit (unless
+/// `tool_limits` is `None`: the call took its cell before), signature (the rate limit after it
 /// when there is one), input schema, timeout, output schema, back.
 pub(crate) fn call_stack(
     cfg: &Loaded,
@@ -87,9 +87,10 @@ pub(crate) fn call_stack(
 ) -> CallStack {
     let back = back(cfg, shared, app);
     let signature = signature_layer(cfg, shared);
-    // On a front whose calls carry a signature, a call takes its tool's rate-limit cell once
-    // the signature verified: a forged call (no key needed to send one) must not use up the
-    // limit of the callers who sign. Elsewhere, before authorization, in the design's order.
+    // A tool's rate limit is shared by every caller, so a call takes a cell only once it is
+    // known to be allowed: after authorization (a caller refused the tool must not use up its
+    // limit), and on a front whose calls carry a signature after the signature too (a forged
+    // call needs no key to send).
     let (limit_first, limit_signed) = match signature.is_some() {
         true => (None, tool_limits),
         false => (tool_limits, None),
@@ -99,8 +100,8 @@ pub(crate) fn call_stack(
     let stack = CallStack::new(
         ServiceBuilder::new()
             .layer(KillSwitchLayer::new(shared.kill_switch.clone()))
-            .option_layer(limit_first.map(ToolRateLimitLayer::new))
             .layer(AuthorizationLayer::new(shared.clock.clone()).on_allowed(seen(shared)))
+            .option_layer(limit_first.map(ToolRateLimitLayer::new))
             .option_layer(signature)
             .option_layer(limit_signed.map(ToolRateLimitLayer::new))
             .layer(InputSchemaLayer)

@@ -156,8 +156,10 @@ where
         if let Err(r) = self.switch.check(Some(&tool)) {
             return Gated::reject(r);
         }
-        // Authorization is decided now but reported after the rate limit, as in the call stage.
-        let authorized = self.authorized(&req, &tool);
+        // As in the call stage: a caller refused the tool takes none of its shared cells.
+        if let Err(r) = self.authorized(&req, &tool) {
+            return Gated::reject(r);
+        }
         let pending = match self.limits.check(&tool).decide("tool") {
             Err(limited) => return Gated::reject(limited),
             Ok(pending) => pending,
@@ -172,18 +174,11 @@ where
             req.extensions_mut().insert(taken);
         }
         match pending {
-            None => match authorized {
-                Ok(()) => Gated::inner(self.inner.call(req)),
-                Err(r) => Gated::reject(r),
-            },
+            None => Gated::inner(self.inner.call(req)),
             Some(check) => {
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                let check = Box::pin(async move {
-                    check.await?;
-                    authorized
-                });
-                Gated::checking(check, ready, req)
+                Gated::checking(Box::pin(check), ready, req)
             }
         }
     }
@@ -307,7 +302,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn with_a_shared_store_the_limit_is_decided_before_authorization() {
+    async fn a_caller_refused_the_tool_takes_none_of_its_cells() {
         let store = Arc::new(Store {
             asked: Mutex::default(),
             allow: 1,
@@ -318,11 +313,16 @@ mod tests {
             [],
             store.clone(),
         ));
-        // Within the limit, a caller who may not call the tool is refused for that.
-        let denied = run(limits.clone(), request("t", stranger())).await;
-        assert!(matches!(denied, Err(Rejection::Forbidden(_))), "{denied:?}");
-        // Over it, the limit answers first, as in the call stage.
-        let limited = run(limits.clone(), request("t", stranger())).await;
+        // However often a caller who may not call the tool asks, the store is not asked.
+        for _ in 0..3 {
+            let denied = run(limits.clone(), request("t", stranger())).await;
+            assert!(matches!(denied, Err(Rejection::Forbidden(_))), "{denied:?}");
+        }
+        assert!(store.asked.lock().unwrap().is_empty());
+        // The tool's one cell is still there for a caller who may call it.
+        let allowed = run(limits.clone(), request("t", Principal::local())).await;
+        assert_eq!(allowed.unwrap(), Some(ToolLimitTaken("t".into())));
+        let limited = run(limits.clone(), request("t", Principal::local())).await;
         assert!(
             matches!(limited, Err(Rejection::RateLimited { .. })),
             "{limited:?}"

@@ -278,3 +278,35 @@ async fn a_quota_per_minute_refuses_the_call_beyond_it() {
     assert!((19..=20).contains(&wait), "{wait}");
     r.shutdown().await;
 }
+
+/// A tool's rate limit is shared by every caller: a peer refused the tool, calling it again
+/// and again, uses none of it, and the peers allowed it get every cell.
+#[tokio::test]
+async fn a_caller_refused_a_tool_does_not_use_up_its_limit() {
+    let env = Env::new().await;
+    let peers = json!({"version": 1, "peers": [
+        {"component_type": "gateway", "component_id": "gw_test", "role": "gateway",
+         "mtls_cert_fingerprint": env.pki.gateway.fingerprint, "status": "active"},
+        {"component_type": "subscriber", "component_id": "sub_1",
+         "mtls_cert_fingerprint": env.pki.stranger.fingerprint, "status": "active"}
+    ]});
+    std::fs::write(env.path().join("peers.json"), peers.to_string()).unwrap();
+    let r = env
+        .start(&env.tools_yaml("rate_limits: { per_tool: { per_minute: 2, burst: 2 } }"))
+        .await;
+    let query = call("memory.query", json!({"query": "x"}));
+    let sub = env.tls_client(&r, Some(&env.pki.stranger), false);
+    for _ in 0..4 {
+        let refused = sub.post_json("/v1/tools/call", &[], &query).await.unwrap();
+        assert_error(&refused, StatusCode::OK, "FORBIDDEN");
+    }
+    let gw = env.gateway(&r);
+    for _ in 0..2 {
+        let ok = gw.post_json("/v1/tools/call", &[], &query).await.unwrap();
+        assert_eq!(ok.json()["status"], "ok", "{}", ok.json());
+    }
+    let limited = gw.post_json("/v1/tools/call", &[], &query).await.unwrap();
+    assert_error(&limited, StatusCode::OK, "RATE_LIMITED");
+    assert_eq!(env.app.received().len(), 2);
+    r.shutdown().await;
+}
