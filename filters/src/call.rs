@@ -48,6 +48,24 @@ impl Principal {
             None => std::borrow::Cow::Borrowed(&self.id),
         }
     }
+
+    /// The key the per-peer rate limit is kept under: [`Principal::limit_key`], except that an
+    /// unauthenticated caller from IPv6 is keyed by its /64, the block one host or site is
+    /// given: with one address per request it would otherwise take a new budget each time.
+    /// (Idempotency keys stay per address: callers sharing a /64 must not see each other's
+    /// answers.)
+    pub fn rate_limit_key(&self) -> std::borrow::Cow<'_, str> {
+        match self.remote_ip.map(|ip| ip.to_canonical()) {
+            Some(std::net::IpAddr::V6(v6)) => {
+                let block = std::net::Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128));
+                std::borrow::Cow::Owned(format!("{}@{block}/64", self.id))
+            }
+            // An IPv4 caller on a dual-stack listener comes as `::ffff:a.b.c.d`: its own
+            // address, not one /64 shared by every IPv4 caller.
+            Some(v4) => std::borrow::Cow::Owned(format!("{}@{v4}", self.id)),
+            None => std::borrow::Cow::Borrowed(&self.id),
+        }
+    }
 }
 
 /// One tool as served by the app, with its schemas compiled once at discovery.
@@ -370,6 +388,31 @@ mod tests {
     use super::testing::{call, tool};
     use super::*;
     use http::{HeaderName, HeaderValue};
+
+    fn from(ip: &str) -> Principal {
+        Principal {
+            id: "anonymous".into(),
+            remote_ip: Some(ip.parse().unwrap()),
+            ..Principal::local()
+        }
+    }
+
+    #[test]
+    fn an_ipv6_caller_is_rate_limited_by_its_64_and_an_ipv4_one_by_its_address() {
+        let key = |ip: &str| from(ip).rate_limit_key().into_owned();
+        assert_eq!(key("2001:db8:1:2::1"), "anonymous@2001:db8:1:2::/64");
+        assert_eq!(key("2001:db8:1:2:ffff::9"), key("2001:db8:1:2::1"));
+        assert_ne!(key("2001:db8:1:3::1"), key("2001:db8:1:2::1"));
+        assert_eq!(key("192.0.2.7"), "anonymous@192.0.2.7");
+        assert_eq!(key("::ffff:192.0.2.7"), "anonymous@192.0.2.7");
+        assert_ne!(key("192.0.2.8"), key("192.0.2.7"));
+        // Idempotency (and the rest) keep the whole address.
+        assert_eq!(
+            from("2001:db8:1:2::1").limit_key(),
+            "anonymous@2001:db8:1:2::1"
+        );
+        assert_eq!(Principal::local().rate_limit_key(), "local");
+    }
 
     /// The header lines `app_headers`' map would be written as.
     fn lines_of(map: &http::HeaderMap) -> String {

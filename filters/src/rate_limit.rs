@@ -291,7 +291,7 @@ where
             // The identity layer runs first; a request without a principal is a wiring bug.
             return Gated::reject(Rejection::Internal("request without principal".into()));
         };
-        match self.limits.check(&principal.limit_key()) {
+        match self.limits.check(&principal.rate_limit_key()) {
             LimitCheck::Allowed => Gated::inner(self.inner.call(req)),
             LimitCheck::Wait(wait) => Gated::reject(rate_limited("peer", wait)),
             LimitCheck::Pending(check) => {
