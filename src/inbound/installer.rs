@@ -44,6 +44,14 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     }
 
     fn activate(&self, i: &Installed) -> Result<(), String> {
+        // A reload builds the listener's TLS from the pairing current when it starts: one
+        // running now could serve the old pairing's TLS after this one's. Reloads are short
+        // and rare; the pairing fails (and can be run again) rather than wait here.
+        let _no_reload = self
+            .shared
+            .reload_lock
+            .try_lock()
+            .map_err(|_| "a configuration reload is under way; pair again")?;
         let cfg = self.shared.config.load();
         let state_dir = &cfg.config.state_dir;
         let files =

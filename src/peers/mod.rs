@@ -123,8 +123,11 @@ impl PeerStore {
 
     /// Re-read the file and swap it in if its content changed. The whole file is read and
     /// hashed each time (it is small), so no edit is missed whatever the file system's
-    /// timestamp granularity. A bad file keeps the old store (and says why).
+    /// timestamp granularity. A bad file keeps the old store (and says why). Serialized with
+    /// [`PeerStore::modify`]: a file read before a change was written cannot be stored after
+    /// it (which would bring back, say, a peer just revoked).
     pub fn reload_if_changed(&self) -> Result<bool, PeerStoreError> {
+        let _writer = lock(&self.writer);
         let next = read(&self.path)?;
         if next.digest == self.snapshot.load().digest {
             return Ok(false);
