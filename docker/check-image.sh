@@ -58,6 +58,9 @@ for tool in apt-get dpkg; do
 done
 [ -x "$root/usr/local/bin/carapace" ] || fail "no /usr/local/bin/carapace"
 [ "$(stat -c %u "$root/usr/local/bin/carapace")" = 0 ] || fail "the binary is writable by its user"
+# A new volume mounted at the state directory starts as the image's: the user's, or carapace
+# cannot make its state directory there.
+[ "$(stat -c %u:%g "$root/var/lib/carapace")" = 65532:65532 ] || fail "/var/lib/carapace is not 65532's"
 # The binary runs with the image's own libraries, as the image's user.
 chroot --userspec=65532:65532 "$root" /usr/local/bin/carapace config-schema \
   | python3 -c 'import json,sys; s=json.load(sys.stdin); assert "shared_state" in s["properties"], s.keys()' \

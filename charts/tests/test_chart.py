@@ -44,7 +44,8 @@ KEYS = "/etc/carapace/keys"
 UPSTREAM = "/etc/carapace/upstream"
 REDIS = "/etc/carapace/redis"
 PAIRING_TLS = "/etc/carapace/pairing-tls"
-STATE = "/var/lib/carapace"
+STATE = "/var/lib/carapace/state"
+STATE_VOLUME = "/var/lib/carapace"
 RUN = "/run/carapace"
 
 GATEWAY_KEY = "VU1WXtWqa2dQMFah3Sd01wcu+T+caKs4wthkccwXx3A="
@@ -506,7 +507,10 @@ def test_state_dir_on_a_volume(case):
     spec = pod_spec(r)
     cfg = r.config()
     assert cfg["state_dir"] == STATE
-    assert mounts(container(spec, "carapace"))["carapace-state"]["mountPath"] == STATE
+    # state_dir is a directory carapace makes inside the volume (the volume's own root
+    # belongs to root with a mode others may enter, which carapace refuses for its keys).
+    assert mounts(container(spec, "carapace"))["carapace-state"]["mountPath"] == STATE_VOLUME
+    assert STATE.startswith(STATE_VOLUME + "/")
     state = volumes(spec)["carapace-state"]
     if expect["values"].get("role") == "gateway":
         assert state["persistentVolumeClaim"] == {"claimName": "gateway-state"}

@@ -19,7 +19,11 @@ Paths inside the carapace container (fixed: the rendered configuration points at
 {{- define "carapace.path.pairingTls" -}}/etc/carapace/pairing-tls{{- end }}
 {{- define "carapace.path.mcpSession" -}}/etc/carapace/mcp-session{{- end }}
 {{- define "carapace.path.eatKeys" -}}/etc/carapace/eat-keys{{- end }}
-{{- define "carapace.path.state" -}}/var/lib/carapace{{- end }}
+{{/* The state volume's mount, and state_dir inside it: a fresh emptyDir or claim belongs to
+root with a mode others may enter, which carapace refuses for the directory of its keys; a
+directory it creates itself there is its own, mode 0700. */}}
+{{- define "carapace.path.stateVolume" -}}/var/lib/carapace{{- end }}
+{{- define "carapace.path.state" -}}/var/lib/carapace/state{{- end }}
 {{- define "carapace.path.run" -}}/run/carapace{{- end }}
 
 {{/* The name part of object names. */}}
@@ -350,7 +354,7 @@ volumeMounts:
     subPath: carapace.yaml
     readOnly: true
   - name: carapace-state
-    mountPath: {{ include "carapace.path.state" . }}
+    mountPath: {{ include "carapace.path.stateVolume" . }}
   {{- if eq $v.role "gateway" }}
   - name: carapace-run
     mountPath: {{ include "carapace.path.run" . }}
