@@ -185,11 +185,6 @@ impl PairingEndpoint {
         .await
         .map_err(|_| PairingError::Timeout)?
         .map_err(|e| PairingError::WebSocket(e.to_string()))?;
-        let Ok(_one_at_a_time) = self.busy.try_lock() else {
-            return Err(PairingError::InvalidRequest(
-                "a pairing is already running".into(),
-            ));
-        };
         let mut ws = ws;
         let mut hs = RemoteHandshake::new(
             self.config.clone(),
@@ -223,9 +218,19 @@ impl PairingEndpoint {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let mut installing: Option<Installing<'_>> = None;
+        // One pairing at a time, counted from a `pair.init` whose signature verified: a
+        // connection that sends nothing (or anything unsigned) holds no pairing back.
+        let mut one_at_a_time = None;
         loop {
             let text = next_text(ws, self.step_timeout).await?;
-            match hs.on_message(&text, SystemTime::now())? {
+            let progress = hs.on_message(&text, SystemTime::now())?;
+            if one_at_a_time.is_none() {
+                let running = self.busy.try_lock();
+                let refused =
+                    || PairingError::InvalidRequest("a pairing is already running".into());
+                one_at_a_time = Some(running.map_err(|_| refused())?);
+            }
+            match progress {
                 Progress::Continue(out) => {
                     if let (Some(i), None) = (hs.installed(), &installing) {
                         // Armed first: a partial install is removed too.

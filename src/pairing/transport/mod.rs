@@ -25,8 +25,9 @@ mod tests;
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest whole handshake, gateway side.
 pub const PAIR_TIMEOUT: Duration = Duration::from_secs(15);
-/// Pairing connections served at once by a tool host (the rest are closed at accept).
-pub const MAX_PAIRING_CONNECTIONS: usize = 4;
+/// Pairing connections served at once by a tool host (the rest are closed at accept). Only
+/// one of them pairs at a time; the others wait for their first message or are refused.
+pub const MAX_PAIRING_CONNECTIONS: usize = 16;
 
 /// A pairing that did not complete.
 #[derive(Debug, thiserror::Error)]

@@ -287,3 +287,16 @@ async fn a_gateway_that_stops_at_any_step_leaves_no_peer_activated() {
         assert_eq!(s.sink.abandoned.load(Ordering::SeqCst), installed);
     }
 }
+
+/// A connection that upgrades and says nothing does not hold the tool host's one pairing: a
+/// gateway pairs while it is still open.
+#[tokio::test]
+async fn a_silent_connection_does_not_keep_a_gateway_from_pairing() {
+    let s = setup().await;
+    let mut silent = raw(&s.url).await;
+    pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+        .await
+        .unwrap();
+    assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
+    assert_closed(&mut silent).await;
+}
