@@ -45,7 +45,46 @@ fn restart_only(l: &Loaded) -> Vec<(&'static str, String)> {
         ("gateway", format!("{:?}", c.gateway)),
         ("outbound", format!("{:?}", c.outbound)),
         ("outbound skill secrets", outbound_secrets(l)),
+        // Built once at start, from these settings and files:
+        (
+            "the MCP sessions (front.mcp session_key, session lifetimes)",
+            format!(
+                "{}{:?}",
+                digest(l.mcp_session_key.as_ref()),
+                c.front
+                    .mcp
+                    .as_ref()
+                    .map(|m| (m.session_idle_timeout_s, m.session_max_lifetime_s))
+            ),
+        ),
+        ("front.eat", format!("{:?}", c.front.eat)),
+        ("caller_tools", format!("{:?}", c.caller_tools)),
+        ("receipts", format!("{:?}", c.receipts)),
+        ("ledger", format!("{:?}", c.ledger)),
+        (
+            "idempotency.max_entries, .max_bytes",
+            format!("{} {}", c.idempotency.max_entries, c.idempotency.max_bytes),
+        ),
+        ("metering (on or off)", c.meters().to_string()),
+        (
+            "the shared state's password file",
+            digest(l.redis_password.as_ref()),
+        ),
+        // The outbound role's stack is built at start, with its secret guard and limits.
+        (
+            "secret_guard, limits (on a gateway)",
+            match c.outbound {
+                Some(_) => format!("{:?}{:?}", c.secret_guard, c.limits),
+                None => String::new(),
+            },
+        ),
     ]
+}
+
+/// A digest of a loaded secret (only the digest is compared, never shown).
+fn digest(secret: Option<&crate::config::Secret>) -> String {
+    use sha2::{Digest, Sha256};
+    secret.map_or_else(String::new, |s| hex::encode(Sha256::digest(s.bytes())))
 }
 
 /// Settings that only take effect at start; a reload that changes one is refused.
@@ -151,6 +190,11 @@ mod tests {
 
     /// A gateway with one outbound skill signed with the secret in `skill.key`.
     fn gateway(dir: &std::path::Path, secret: &[u8]) -> Loaded {
+        gateway_with(dir, secret, "")
+    }
+
+    /// [`gateway`] with `extra` added to its configuration.
+    fn gateway_with(dir: &std::path::Path, secret: &[u8], extra: &str) -> Loaded {
         std::fs::write(dir.join("skill.key"), secret).unwrap();
         let d = dir.display();
         std::fs::write(
@@ -171,6 +215,7 @@ outbound:
       url: "http://127.0.0.1:9"
       capabilities: [demo.echo]
       auth: {{ mode: hmac, secret: {{ file: {d}/skill.key }} }}
+{extra}
 "#
             ),
         )
@@ -188,5 +233,31 @@ outbound:
             changes,
             ["outbound skill secrets cannot change on reload; restart to apply it"]
         );
+    }
+
+    /// What is built once at start (the ledger, receipts, the outbound role's secret guard
+    /// and limits) is not changed by a reload that would then say it applied it: such a
+    /// reload is refused, naming the setting.
+    #[test]
+    fn settings_built_at_start_are_refused_on_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = b"skill-secret";
+        let old = gateway(dir.path(), key);
+        for (extra, named) in [
+            ("ledger: {}", "ledger"),
+            ("receipts: { sign: true, provider_id: p }", "receipts"),
+            (
+                "limits: { max_body_bytes: 4096 }",
+                "secret_guard, limits (on a gateway)",
+            ),
+            (
+                "idempotency: { max_entries: 10 }",
+                "idempotency.max_entries",
+            ),
+        ] {
+            let changes = restart_only_changes(&old, &gateway_with(dir.path(), key, extra));
+            assert_eq!(changes.len(), 1, "{extra}: {changes:?}");
+            assert!(changes[0].starts_with(named), "{extra}: {changes:?}");
+        }
     }
 }
