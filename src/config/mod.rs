@@ -332,15 +332,31 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Where a secret is given (by reference): a value written there in place of the reference
+/// is the secret itself, and is not quoted back.
+const SECRET_KEYS: [&str; 4] = ["secret", "password", "session_key", "values"];
+
+/// A schema error as a configuration error; the schema's message quotes the value, except
+/// where a secret belongs ([`SECRET_KEYS`]).
+fn schema_error(e: jsonschema::ValidationError<'_>) -> ConfigError {
+    let path = e.instance_path().to_string();
+    let secret = path.split('/').any(|part| SECRET_KEYS.contains(&part));
+    let message = match secret {
+        true => format!(
+            "breaks `{}` of the schema (the value is not shown: a secret goes here as {{ env: NAME }} or {{ file: PATH }})",
+            e.kind().keyword()
+        ),
+        false => e.to_string(),
+    };
+    err(path, message)
+}
+
 /// The configuration's structure against the schema: every error at once, with what the
 /// sections that are sound (unknown keys aside) mean.
 fn check_structure(json: &serde_json::Value, base: &Path) -> Result<(), ConfigErrors> {
     let schema = json_schema();
     let validator = jsonschema::validator_for(&schema).expect("config schema compiles");
-    let mut structural: Vec<ConfigError> = validator
-        .iter_errors(json)
-        .map(|e| err(e.instance_path().to_string(), e.to_string()))
-        .collect();
+    let mut structural: Vec<ConfigError> = validator.iter_errors(json).map(schema_error).collect();
     if structural.is_empty() {
         return Ok(());
     }
@@ -360,10 +376,7 @@ fn check_structure(json: &serde_json::Value, base: &Path) -> Result<(), ConfigEr
             }
         }
     }
-    let remaining: Vec<ConfigError> = validator
-        .iter_errors(&cleaned)
-        .map(|e| err(e.instance_path().to_string(), e.to_string()))
-        .collect();
+    let remaining: Vec<ConfigError> = validator.iter_errors(&cleaned).map(schema_error).collect();
     structural.extend(meaning_of_sound_sections(&cleaned, &remaining, base));
     Err(ConfigErrors(structural))
 }

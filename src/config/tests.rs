@@ -143,6 +143,8 @@ app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }
 ",
     );
     assert!(e.join("\n").contains("/front/auth/keys/0/secret"), "{e:?}");
+    // The value written there is the secret itself: it is not quoted back.
+    assert!(!e.join("\n").contains("hunter2"), "{e:?}");
 }
 
 #[test]

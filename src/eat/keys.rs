@@ -134,9 +134,10 @@ impl CatalogKeys {
         Self::from_file(&path, file)
     }
 
-    /// Keys from a file of the same form (`{"version": 1, "keys": ["<base64 PKCS#8>", ...]}`).
+    /// Keys from a file of the same form (`{"version": 1, "keys": ["<base64 PKCS#8>", ...]}`),
+    /// which its group may read (a mounted Secret).
     pub fn load(path: &Path) -> Result<Self, KeyError> {
-        let file = crate::pairing::identity::load_or_create(path, || KeyFile {
+        let file = crate::pairing::identity::load_or_create_provided(path, || KeyFile {
             version: 1,
             keys: Vec::new(),
         })?;
@@ -236,5 +237,34 @@ mod tests {
         // A file others may read is refused.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(CatalogKeys::load_or_create(dir.path()).is_err());
+    }
+
+    /// A configured keys file its group may read (a Secret mounted `0440` with the pod's
+    /// `fsGroup`) is taken; one its group may write, or others read, is not. The file carapace
+    /// makes in its state directory stays owner-only.
+    #[test]
+    fn a_provided_keys_file_may_be_read_by_its_group() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let made = CatalogKeys::load_or_create(dir.path()).unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let mode = |m: u32| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m));
+        mode(0o440).unwrap();
+        let loaded = CatalogKeys::load(&path).unwrap();
+        assert_eq!(loaded.current().kid(), made.current().kid());
+        assert!(CatalogKeys::load_or_create(dir.path()).is_err());
+        for refused in [0o460, 0o444, 0o442] {
+            mode(refused).unwrap();
+            assert!(CatalogKeys::load(&path).is_err(), "{refused:o}");
+        }
+        // A file of the wrong form is refused without quoting it (it holds keys).
+        mode(0o600).unwrap();
+        std::fs::write(
+            &path,
+            r#"{"version": 1, "keys": "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"}"#,
+        )
+        .unwrap();
+        let e = CatalogKeys::load(&path).unwrap_err().to_string();
+        assert!(!e.contains("MIIEvQ"), "{e}");
     }
 }

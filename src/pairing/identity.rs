@@ -56,10 +56,30 @@ fn decode32(path: &Path, what: &str, b64: &str) -> Result<Secret32, IdentityErro
     Ok(Secret32(zeroize::Zeroizing::new(arr)))
 }
 
-/// Load the JSON file at `path`, or create it with `create` and write it atomically.
+/// Load the JSON file at `path`, or create it with `create` and write it atomically. A file
+/// that anyone but its owner may read is refused.
 pub(crate) fn load_or_create<F: Serialize + for<'de> Deserialize<'de>>(
     path: &Path,
     create: impl FnOnce() -> F,
+) -> Result<F, IdentityError> {
+    load_or_create_refusing(path, create, 0o077)
+}
+
+/// [`load_or_create`] for a key file the operator provides, which its group may read: a
+/// Kubernetes Secret is mounted `0440` with the pod's `fsGroup` as its group, the group this
+/// process runs in. Writable by the group, or readable by others, it is refused.
+pub(crate) fn load_or_create_provided<F: Serialize + for<'de> Deserialize<'de>>(
+    path: &Path,
+    create: impl FnOnce() -> F,
+) -> Result<F, IdentityError> {
+    load_or_create_refusing(path, create, 0o037)
+}
+
+/// [`load_or_create`], refusing a file with any of the mode bits `refused`.
+fn load_or_create_refusing<F: Serialize + for<'de> Deserialize<'de>>(
+    path: &Path,
+    create: impl FnOnce() -> F,
+    refused: u32,
 ) -> Result<F, IdentityError> {
     use carapace_filters::state_file::{read_bounded, MAX_DOCUMENT_BYTES};
     match read_bounded(path, MAX_DOCUMENT_BYTES) {
@@ -73,18 +93,29 @@ pub(crate) fn load_or_create<F: Serialize + for<'de> Deserialize<'de>>(
                 })?
                 .permissions()
                 .mode();
-            if mode & 0o077 != 0 {
+            if mode & refused != 0 {
                 return Err(IdentityError::Invalid {
                     path: path.into(),
                     message: format!(
-                        "mode {:o} lets others read the keys; chmod 600",
-                        mode & 0o777
+                        "mode {:o} lets others read the keys; chmod {}",
+                        mode & 0o777,
+                        if refused == 0o077 {
+                            "600"
+                        } else {
+                            "600 or 640"
+                        }
                     ),
                 });
             }
+            // serde's message can quote a value of the file, which is a key: say where.
             serde_json::from_slice(&bytes).map_err(|e| IdentityError::Invalid {
                 path: path.into(),
-                message: e.to_string(),
+                message: format!(
+                    "not the expected JSON ({:?} error at line {}, column {})",
+                    e.classify(),
+                    e.line(),
+                    e.column()
+                ),
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
