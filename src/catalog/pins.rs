@@ -70,6 +70,11 @@ pub enum ApproveError {
     Save(String),
 }
 
+/// Most tools a pin store records. Every new name is recorded (with its definition) and
+/// nothing is forgotten, so a provider that keeps renaming its tools would grow the store, and
+/// its file, without end (past the size a start reads, the next start would fail).
+pub const MAX_PINNED_TOOLS: usize = 4096;
+
 /// The recorded pins and the changes already reported; kept across reloads.
 #[derive(Debug)]
 pub struct PinStore {
@@ -77,6 +82,7 @@ pub struct PinStore {
     recorded: Mutex<BTreeMap<String, Pinned>>,
     reported: Mutex<HashSet<(String, String)>>,
     metrics: Option<Arc<Metrics>>,
+    max_pinned: usize,
 }
 
 impl PinStore {
@@ -106,7 +112,15 @@ impl PinStore {
             recorded: Mutex::new(recorded),
             reported: Mutex::default(),
             metrics: None,
+            max_pinned: MAX_PINNED_TOOLS,
         })
+    }
+
+    /// The store with room for `n` tools instead of [`MAX_PINNED_TOOLS`].
+    #[cfg(test)]
+    fn with_room_for(mut self, n: usize) -> Self {
+        self.max_pinned = n;
+        self
     }
 
     /// Count changes and withheld tools in `metrics`.
@@ -146,6 +160,12 @@ impl PinStore {
             let (pinned, before) = if configured.is_empty() {
                 match recorded.get(&name) {
                     Some(p) => (Some(p.sha256.clone()), Some(&p.definition)),
+                    // Full: a new tool is not recorded, and is treated as one whose pin is
+                    // not known (withheld under `enforce`).
+                    None if recorded.len() >= self.max_pinned => {
+                        self.report_full(mode);
+                        (None, None)
+                    }
                     None => {
                         recorded.insert(name.clone(), Pinned { sha256, definition });
                         new = true;
@@ -161,11 +181,14 @@ impl PinStore {
                 continue;
             }
             let changed = match (&pinned, before) {
+                (None, _) if configured.is_empty() => vec!["(the pin store is full)".to_string()],
                 (None, _) => vec!["(not pinned)".to_string()],
                 (Some(_), Some(before)) if !before.is_null() => differences(before, &definition),
                 (Some(_), _) => vec!["(the pinned definition is not recorded)".to_string()],
             };
-            self.report(&name, &sha256, &changed, mode);
+            if pinned.is_some() || !configured.is_empty() {
+                self.report(&name, &sha256, &changed, mode);
+            }
             let w = Withheld {
                 pinned,
                 definition,
@@ -190,6 +213,23 @@ impl PinStore {
             m.tools_withheld.set(withheld.len() as i64);
         }
         (served, withheld)
+    }
+
+    /// Say once that the store is full (not once per tool: the names may be endless).
+    fn report_full(&self, mode: PinMode) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        if !reported.insert((String::new(), "full".into())) {
+            return;
+        }
+        let action = match mode {
+            PinMode::Enforce => "withheld",
+            _ => "served unpinned (pinning: warn)",
+        };
+        tracing::warn!(
+            "tool_pins_full pinned={}: new tools are {action}; approve or remove pins from {}",
+            self.max_pinned,
+            self.path.display()
+        );
     }
 
     /// Log a change once per tool and definition.
@@ -392,6 +432,36 @@ mod tests {
             !dir.path().join(PINS_FILE).exists(),
             "configured pins are not recorded"
         );
+    }
+
+    /// A full store records no more tools: a new one is withheld under `enforce` (served
+    /// under `warn`), the file does not grow, and the tools pinned before are served.
+    #[test]
+    fn a_full_store_records_no_new_tool() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PinStore::open(dir.path()).unwrap().with_room_for(2);
+        let none = BTreeMap::new();
+        let first = tools(&[tool("a", text("string")), tool("b", text("string"))]);
+        let (served, _) = store.check(first, PinMode::Enforce, &none);
+        assert_eq!(served.len(), 2);
+        let size = std::fs::metadata(dir.path().join(PINS_FILE)).unwrap().len();
+        let renamed = |n: usize| {
+            let name = format!("c{n}");
+            tools(&[tool("a", text("string")), tool(&name, text("string"))])
+        };
+        for n in 0..5 {
+            let (served, held) = store.check(renamed(n), PinMode::Enforce, &none);
+            assert_eq!(served.keys().collect::<Vec<_>>(), ["a"]);
+            assert_eq!(held[&format!("c{n}")].changed, ["(the pin store is full)"]);
+        }
+        let (served, _) = store.check(renamed(9), PinMode::Warn, &none);
+        assert_eq!(served.len(), 2);
+        assert_eq!(
+            std::fs::metadata(dir.path().join(PINS_FILE)).unwrap().len(),
+            size
+        );
+        assert_eq!(store.recorded.lock().unwrap().len(), 2);
+        assert_eq!(store.reported.lock().unwrap().len(), 1);
     }
 
     #[test]

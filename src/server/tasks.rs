@@ -9,8 +9,14 @@ use tokio::sync::watch;
 use super::shared::Shared;
 use crate::outbound::Outbound;
 
+/// The least time between two discoveries an MCP server's `tools/list_changed` asks for: a
+/// notice after a quiet second is acted on at once; a server that sends them without pause
+/// gets a discovery a second, not one per notice.
+const LIST_CHANGED_MIN_GAP: Duration = Duration::from_secs(1);
+
 pub(crate) async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut failures = 0u32;
+    let mut last_notice: Option<tokio::time::Instant> = None;
     loop {
         let cfg = shared.config.load_full();
         let app = shared.app.load_full();
@@ -46,11 +52,21 @@ pub(crate) async fn discovery_loop(shared: Arc<Shared>, mut shutdown: watch::Rec
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shared.rediscover.notified() => {}
-            _ = server_says => tracing::info!("tools_list_changed: discovering again"),
+        let notified = tokio::select! {
+            _ = tokio::time::sleep(wait) => false,
+            _ = shared.rediscover.notified() => false,
+            _ = server_says => true,
             _ = shutdown.changed() => return,
+        };
+        if notified {
+            tracing::info!("tools_list_changed: discovering again");
+            if let Some(last) = last_notice {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(last + LIST_CHANGED_MIN_GAP) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+            last_notice = Some(tokio::time::Instant::now());
         }
     }
 }
