@@ -282,7 +282,7 @@ pub async fn discover<F: Fetch>(
     let answer = f.get(&req.path, etag).await?;
     if answer.status == 304 {
         if let Some(h) = held.filter(|_| etag.is_some()) {
-            let fresh_until = (now + max_age(&answer.headers)).min(h.exp);
+            let fresh_until = now.saturating_add(max_age(&answer.headers)).min(h.exp);
             return Ok(Outcome::Unchanged { fresh_until });
         }
     }
@@ -301,7 +301,7 @@ pub async fn discover<F: Fetch>(
         Some(jws) => verify_signature(f, req, jws, &answer.body, now).await?,
         None if req.allow_unsigned => {
             tracing::warn!("eat_catalog_unsigned url={}{}", req.origin, req.path);
-            now + max_age(&answer.headers)
+            now.saturating_add(max_age(&answer.headers))
         }
         None => return Err(DiscoveryError::Unsigned),
     };
@@ -318,7 +318,7 @@ pub async fn discover<F: Fetch>(
             .get(http::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
-        fresh_until: (now + max_age(&answer.headers)).min(exp),
+        fresh_until: now.saturating_add(max_age(&answer.headers)).min(exp),
         exp,
         signed: signature.is_some(),
     }))

@@ -167,10 +167,10 @@ pub fn check_times(c: &Claims, now_s: u64, skew_s: u64) -> Result<(), DiscoveryE
     if c.exp <= c.iat {
         return Err(DiscoveryError::JwsMalformed("exp is not after iat".into()));
     }
-    if c.iat > now_s + skew_s {
+    if c.iat > now_s.saturating_add(skew_s) {
         return Err(DiscoveryError::NotYetValid);
     }
-    if c.exp + skew_s <= now_s {
+    if c.exp.saturating_add(skew_s) <= now_s {
         return Err(DiscoveryError::Expired);
     }
     Ok(())
@@ -181,6 +181,24 @@ mod tests {
     use super::*;
     use crate::eat::keys::CatalogKeys;
     use serde_json::json;
+
+    /// Times at the end of the range (a signer's `exp`, a clock) are compared, not added
+    /// past it: no overflow (a panic in a debug build).
+    #[test]
+    fn times_at_the_end_of_the_range_are_checked_without_overflow() {
+        let claims = |iat, exp| Claims {
+            iss: "did:web:x".into(),
+            iat,
+            exp,
+            catalog_hash: String::new(),
+        };
+        assert!(check_times(&claims(100, u64::MAX), 200, 60).is_ok());
+        assert!(check_times(&claims(u64::MAX - 1, u64::MAX), u64::MAX - 1, 60).is_ok());
+        assert!(matches!(
+            check_times(&claims(100, 200), u64::MAX, 60),
+            Err(DiscoveryError::Expired)
+        ));
+    }
 
     fn signed() -> (tempfile::TempDir, CatalogKeys, String) {
         let dir = tempfile::tempdir().unwrap();

@@ -54,21 +54,26 @@ fn make_private(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Remove a stale socket file at `path`, refusing if something is listening there.
+/// Remove a stale socket file at `path`, refusing if something is listening there, and
+/// leaving anything that is not a socket (a misconfigured path must not delete a file).
 pub(crate) fn claim_socket_path(path: &Path, what: &'static str) -> Result<(), StartError> {
+    use std::os::unix::fs::FileTypeExt;
+    let refuse = |source| StartError::Bind {
+        what,
+        address: path.display().to_string(),
+        source,
+    };
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(StartError::Bind {
-            what,
-            address: path.display().to_string(),
-            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
-        });
+        return Err(refuse(std::io::ErrorKind::AddrInUse.into()));
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_socket()) {
+        return Err(refuse(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "a file that is not a socket is there; remove it or choose another path",
+        )));
     }
     match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StartError::Bind {
-            what,
-            address: path.display().to_string(),
-            source: e,
-        }),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(refuse(e)),
         _ => Ok(()),
     }
 }
@@ -76,4 +81,24 @@ pub(crate) fn claim_socket_path(path: &Path, what: &'static str) -> Result<(), S
 pub(crate) fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stale socket is removed; a regular file at the path is left as it was.
+    #[test]
+    fn only_a_stale_socket_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        claim_socket_path(&stale, "test").unwrap();
+        assert!(!stale.exists());
+        let file = dir.path().join("carapace.yaml");
+        std::fs::write(&file, "kept").unwrap();
+        assert!(claim_socket_path(&file, "test").is_err());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "kept");
+        claim_socket_path(&dir.path().join("absent.sock"), "test").unwrap();
+    }
 }

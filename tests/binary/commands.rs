@@ -51,6 +51,25 @@ async fn peers_list_and_revoke_from_the_command_line() {
     srv.stop().await;
 }
 
+/// `-c` reads only the admin socket's path: an operator's shell without the secrets the
+/// file names (here an environment variable only the server has) still runs the commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_with_c_need_none_of_the_files_secrets() {
+    let env = Env::new().await;
+    let cfg = env.path().join("carapace.yaml");
+    let guarded = "secret_guard: { values: [ { env: CARAPACE_TEST_GUARDED } ] }";
+    std::fs::write(&cfg, tools_config(&env, guarded)).unwrap();
+    let cfg_s = path_str(&cfg).to_string();
+    let log = env.path().join("carapace.log");
+    let mut srv = Serve::spawn(&cfg, &log, &[("CARAPACE_TEST_GUARDED", "s3cr3t-value")]);
+    wait_serving(&sock(&env), "/v1/tools", "memory.query").await;
+    let out = run(&["kill-switch", "status", "-c", &cfg_s], &[]).await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let out = run(&["peers", "list", "-c", &cfg_s], &[]).await;
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_pair_with_carapace_pair_tool_and_the_gateway_reaches_the_app() {
     let env = Env::new().await;
