@@ -57,7 +57,10 @@ fn restart_only(l: &Loaded) -> Vec<(&'static str, String)> {
                     .map(|m| (m.session_idle_timeout_s, m.session_max_lifetime_s))
             ),
         ),
-        ("front.eat", format!("{:?}", c.front.eat)),
+        (
+            "front.eat (on or off, keys_file)",
+            format!("{:?}", c.front.eat.as_ref().map(|e| &e.keys_file)),
+        ),
         ("caller_tools", format!("{:?}", c.caller_tools)),
         ("receipts", format!("{:?}", c.receipts)),
         ("ledger", format!("{:?}", c.ledger)),
@@ -70,11 +73,26 @@ fn restart_only(l: &Loaded) -> Vec<(&'static str, String)> {
             "the shared state's password file",
             digest(l.redis_password.as_ref()),
         ),
-        // The outbound role's stack is built at start, with its secret guard and limits.
+        // The outbound role's stack is built at start, with what it takes of the secret
+        // guard (all but the inbound mode) and of the limits.
         (
-            "secret_guard, limits (on a gateway)",
+            "on a gateway, secret_guard (but inbound) and limits.max_body_bytes, \
+             .body_timeout_ms, .max_in_flight, .max_response_bytes",
             match c.outbound {
-                Some(_) => format!("{:?}{:?}", c.secret_guard, c.limits),
+                Some(_) => {
+                    let guard = crate::config::SecretGuardConfig {
+                        inbound: None,
+                        ..c.secret_guard.clone()
+                    };
+                    let l = &c.limits;
+                    let sizes = (
+                        l.max_body_bytes,
+                        l.body_timeout_ms,
+                        l.max_in_flight,
+                        l.max_response_bytes,
+                    );
+                    format!("{guard:?}{sizes:?}")
+                }
                 None => String::new(),
             },
         ),
@@ -248,7 +266,11 @@ outbound:
             ("receipts: { sign: true, provider_id: p }", "receipts"),
             (
                 "limits: { max_body_bytes: 4096 }",
-                "secret_guard, limits (on a gateway)",
+                "on a gateway, secret_guard",
+            ),
+            (
+                "secret_guard: { outbound: enforce }",
+                "on a gateway, secret_guard",
             ),
             (
                 "idempotency: { max_entries: 10 }",
@@ -258,6 +280,14 @@ outbound:
             let changes = restart_only_changes(&old, &gateway_with(dir.path(), key, extra));
             assert_eq!(changes.len(), 1, "{extra}: {changes:?}");
             assert!(changes[0].starts_with(named), "{extra}: {changes:?}");
+        }
+        // What the front's stack (rebuilt on reload) alone reads still reloads.
+        for extra in [
+            "secret_guard: { inbound: enforce }",
+            "limits: { max_header_bytes: 8192 }",
+        ] {
+            let changes = restart_only_changes(&old, &gateway_with(dir.path(), key, extra));
+            assert!(changes.is_empty(), "{extra}: {changes:?}");
         }
     }
 }
