@@ -75,16 +75,10 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
         let paired_at =
             crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
                 .and_then(|t| t.to_rfc3339_nano());
-        // The operator's role and policy for this gateway outlive its certificate.
-        let previous = self.shared.peers.settings_of(&i.gateway_id);
-        let (role, policy) = match previous {
-            Some(p) => (p.role, p.policy),
-            None => (Some("gateway".into()), None),
-        };
-        let record = crate::peers::PeerRecord {
+        let mut record = crate::peers::PeerRecord {
             component_type: "gateway".into(),
             component_id: i.gateway_id.clone(),
-            role,
+            role: Some("gateway".into()),
             endpoint: None,
             public_key_ed25519: Some(i.gateway_public_key_ed25519.clone()),
             public_key_x25519: None,
@@ -94,16 +88,35 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             status: "active".into(),
             paired_at,
             last_seen_at: None,
-            policy,
+            policy: None,
         };
+        // Decided on the file as it is now (not on the last snapshot read): a revocation,
+        // or an operator's edit, made while the pairing ran is not overwritten.
         self.shared
             .peers
             .modify(|f| {
+                use crate::peers::{ACTIVE, REVOKED};
+                let key = record.public_key_ed25519.as_deref();
+                let of_id = |p: &&crate::peers::PeerRecord| p.component_id == record.component_id;
+                let revoked = |p: &&crate::peers::PeerRecord| {
+                    p.status == REVOKED && (of_id(p) || p.public_key_ed25519.as_deref() == key)
+                };
+                if let Some(r) = f.peers.iter().find(revoked) {
+                    return Err(format!(
+                        "gateway {} was revoked during the pairing",
+                        r.component_id
+                    ));
+                }
+                // The operator's role and policy for this gateway outlive its certificate.
+                if let Some(p) = f.peers.iter().find(|p| of_id(p) && p.status == ACTIVE) {
+                    (record.role, record.policy) = (p.role.clone(), p.policy.clone());
+                }
                 f.version = 1;
                 f.peers.retain(|p| p.component_id != record.component_id);
                 f.peers.push(record);
+                Ok(())
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())??;
         // 2. Make this pairing the current one (one atomic write); 3. serve it.
         carapace_filters::state_file::write_atomically(
             &crate::tls::PairedFiles::current_pointer(state_dir),
