@@ -56,6 +56,9 @@ fn respond(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
 struct OpsLimits {
     /// Connections open at once; one more is closed as soon as it is accepted.
     max_connections: usize,
+    /// Of them, from one address: so one caller cannot take every place, the kubelet's
+    /// probes' included.
+    per_address: usize,
     /// To send a request's head, the first and each next one on the connection.
     header_read: Duration,
     /// A connection's whole life (a scraper opens another).
@@ -66,6 +69,7 @@ impl Default for OpsLimits {
     fn default() -> Self {
         OpsLimits {
             max_connections: 64,
+            per_address: 8,
             header_read: Duration::from_secs(10),
             lifetime: Duration::from_secs(300),
         }
@@ -88,10 +92,11 @@ async fn serve_with<A>(
     A: Fn(&str) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
 {
     let open = Arc::new(Semaphore::new(limits.max_connections));
+    let by_address = Arc::new(AddressCount::default());
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = l.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(s) => s,
                 Err(e) => {
                     tracing::warn!("ops accept: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -100,7 +105,10 @@ async fn serve_with<A>(
             },
             _ = shutdown.changed() => return,
         };
-        // At the cap the new connection is closed (dropped) at once.
+        // At either cap the new connection is closed (dropped) at once.
+        let Some(from) = by_address.admit(peer.ip(), limits.per_address) else {
+            continue;
+        };
         let Ok(slot) = open.clone().try_acquire_owned() else {
             continue;
         };
@@ -116,8 +124,39 @@ async fn serve_with<A>(
                 .header_read_timeout(limits.header_read)
                 .serve_connection(TokioIo::new(stream), svc);
             let _ = tokio::time::timeout(limits.lifetime, conn).await;
-            drop(slot);
+            drop((slot, from));
         });
+    }
+}
+
+/// Connections open per address.
+#[derive(Default)]
+struct AddressCount(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// A connection counted for its address until dropped.
+struct Counted(Arc<AddressCount>, std::net::IpAddr);
+
+impl AddressCount {
+    fn admit(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<Counted> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Counted(self.clone(), ip))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut open = (self.0).0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -174,12 +213,35 @@ mod tests {
         assert!(get(&mut held[1]).await.starts_with("HTTP/1.1 200"));
     }
 
+    /// One address may hold only its share: another address is still served.
+    #[tokio::test(start_paused = true)]
+    async fn one_address_cannot_take_every_place() {
+        let limits = OpsLimits {
+            per_address: 2,
+            ..OpsLimits::default()
+        };
+        let (addr, _stop) = start(limits).await;
+        let mut held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let mut over = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get(&mut over).await, "");
+        let other = tokio::net::TcpSocket::new_v4().unwrap();
+        other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut other = other.connect(addr).await.unwrap();
+        assert!(get(&mut other).await.starts_with("HTTP/1.1 200"));
+        assert!(get(&mut held[0]).await.starts_with("HTTP/1.1 200"));
+        assert!(get(&mut held[1]).await.starts_with("HTTP/1.1 200"));
+    }
+
     /// A connection that sends nothing is closed after the header timeout, one that keeps
     /// asking at the end of its lifetime, and each frees its place.
     #[tokio::test(start_paused = true)]
     async fn idle_and_long_lived_connections_are_closed_and_free_their_place() {
         let limits = OpsLimits {
             max_connections: 1,
+            per_address: 1,
             header_read: Duration::from_secs(10),
             lifetime: Duration::from_secs(60),
         };
