@@ -75,6 +75,15 @@ pub enum ApproveError {
 /// its file, without end (past the size a start reads, the next start would fail).
 pub const MAX_PINNED_TOOLS: usize = 4096;
 
+/// Most bytes of definitions a pin store records (as its file writes them): half of what a
+/// start reads, so that a few large definitions cannot take the file past it either.
+const MAX_PINNED_BYTES: usize = (carapace_filters::state_file::MAX_STORE_BYTES / 2) as usize;
+
+/// The bytes `definition` takes in the pins file.
+fn pinned_size(definition: &Value) -> usize {
+    serde_json::to_vec_pretty(definition).map_or(0, |v| v.len())
+}
+
 /// The recorded pins and the changes already reported; kept across reloads.
 #[derive(Debug)]
 pub struct PinStore {
@@ -154,19 +163,28 @@ impl PinStore {
         let mut served = BTreeMap::new();
         let mut withheld = BTreeMap::new();
         let mut new = false;
+        // The bytes recorded, counted when a new tool first needs it (once per check).
+        let mut bytes: Option<usize> = None;
         for (name, tool) in tools {
             let definition = definition(&tool);
             let sha256 = pin_of(&definition);
             let (pinned, before) = if configured.is_empty() {
+                let size = || pinned_size(&definition);
                 match recorded.get(&name) {
                     Some(p) => (Some(p.sha256.clone()), Some(&p.definition)),
                     // Full: a new tool is not recorded, and is treated as one whose pin is
                     // not known (withheld under `enforce`).
-                    None if recorded.len() >= self.max_pinned => {
+                    None if recorded.len() >= self.max_pinned
+                        || *bytes.get_or_insert_with(|| {
+                            recorded.values().map(|p| pinned_size(&p.definition)).sum()
+                        }) + size()
+                            > MAX_PINNED_BYTES =>
+                    {
                         self.report_full(mode);
                         (None, None)
                     }
                     None => {
+                        bytes = bytes.map(|b| b + size());
                         recorded.insert(name.clone(), Pinned { sha256, definition });
                         new = true;
                         served.insert(name, tool);
