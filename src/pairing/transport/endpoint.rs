@@ -203,6 +203,10 @@ impl PairingEndpoint {
                     PairError::handshake_failed("the tool host could not install the pairing");
                 let _ = send_all(&mut ws, vec![refusal.to_wire().unwrap_or_default()]).await;
             }
+            Err(PairingError::InvalidRequest(why)) => {
+                let refusal = PairError::handshake_failed(why);
+                let _ = send_all(&mut ws, vec![refusal.to_wire().unwrap_or_default()]).await;
+            }
             _ => {}
         }
         let _ = ws.close(None).await;
