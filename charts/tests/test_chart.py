@@ -509,8 +509,9 @@ def test_state_dir_on_a_volume(case):
     assert cfg["state_dir"] == STATE
     # state_dir is a directory carapace makes inside the volume (the volume's own root
     # belongs to root with a mode others may enter, which carapace refuses for its keys).
-    assert mounts(container(spec, "carapace"))["carapace-state"]["mountPath"] == STATE_VOLUME
-    assert STATE.startswith(STATE_VOLUME + "/")
+    mount = mounts(container(spec, "carapace"))["carapace-state"]["mountPath"]
+    assert mount == STATE_VOLUME
+    assert cfg["state_dir"].startswith(mount + "/")
     state = volumes(spec)["carapace-state"]
     if expect["values"].get("role") == "gateway":
         assert state["persistentVolumeClaim"] == {"claimName": "gateway-state"}
