@@ -15,7 +15,6 @@ use discovery::{compiled_peer_tools, discover, merge};
 use http::Method;
 use known::KnownTools;
 use routes::{skill_routes, Route, SkillRoute};
-use rustls::pki_types::CertificateDer;
 
 use crate::catalog::pins::{ApproveError, PinStore};
 use crate::catalog::{Catalog, CatalogHandle};
@@ -25,6 +24,7 @@ use crate::pairing::wire::fingerprints_match;
 use crate::peers::PeerStore;
 use crate::upstream::AppClient;
 
+mod client_cert;
 mod pinned;
 pub use pinned::PinnedPeer;
 mod back;
@@ -49,13 +49,13 @@ pub struct OutboundError(String);
 pub struct Outbound {
     peers: Arc<PeerStore>,
     addresses: BTreeMap<String, std::net::SocketAddr>,
-    /// The gateway's client certificate and key.
-    cert: CertificateDer<'static>,
-    key_pem: zeroize::Zeroizing<String>,
+    /// The gateway's client certificate and key, renewed at half their life.
+    client_certs: client_cert::ClientCerts,
     pool: crate::config::PoolConfig,
     max_response_bytes: u64,
-    /// Per peer: the fingerprint a client was made for, and the client.
-    clients: std::sync::Mutex<HashMap<String, (String, AppClient)>>,
+    /// Per peer: the fingerprint and the client certificate's generation a client was made
+    /// for, and the client.
+    clients: std::sync::Mutex<HashMap<String, (String, u64, AppClient)>>,
     /// Skill Gateway v1 skills, by skill id.
     skills: BTreeMap<String, SkillRoute>,
     /// Tool name → where it is served.
@@ -118,16 +118,12 @@ impl Outbound {
     /// Clients present a client certificate the gateway's CA issues now.
     pub fn new(
         cfg: &Loaded,
-        gateway: &GatewayIdentity,
+        gateway: &Arc<GatewayIdentity>,
         peers: Arc<PeerStore>,
         clock: carapace_filters::signature::UnixClock,
     ) -> Result<Self, OutboundError> {
-        use rustls_pki_types::pem::PemObject;
-        let (cert_pem, key_pem) = gateway
-            .issue_client_certificate()
-            .map_err(|e| OutboundError(e.to_string()))?;
-        let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
-            .map_err(|e| OutboundError(e.to_string()))?;
+        let client_certs = client_cert::ClientCerts::issue(gateway.clone(), clock.clone())
+            .map_err(OutboundError)?;
         let skills = skill_routes(cfg)?;
         let outbound = Outbound {
             receipt_modes: cfg
@@ -152,8 +148,7 @@ impl Outbound {
             skills,
             peers,
             addresses: cfg.outbound_peers.clone(),
-            cert,
-            key_pem: zeroize::Zeroizing::new(key_pem),
+            client_certs,
             pool: cfg.config.app.pool.clone(),
             max_response_bytes: cfg.config.limits.max_response_bytes,
             clients: std::sync::Mutex::new(HashMap::new()),
@@ -242,14 +237,16 @@ impl Outbound {
             .addresses
             .get(peer)
             .ok_or_else(|| Rejection::Internal(format!("no address for {peer}")))?;
+        let generation = self.client_certs.generation();
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((fp, client)) = clients.get(peer) {
-            if fingerprints_match(fp, fingerprint) {
+        if let Some((fp, made_with, client)) = clients.get(peer) {
+            if fingerprints_match(fp, fingerprint) && *made_with == generation {
                 return Ok(client.clone());
             }
         }
         let internal = |e: String| Rejection::Internal(format!("client for {peer}: {e}"));
-        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+        let own = self.client_certs.current();
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(own.key_pem.as_bytes())
             .map_err(|e| internal(e.to_string()))?;
         let provider = crate::tls::provider();
         let verifier = Arc::new(PinnedPeer {
@@ -262,7 +259,7 @@ impl Outbound {
             .map_err(|e| internal(e.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(verifier)
-            .with_client_auth_cert(vec![self.cert.clone()], key)
+            .with_client_auth_cert(vec![own.cert], key)
             .map_err(|e| internal(e.to_string()))?;
         let mut client = AppClient::mtls(
             address,
@@ -273,7 +270,8 @@ impl Outbound {
         if self.signed_peers.contains(peer) {
             client = client.with_signer(self.signer.clone());
         }
-        clients.insert(peer.to_string(), (fingerprint.to_string(), client.clone()));
+        let made = (fingerprint.to_string(), own.generation, client.clone());
+        clients.insert(peer.to_string(), made);
         Ok(client)
     }
 
