@@ -400,6 +400,10 @@ async fn issuer_key<F: Fetch>(f: &F, did: &str, kid: &str) -> Result<Value, Disc
 
 /// The catalog's tools that match the capabilities, each with its OpenAPI document checked;
 /// the others with why.
+/// Most tools taken from one catalog: each may cost a fetch of its spec, and the outbound
+/// role's discovery waits for every source.
+pub const MAX_TOOLS_PER_CATALOG: usize = 1024;
+
 async fn take_tools<F: Fetch>(
     f: &F,
     req: &Request,
@@ -408,6 +412,13 @@ async fn take_tools<F: Fetch>(
     let (mut tools, mut refused) = (Vec::new(), Vec::new());
     for entry in catalog["tools"].as_array().into_iter().flatten() {
         let name = entry["name"].as_str().unwrap_or_default().to_owned();
+        if tools.len() + refused.len() >= MAX_TOOLS_PER_CATALOG {
+            refused.push((
+                name,
+                format!("beyond the {MAX_TOOLS_PER_CATALOG} tools taken"),
+            ));
+            continue;
+        }
         let caps: Vec<String> = entry["x-mcp-tool"]["capabilities"]
             .as_array()
             .into_iter()

@@ -481,3 +481,32 @@ async fn server_errors_are_retried_with_backoff_and_the_last_catalog_is_kept_mea
     settle(&mut held, result, NOW + 400, "t", "u");
     assert!(held.is_none());
 }
+
+/// A catalog of more tools than are taken: the first are taken, the rest refused with the
+/// reason, and no spec of a tool beyond is fetched.
+#[tokio::test]
+async fn a_catalog_gives_at_most_its_share_of_tools() {
+    let f = published();
+    let names: Vec<String> = (0..=MAX_TOOLS_PER_CATALOG)
+        .map(|i| format!("t{i:05}"))
+        .collect();
+    let tools: Vec<Arc<ToolSpec>> = names.iter().map(|n| tool(n)).collect();
+    f.publish(&tools);
+    let mut every = request();
+    every.capabilities = vec!["*".into()];
+    let v = match discover(&f.host, &every, None, NOW + 10).await.unwrap() {
+        Outcome::New(v) => v,
+        Outcome::Unchanged { .. } => panic!("nothing was held"),
+    };
+    assert_eq!(v.tools.len(), MAX_TOOLS_PER_CATALOG);
+    assert_eq!(v.refused.len(), 1, "{:?}", v.refused);
+    assert!(v.refused[0].1.contains("beyond"), "{:?}", v.refused);
+    let last = names.last().unwrap();
+    assert!(!f
+        .host
+        .asked
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|p| p.contains(last.as_str())));
+}
