@@ -41,6 +41,12 @@ pub fn tools_v1_catalog(doc: &Value, cfg: &Loaded) -> Result<Catalog, DiscoveryE
             tracing::warn!("tool_skipped index={i} reason=missing_name");
             continue;
         };
+        // A name is written into log lines and served to agents: no control characters (a
+        // newline would forge a log line).
+        if name.chars().any(char::is_control) {
+            tracing::warn!("tool_skipped index={i} reason=control_character_in_name");
+            continue;
+        }
         let spec = tool_spec(name, t, cfg);
         match spec {
             Ok(s) => {
@@ -109,4 +115,33 @@ fn tool_spec(name: &str, t: &Value, cfg: &Loaded) -> Result<ToolSpec, String> {
             .and_then(Value::as_bool)
             .unwrap_or(true),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name is written into log lines and served to agents: one holding a control
+    /// character (a newline would forge a log line) is skipped, the others are served.
+    #[test]
+    fn a_tool_whose_name_holds_a_control_character_is_skipped() {
+        let cfg = crate::config::parse(
+            "state_dir: /tmp/x\nfront: { protocol: tools-v1 }\n\
+             listeners: { unix: { path: /tmp/x.sock } }\n\
+             app: { protocol: tools-v1, address: 'http://127.0.0.1:1' }\n",
+            std::path::Path::new("/"),
+        )
+        .unwrap();
+        let tool = |name: &str| {
+            serde_json::json!({"name": name, "description": "d",
+                               "input_schema": {"type": "object"}, "output_schema": null})
+        };
+        let doc = serde_json::json!({"version": "v1", "tools": [
+            tool("memory.query"),
+            tool("evil\ntool_definition_changed tool=x"),
+            tool("bell\u{7}"),
+        ]});
+        let catalog = tools_v1_catalog(&doc, &cfg).unwrap();
+        assert_eq!(catalog.tools.keys().collect::<Vec<_>>(), ["memory.query"]);
+    }
 }

@@ -219,7 +219,7 @@ pub fn settle(
                 v.exp
             );
             for (name, why) in &v.refused {
-                tracing::warn!("eat_tool_refused source={id} tool={name} reason={why}");
+                tracing::warn!("eat_tool_refused source={id} tool={name:?} reason={why}");
             }
             *held = Some(v);
         }
@@ -412,6 +412,10 @@ async fn take_tools<F: Fetch>(
     let (mut tools, mut refused) = (Vec::new(), Vec::new());
     for entry in catalog["tools"].as_array().into_iter().flatten() {
         let name = entry["name"].as_str().unwrap_or_default().to_owned();
+        if name.chars().any(char::is_control) {
+            refused.push((name, "a control character in the name".into()));
+            continue;
+        }
         if tools.len() + refused.len() >= MAX_TOOLS_PER_CATALOG {
             refused.push((
                 name,

@@ -192,6 +192,12 @@ pub fn catalog_tools(
             tracing::warn!("tool_skipped index={i} reason=missing_name");
             continue;
         };
+        // A name is written into log lines and served to agents: no control characters (a
+        // newline would forge a log line).
+        if name.chars().any(char::is_control) {
+            tracing::warn!("tool_skipped index={i} reason=control_character_in_name");
+            continue;
+        }
         match tool_spec(name, t, timeout_max(name)) {
             Ok(spec) => {
                 if out.insert(name.to_owned(), Arc::new(spec)).is_some() {
