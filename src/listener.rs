@@ -361,7 +361,10 @@ async fn serve_tcp(
     let parts = (shared.clone(), stacks);
     let Some(listener_tls) = tls else {
         // A signed front on loopback: every call is authenticated by its signature.
-        if let Err(e) = slot.identify(&carapace_filters::call::address_block(peer.ip()), false) {
+        if let Err(e) = slot.identify(
+            &carapace_filters::call::AddressBlock(peer.ip()).to_string(),
+            false,
+        ) {
             tracing::info!(%peer, "closing a connection: {e}");
             return;
         }
@@ -405,7 +408,10 @@ async fn serve_tcp(
     };
     let owner = match &paired {
         Some(p) => slot.identify(&p.id, true),
-        None => slot.identify(&carapace_filters::call::address_block(peer.ip()), false),
+        None => slot.identify(
+            &carapace_filters::call::AddressBlock(peer.ip()).to_string(),
+            false,
+        ),
     };
     if let Err(e) = owner {
         return tracing::info!(%peer, "closing a connection: {e}");

@@ -56,22 +56,27 @@ impl Principal {
     /// answers.)
     pub fn rate_limit_key(&self) -> std::borrow::Cow<'_, str> {
         match self.remote_ip {
-            Some(ip) => std::borrow::Cow::Owned(format!("{}@{}", self.id, address_block(ip))),
+            Some(ip) => std::borrow::Cow::Owned(format!("{}@{}", self.id, AddressBlock(ip))),
             None => std::borrow::Cow::Borrowed(&self.id),
         }
     }
 }
 
-/// The block an unauthenticated caller's budgets are kept under: an IPv6 address's /64 (the
-/// block one host or site is given), an IPv4 address itself. An IPv4 caller on a dual-stack
-/// listener comes as `::ffff:a.b.c.d`: its own address, not one /64 every IPv4 caller shares.
-pub fn address_block(ip: std::net::IpAddr) -> String {
-    match ip.to_canonical() {
-        std::net::IpAddr::V6(v6) => {
-            let block = std::net::Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128));
-            format!("{block}/64")
+/// The block an unauthenticated caller's budgets are kept under, as it is written: an IPv6
+/// address's /64 (the block one host or site is given), an IPv4 address itself. An IPv4
+/// caller on a dual-stack listener comes as `::ffff:a.b.c.d`: its own address, not one /64
+/// every IPv4 caller shares.
+pub struct AddressBlock(pub std::net::IpAddr);
+
+impl std::fmt::Display for AddressBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.to_canonical() {
+            std::net::IpAddr::V6(v6) => {
+                let block = std::net::Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128));
+                write!(f, "{block}/64")
+            }
+            v4 => v4.fmt(f),
         }
-        v4 => v4.to_string(),
     }
 }
 

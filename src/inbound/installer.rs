@@ -95,20 +95,18 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
         self.shared
             .peers
             .modify(|f| {
-                use crate::peers::{ACTIVE, REVOKED};
-                let key = record.public_key_ed25519.as_deref();
-                let of_id = |p: &&crate::peers::PeerRecord| p.component_id == record.component_id;
-                let revoked = |p: &&crate::peers::PeerRecord| {
-                    p.status == REVOKED && (of_id(p) || p.public_key_ed25519.as_deref() == key)
-                };
-                if let Some(r) = f.peers.iter().find(revoked) {
+                let (id, key) = (&record.component_id, record.public_key_ed25519.as_deref());
+                if let Some(r) = f.peers.iter().find(|p| p.revokes(id, key)) {
                     return Err(format!(
                         "gateway {} was revoked during the pairing",
                         r.component_id
                     ));
                 }
                 // The operator's role and policy for this gateway outlive its certificate.
-                if let Some(p) = f.peers.iter().find(|p| of_id(p) && p.status == ACTIVE) {
+                let active = |p: &&crate::peers::PeerRecord| {
+                    &p.component_id == id && p.status == crate::peers::ACTIVE
+                };
+                if let Some(p) = f.peers.iter().find(active) {
                     (record.role, record.policy) = (p.role.clone(), p.policy.clone());
                 }
                 f.version = 1;

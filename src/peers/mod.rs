@@ -182,11 +182,7 @@ impl PeerStore {
             .load()
             .all
             .iter()
-            .find(|e| {
-                e.0.status == REVOKED
-                    && (e.0.component_id == component_id
-                        || e.0.public_key_ed25519.as_deref() == Some(public_key))
-            })
+            .find(|e| e.0.revokes(component_id, Some(public_key)))
             .map(|e| e.0.clone())
     }
 

@@ -53,3 +53,13 @@ pub struct PeerFile {
     #[serde(default)]
     pub peers: Vec<PeerRecord>,
 }
+
+impl PeerRecord {
+    /// Whether this is a revoked record of `component_id`, or of any id with the Ed25519 key
+    /// `public_key`: that component may not pair again until the operator deletes it.
+    pub fn revokes(&self, component_id: &str, public_key: Option<&str>) -> bool {
+        self.status == super::REVOKED
+            && (self.component_id == component_id
+                || (public_key.is_some() && self.public_key_ed25519.as_deref() == public_key))
+    }
+}
