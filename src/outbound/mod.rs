@@ -406,19 +406,15 @@ impl Outbound {
         principal: &carapace_filters::call::Principal,
         now_ms: u64,
     ) -> Result<Vec<serde_json::Value>, String> {
+        let permissions = principal.permissions.as_ref();
         let hits = self
             .index
-            .search(text, limit.saturating_mul(4).max(limit))
+            .search(text, limit, |name| {
+                permissions.is_some_and(|p| p.may_call(name, now_ms))
+            })
             .map_err(|e| e.to_string())?;
         Ok(hits
             .into_iter()
-            .filter(|h| {
-                principal
-                    .permissions
-                    .as_ref()
-                    .is_some_and(|p| p.may_call(&h.name, now_ms))
-            })
-            .take(limit)
             .map(|h| {
                 let state = self.health.of(&h.provider).state;
                 let mut v = serde_json::to_value(&h).expect("a hit serializes");

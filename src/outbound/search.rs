@@ -80,8 +80,16 @@ impl ToolIndex {
         tx.commit()
     }
 
-    /// The best `limit` matches of `text`, best first; nothing for a query without words.
-    pub fn search(&self, text: &str, limit: usize) -> Result<Vec<Hit>, rusqlite::Error> {
+    /// The best `limit` matches of `text` whose name `keep` accepts, best first; nothing for a
+    /// query without words. Matches are read in rank order until `limit` are kept, so a caller
+    /// allowed only a few tools still gets the best of those, however many better ones it may
+    /// not call.
+    pub fn search(
+        &self,
+        text: &str,
+        limit: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Hit>, rusqlite::Error> {
         let Some(query) = fts_query(text) else {
             return Ok(Vec::new());
         };
@@ -89,21 +97,26 @@ impl ToolIndex {
         // Names weigh most, then tags, then descriptions.
         let mut stmt = conn.prepare_cached(
             "SELECT name, description, tags, provider, kind, bm25(tools, 10.0, 1.0, 5.0)
-             FROM tools WHERE tools MATCH ?1 ORDER BY 6, name LIMIT ?2",
+             FROM tools WHERE tools MATCH ?1 ORDER BY 6, name",
         )?;
-        let hits = stmt
-            .query_map(params![query, limit as i64], |r| {
-                let tags: String = r.get(2)?;
-                Ok(Hit {
-                    name: r.get(0)?,
-                    description: r.get(1)?,
-                    tags: tags.split_whitespace().map(str::to_string).collect(),
-                    provider: r.get(3)?,
-                    kind: r.get(4)?,
-                    rank: r.get(5)?,
-                })
-            })?
-            .collect::<Result<_, _>>()?;
+        let mut rows = stmt.query(params![query])?;
+        let mut hits = Vec::new();
+        while hits.len() < limit {
+            let Some(r) = rows.next()? else { break };
+            let name: String = r.get(0)?;
+            if !keep(&name) {
+                continue;
+            }
+            let tags: String = r.get(2)?;
+            hits.push(Hit {
+                name,
+                description: r.get(1)?,
+                tags: tags.split_whitespace().map(str::to_string).collect(),
+                provider: r.get(3)?,
+                kind: r.get(4)?,
+                rank: r.get(5)?,
+            });
+        }
         Ok(hits)
     }
 }
@@ -128,6 +141,10 @@ pub fn fts_query(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn all(_: &str) -> bool {
+        true
+    }
 
     fn index() -> ToolIndex {
         let i = ToolIndex::new().unwrap();
@@ -161,15 +178,53 @@ mod tests {
     #[test]
     fn words_find_tools_by_name_tag_and_description_best_first() {
         let i = index();
-        let hits = i.search("query memory", 10).unwrap();
+        let hits = i.search("query memory", 10, all).unwrap();
         assert_eq!(hits[0].name, "memory.query");
         assert_eq!(hits.len(), 2);
-        let hits = i.search("forec", 10).unwrap();
+        let hits = i.search("forec", 10, all).unwrap();
         assert_eq!(hits.len(), 1);
         assert_eq!(hits[0].tags, ["weather", "forecast"]);
-        assert_eq!(i.search("city", 10).unwrap()[0].name, "weather.forecast");
-        assert!(i.search("nothing-like-it", 10).unwrap().is_empty());
-        assert_eq!(i.search("memory", 1).unwrap().len(), 1);
+        assert_eq!(
+            i.search("city", 10, all).unwrap()[0].name,
+            "weather.forecast"
+        );
+        assert!(i.search("nothing-like-it", 10, all).unwrap().is_empty());
+        assert_eq!(i.search("memory", 1, all).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_caller_allowed_few_tools_gets_the_best_of_those_below_many_better_ones() {
+        let i = ToolIndex::new().unwrap();
+        // Forty tools rank above the one the caller may call (their names match too).
+        let mut tools: Vec<Indexed> = (0..40)
+            .map(|n| Indexed {
+                name: format!("memory.tool{n:02}"),
+                description: "memory memory".into(),
+                tags: vec!["memory".into()],
+                provider: "memory-east".into(),
+                kind: "peer",
+            })
+            .collect();
+        tools.push(Indexed {
+            name: "notes.find".into(),
+            description: "Find notes in memory".into(),
+            tags: Vec::new(),
+            provider: "notes".into(),
+            kind: "peer",
+        });
+        i.replace(&tools).unwrap();
+        let everything = i.search("memory", 100, all).unwrap();
+        assert_eq!(everything.len(), 41);
+        assert_eq!(everything.last().unwrap().name, "notes.find");
+        let allowed = |name: &str| name == "notes.find";
+        let hits = i.search("memory", 1, allowed).unwrap();
+        assert_eq!(hits.len(), 1);
+        assert_eq!(hits[0].name, "notes.find");
+        // Stops at `limit` kept.
+        let even = |name: &str| name.ends_with(['0', '2', '4', '6', '8']);
+        let hits = i.search("memory", 3, even).unwrap();
+        let names: Vec<_> = hits.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["memory.tool00", "memory.tool02", "memory.tool04"]);
     }
 
     #[test]
@@ -199,12 +254,15 @@ mod tests {
             &"a".repeat(5000),
             &"w ".repeat(100),
         ] {
-            let got = i.search(q, 10);
+            let got = i.search(q, 10, all);
             assert!(got.is_ok(), "{q:?}: {got:?}");
         }
         // `NEAR` is a word like any other (it is in a description).
-        assert_eq!(i.search("NEAR", 10).unwrap()[0].name, "weather.forecast");
-        assert_eq!(i.search("-memory", 10).unwrap().len(), 2);
+        assert_eq!(
+            i.search("NEAR", 10, all).unwrap()[0].name,
+            "weather.forecast"
+        );
+        assert_eq!(i.search("-memory", 10, all).unwrap().len(), 2);
     }
 
     #[test]
