@@ -518,6 +518,19 @@ def test_state_dir_on_a_volume(case):
     else:
         assert state["emptyDir"] == {"sizeLimit": "64Mi"}
     assert "admin" not in cfg  # the admin socket stays <state_dir>/admin.sock
+    # ...which the commands run in the container (`carapace pair`, `kill-switch`, `peers`)
+    # are told through the environment, since their own default is the image's.
+    env = {e["name"]: e.get("value") for e in container(spec, "carapace").get("env", [])}
+    assert env["CARAPACE_ADMIN_SOCKET"] == cfg["state_dir"] + "/admin.sock"
+
+
+def test_the_users_environment_goes_beside_the_admin_socket():
+    r = render_chart(CHART, {"env": [{"name": "RUST_LOG", "value": "debug"}]})
+    env = container(pod_spec(r), "carapace")["env"]
+    assert env == [
+        {"name": "CARAPACE_ADMIN_SOCKET", "value": STATE + "/admin.sock"},
+        {"name": "RUST_LOG", "value": "debug"},
+    ]
 
 
 def test_secrets_mounted_read_only(case):

@@ -310,10 +310,13 @@ args:
   - serve
   - --config
   - {{ include "carapace.path.config" . }}
-{{- with $v.env }}
 env:
+  # Where `carapace pair`, `kill-switch` and `peers` run in the container find the admin socket.
+  - name: CARAPACE_ADMIN_SOCKET
+    value: {{ include "carapace.path.state" . }}/admin.sock
+  {{- with $v.env }}
   {{- toYaml . | nindent 2 }}
-{{- end }}
+  {{- end }}
 ports:
   {{- if ne $v.role "gateway" }}
   - name: tools

@@ -61,15 +61,24 @@ pub(crate) enum KillAction {
     },
 }
 
+/// The variable naming the admin socket when neither `--admin-socket` nor `-c` does (the chart
+/// sets it in the container, so commands run there find the socket).
+pub(crate) const ADMIN_SOCKET_ENV: &str = "CARAPACE_ADMIN_SOCKET";
+
+/// The admin socket: `--admin-socket`, else `-c`'s, else [`ADMIN_SOCKET_ENV`]'s (`from_env`).
 fn admin_socket_of(
     admin_socket: Option<PathBuf>,
     config: Option<PathBuf>,
+    from_env: Option<std::ffi::OsString>,
 ) -> Result<PathBuf, String> {
-    match (admin_socket, config) {
-        (Some(p), _) => Ok(p),
+    match (admin_socket, config, from_env) {
+        (Some(p), _, _) => Ok(p),
         // Only the socket's path is read: no secret the file names needs to be there.
-        (None, Some(c)) => config::admin_socket_of(&c),
-        (None, None) => Err("give --admin-socket PATH or -c CONFIG".into()),
+        (None, Some(c), _) => config::admin_socket_of(&c),
+        (None, None, Some(p)) if !p.is_empty() => Ok(PathBuf::from(p)),
+        (None, None, _) => Err(format!(
+            "give --admin-socket PATH or -c CONFIG (or set {ADMIN_SOCKET_ENV})"
+        )),
     }
 }
 
@@ -78,7 +87,7 @@ fn socket_or_exit(
     admin_socket: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> Result<PathBuf, ExitCode> {
-    admin_socket_of(admin_socket, config).map_err(|e| {
+    admin_socket_of(admin_socket, config, std::env::var_os(ADMIN_SOCKET_ENV)).map_err(|e| {
         eprintln!("{e}");
         ExitCode::from(EXIT_CONFIG)
     })
@@ -285,6 +294,36 @@ pub(crate) fn admin_call(
         Err(e) => {
             eprintln!("{e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_socket_comes_from_the_flag_then_the_config_then_the_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("carapace.yaml");
+        std::fs::write(&cfg, "state_dir: /srv/state\n").unwrap();
+        let env = Some(std::ffi::OsString::from("/from/env.sock"));
+        let flag = Some(PathBuf::from("/from/flag.sock"));
+        assert_eq!(
+            admin_socket_of(flag, Some(cfg.clone()), env.clone()).unwrap(),
+            PathBuf::from("/from/flag.sock")
+        );
+        assert_eq!(
+            admin_socket_of(None, Some(cfg), env.clone()).unwrap(),
+            PathBuf::from("/srv/state/admin.sock")
+        );
+        assert_eq!(
+            admin_socket_of(None, None, env).unwrap(),
+            PathBuf::from("/from/env.sock")
+        );
+        for unset in [None, Some(std::ffi::OsString::new())] {
+            let e = admin_socket_of(None, None, unset).unwrap_err();
+            assert!(e.contains(ADMIN_SOCKET_ENV), "{e}");
         }
     }
 }

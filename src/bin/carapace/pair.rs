@@ -56,7 +56,11 @@ pub(crate) enum PairCommand {
 pub(crate) fn pair_socket(t: &PairTransport) -> PathBuf {
     t.admin_socket
         .clone()
-        .or_else(|| std::env::var_os("CARAPACE_ADMIN_SOCKET").map(PathBuf::from))
+        .or_else(|| {
+            std::env::var_os(crate::admin::ADMIN_SOCKET_ENV)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+        })
         .unwrap_or_else(|| PathBuf::from("/var/lib/carapace/admin.sock"))
 }
 
