@@ -7,7 +7,8 @@
 //! a certificate that no paired peer holds gets its one answer (`PAIRING_REQUIRED` or
 //! `FORBIDDEN`, from the stack) on a connection that closes after it and lives at most
 //! `first_request_timeout_ms`. The [`ConnectionTable`] keeps such connections, and every
-//! other unpaired one, from ever locking out a paired peer.
+//! other unpaired one, from ever locking out a paired peer; when the peer store changes, the
+//! connections of peers it no longer holds as active are closed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -148,6 +149,12 @@ async fn serve_connection<IO>(
     let builder = http_builder(&cfg, h2_only, lifetime.single_answer);
     let requests = slot.requests();
     let stack = ConnectionStack::new(stacks);
+    // An unpaired certificate's one answer ends its connection: HTTP/1 by `keep_alive(false)`,
+    // HTTP/2 (many streams on one connection) by a GOAWAY once the first answer is made.
+    let answered = lifetime
+        .single_answer
+        .then(|| Arc::new(tokio::sync::Notify::new()));
+    let first_answer = answered.clone();
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let expectation = BodyExpectation::of(&req);
         let (mut parts, body) = req.into_parts();
@@ -156,8 +163,12 @@ async fn serve_connection<IO>(
         let req = Request::from_parts(parts, body);
         let guard = requests.start();
         let call = stack.call(req);
+        let first_answer = first_answer.clone();
         async move {
             let mut resp = call.await;
+            if let Some(answered) = first_answer {
+                answered.notify_one();
+            }
             if let (Ok(resp), Some(rest)) = (&mut resp, unread.and_then(Unread::take)) {
                 caller_body::settle(rest, expectation, resp);
             }
@@ -176,7 +187,9 @@ async fn serve_connection<IO>(
     let watch = slot.closing(lifetime.first_request, idle, lifetime.head);
     let (_watch, mut closing, mut draining) = ConnectionWatch::spawn(watch, drain);
     let mut conn = std::pin::pin!(conn);
-    let mut drained = false;
+    let (mut drained, mut answer_made) = (false, false);
+    // Armed once an unpaired certificate's answer is made.
+    let mut cutoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         tokio::select! {
             biased;
@@ -195,6 +208,21 @@ async fn serve_connection<IO>(
                 if r.is_ok() {
                     conn.as_mut().graceful_shutdown();
                 }
+            }
+            _ = async { answered.as_ref().expect("checked").notified().await },
+                if answered.is_some() && !answer_made =>
+            {
+                answer_made = true;
+                conn.as_mut().graceful_shutdown();
+                // HTTP/2's GOAWAY waits for the client's answer to a PING: one that never
+                // answers is closed anyway. Not before an HTTP/1 answer's lingering close
+                // (reading what the client still sends, so that it gets the answer) is over.
+                let after = lifetime.head + crate::lingering::LINGER_TIME;
+                cutoff = Some(Box::pin(tokio::time::sleep(after)));
+            }
+            _ = async { cutoff.as_mut().expect("armed").await }, if cutoff.is_some() => {
+                tracing::debug!("connection closed: its one answer was made");
+                return;
             }
         }
     }
@@ -321,6 +349,7 @@ pub async fn accept_tcp(
 ) {
     let limits = shared.config.load().config.limits.clone();
     let table = ConnectionTable::new(limits.max_connections, limits.max_connections_per_peer);
+    let mut peers_changed = shared.peers.changes();
     loop {
         let (stream, peer) = tokio::select! {
             r = l.accept() => match r {
@@ -328,6 +357,13 @@ pub async fn accept_tcp(
                 Err(e) => { tracing::warn!("tcp accept: {e}"); tokio::time::sleep(Duration::from_millis(50)).await; continue; }
             },
             _ = shutdown.changed() => return,
+            Ok(()) = peers_changed.changed() => {
+                let closed = table.close_unpaired(|cert| shared.peers.resolve(cert).is_ok());
+                if closed > 0 {
+                    tracing::info!(closed, "closed the connections of peers no longer paired");
+                }
+                continue;
+            }
         };
         let slot = match table.admit() {
             Ok(slot) => slot,
@@ -406,15 +442,24 @@ async fn serve_tcp(
         ConnectionIdentity::Certificate(cert) => shared.peers.resolve(cert).ok(),
         _ => None,
     };
-    let owner = match &paired {
-        Some(p) => slot.identify(&p.id, true),
-        None => slot.identify(
+    let owner = match (&paired, &identity) {
+        (Some(p), ConnectionIdentity::Certificate(cert)) => {
+            slot.identify_paired(&p.id, cert.clone())
+        }
+        _ => slot.identify(
             &carapace_filters::call::AddressBlock(peer.ip()).to_string(),
             false,
         ),
     };
     if let Err(e) = owner {
         return tracing::info!(%peer, "closing a connection: {e}");
+    }
+    // A revocation between the lookup and `identify_paired` found no peer on this slot to
+    // close: looked up again, now that the slot is the peer's.
+    if let (Some(_), ConnectionIdentity::Certificate(cert)) = (&paired, &identity) {
+        if shared.peers.resolve(cert).is_err() {
+            return tracing::info!(%peer, "closing a connection: its peer is no longer paired");
+        }
     }
     if paired.is_none() && matches!(identity, ConnectionIdentity::Certificate(_)) {
         // Answered (PAIRING_REQUIRED or FORBIDDEN) once, then closed.

@@ -32,6 +32,32 @@ async fn tls_connect(
         .unwrap()
 }
 
+/// An HTTP/2 connection to the tools listener as `who`, and the task driving it (which ends
+/// when the connection does).
+async fn h2_connect(
+    env: &Env,
+    r: &Running,
+    who: &Issued,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let addr = r.tcp_address.unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let config = tls_config(&env.pki.ca.cert_pem(), Some(who), true);
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::from(addr.ip()), tcp)
+        .await
+        .unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    (send, tokio::spawn(conn))
+}
+
 /// Whether the peer closed the stream (EOF or reset) within `within`.
 async fn closed_within<S: AsyncReadExt + Unpin>(s: &mut S, within: Duration) -> bool {
     let mut buf = [0u8; 4096];
@@ -176,6 +202,98 @@ async fn an_unpaired_certificate_gets_its_answer_and_the_connection_closes() {
 }
 
 #[tokio::test]
+async fn on_http2_an_unpaired_certificate_gets_one_answer_and_the_connection_goes_away() {
+    use http_body_util::{BodyExt, Full};
+    let env = Env::new().await;
+    // Far longer than the test waits: the connection must end because of its answer.
+    let r = env
+        .start(&env.tools_yaml("limits: { first_request_timeout_ms: 60000 }"))
+        .await;
+    let addr = r.tcp_address.unwrap();
+    let (mut send, conn) = h2_connect(&env, &r, &env.pki.stranger).await;
+    let post = || {
+        let body = call("memory.query", json!({"query": "x"})).to_string();
+        http::Request::post(format!("https://{addr}/v1/tools/call"))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    let first = send.send_request(post()).await.unwrap();
+    // tools-v1 answers its errors in its envelope.
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains(r#""code":"PAIRING_REQUIRED""#),
+        "{body:?}"
+    );
+    // The server said GOAWAY after its answer and closed: the client's connection ends, and
+    // no second request is served on it.
+    tokio::time::timeout(CLOSE_WITHIN, conn)
+        .await
+        .expect("the connection ended after its one answer")
+        .unwrap()
+        .ok();
+    assert!(send.send_request(post()).await.is_err());
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn revoking_a_peer_closes_the_connections_it_holds_open() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { idle_timeout_ms: 60000 }"))
+        .await;
+    let mut kept = tls_connect(&env, &r, &env.pki.gateway).await;
+    kept.write_all(&request_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut kept).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // A keep-alive connection of a paired peer stays open between requests...
+    assert!(!closed_within(&mut kept, Duration::from_millis(200)).await);
+    let (status, _) = carapace::admin::request(
+        &r.admin_socket,
+        http::Method::POST,
+        "/v1/peers/revoke",
+        Some(json!({"component_id": "gw_test"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, http::StatusCode::OK);
+    // ...until the peer is revoked: then it is closed, long before its idle timeout.
+    assert!(closed_within(&mut kept, CLOSE_WITHIN).await);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_peer_paired_again_with_another_certificate_loses_the_old_ones_connections() {
+    let env = Env::new().await;
+    let r = env
+        .start(&env.tools_yaml("limits: { idle_timeout_ms: 60000 }"))
+        .await;
+    let mut old = tls_connect(&env, &r, &env.pki.gateway).await;
+    old.write_all(&request_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut old).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // `gw_test` is still active, now by another certificate; the file is reloaded.
+    common::write_peers(
+        &env.path().join("peers.json"),
+        &[(&env.pki.stranger.fingerprint, "gw_test", "active")],
+    );
+    let (status, _) =
+        carapace::admin::request(&r.admin_socket, http::Method::POST, "/v1/reload", None)
+            .await
+            .unwrap();
+    assert_eq!(status, http::StatusCode::OK);
+    assert!(closed_within(&mut old, CLOSE_WITHIN).await);
+    // The new certificate's connections are served.
+    let mut new = tls_connect(&env, &r, &env.pki.stranger).await;
+    new.write_all(&request_bytes()).await.unwrap();
+    let (head, body) = read_answer(&mut new).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!body.contains("PAIRING_REQUIRED"), "{body}");
+    drop((old, new));
+    r.shutdown().await;
+}
+
+#[tokio::test]
 async fn one_peer_holds_at_most_its_share_of_connections() {
     let env = Env::new().await;
     let r = env
@@ -303,19 +421,7 @@ async fn on_http2_a_refused_upload_resets_only_its_stream() {
         .start(&env.tools_yaml("limits: { max_body_bytes: 1024 }"))
         .await;
     let addr = r.tcp_address.unwrap();
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let config = tls_config(&env.pki.ca.cert_pem(), Some(&env.pki.gateway), true);
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(ServerName::from(addr.ip()), tcp)
-        .await
-        .unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tls),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let (mut send, _conn) = h2_connect(&env, &r, &env.pki.gateway).await;
     let post = |body: Vec<u8>| {
         http::Request::post(format!("https://{addr}/v1/tools/call"))
             .header("content-type", "application/json")

@@ -68,13 +68,23 @@ impl Principal {
 /// every IPv4 caller shares.
 pub struct AddressBlock(pub std::net::IpAddr);
 
-impl std::fmt::Display for AddressBlock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl AddressBlock {
+    /// The block as one address: an IPv6 address's first 64 bits (the rest zero), an IPv4
+    /// address itself.
+    pub fn key(&self) -> std::net::IpAddr {
         match self.0.to_canonical() {
             std::net::IpAddr::V6(v6) => {
-                let block = std::net::Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128));
-                write!(f, "{block}/64")
+                std::net::Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128)).into()
             }
+            v4 => v4,
+        }
+    }
+}
+
+impl std::fmt::Display for AddressBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.key() {
+            std::net::IpAddr::V6(block) => write!(f, "{block}/64"),
             v4 => v4.fmt(f),
         }
     }

@@ -92,7 +92,7 @@ async fn serve_with<A>(
     A: Fn(&str) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
 {
     let open = Arc::new(Semaphore::new(limits.max_connections));
-    let by_address = Arc::new(AddressCount::default());
+    let by_address = crate::connections::AddressPlaces::new(limits.per_address);
     loop {
         let (stream, peer) = tokio::select! {
             r = l.accept() => match r {
@@ -106,7 +106,7 @@ async fn serve_with<A>(
             _ = shutdown.changed() => return,
         };
         // At either cap the new connection is closed (dropped) at once.
-        let Some(from) = by_address.admit(peer.ip(), limits.per_address) else {
+        let Some(from) = by_address.take(peer.ip()) else {
             continue;
         };
         let Ok(slot) = open.clone().try_acquire_owned() else {
@@ -126,37 +126,6 @@ async fn serve_with<A>(
             let _ = tokio::time::timeout(limits.lifetime, conn).await;
             drop((slot, from));
         });
-    }
-}
-
-/// Connections open per address.
-#[derive(Default)]
-struct AddressCount(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// A connection counted for its address until dropped.
-struct Counted(Arc<AddressCount>, std::net::IpAddr);
-
-impl AddressCount {
-    fn admit(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<Counted> {
-        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(ip).or_default();
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(Counted(self.clone(), ip))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let mut open = (self.0).0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.1);
-            }
-        }
     }
 }
 

@@ -74,6 +74,8 @@ pub struct PeerStore {
     seen: Mutex<SeenLog>,
     /// When each peer's certificate was last warned about (Unix ms).
     expiry_warned: Mutex<HashMap<String, u64>>,
+    /// Told each time a new snapshot is served.
+    changed: tokio::sync::watch::Sender<()>,
 }
 
 impl std::fmt::Debug for PeerStore {
@@ -108,6 +110,7 @@ impl PeerStore {
             clock: Arc::new(carapace_filters::unix_now_ms),
             seen: Mutex::default(),
             expiry_warned: Mutex::default(),
+            changed: tokio::sync::watch::Sender::new(()),
         }
     }
 
@@ -121,6 +124,18 @@ impl PeerStore {
         &self.path
     }
 
+    /// Serve `next` and tell whoever watches the store.
+    fn serve(&self, next: Snapshot) {
+        self.snapshot.store(Arc::new(next));
+        self.changed.send_replace(());
+    }
+
+    /// A watch that sees each change of the store (a peer paired, revoked, or the file
+    /// reloaded): listeners close the connections of peers no longer active.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+
     /// Re-read the file and swap it in if its content changed. The whole file is read and
     /// hashed each time (it is small), so no edit is missed whatever the file system's
     /// timestamp granularity. A bad file keeps the old store (and says why). Serialized with
@@ -132,7 +147,7 @@ impl PeerStore {
         if next.digest == self.snapshot.load().digest {
             return Ok(false);
         }
-        self.snapshot.store(Arc::new(next));
+        self.serve(next);
         Ok(true)
     }
 
@@ -237,7 +252,7 @@ impl PeerStore {
                 source,
             }
         })?;
-        self.snapshot.store(Arc::new(read(&self.path)?));
+        self.serve(read(&self.path)?);
         Ok(out)
     }
 

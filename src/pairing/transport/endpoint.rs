@@ -11,7 +11,10 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::WebSocketStream;
 
 /// Largest pairing message accepted (as crabstack: 64 KiB).
-use super::{next_text, send_all, ws_config, PairingError, MAX_PAIRING_CONNECTIONS, STEP_TIMEOUT};
+use super::{
+    next_text, send_all, ws_config, PairingError, MAX_PAIRING_CONNECTIONS,
+    MAX_PAIRING_CONNECTIONS_PER_ADDRESS, STEP_TIMEOUT,
+};
 use crate::pairing::handshake::{Installed, Progress, RemoteConfig, RemoteHandshake};
 use crate::pairing::identity::HostIdentity;
 use crate::pairing::wire::{PairError, WireMessage};
@@ -111,14 +114,16 @@ impl PairingEndpoint {
         mut shutdown: watch::Receiver<bool>,
     ) {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PAIRING_CONNECTIONS));
+        let per_address =
+            crate::connections::AddressPlaces::new(MAX_PAIRING_CONNECTIONS_PER_ADDRESS);
         // Pairings in flight end with the endpoint: abandoning one is safe (nothing is used
         // before `pair.complete`), and nothing of the endpoint outlives a shutdown.
         let mut connections = tokio::task::JoinSet::new();
         loop {
             while connections.try_join_next().is_some() {}
-            let stream = tokio::select! {
+            let (stream, from) = tokio::select! {
                 r = listener.accept() => match r {
-                    Ok((s, _)) => s,
+                    Ok(s) => s,
                     Err(e) => {
                         tracing::warn!("pairing accept: {e}");
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -131,6 +136,10 @@ impl PairingEndpoint {
                     return;
                 }
             };
+            let Some(place) = per_address.take(from.ip()) else {
+                tracing::info!(%from, "pairing connection closed: its address holds its most");
+                continue;
+            };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 continue;
             };
@@ -142,7 +151,7 @@ impl PairingEndpoint {
                     Err(_) => tracing::warn!("pairing failed: not finished within {whole:?}"),
                     Ok(Ok(())) => {}
                 }
-                drop(slot);
+                drop((slot, place));
             });
         }
     }

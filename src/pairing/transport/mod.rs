@@ -28,6 +28,9 @@ pub const PAIR_TIMEOUT: Duration = Duration::from_secs(15);
 /// Pairing connections served at once by a tool host (the rest are closed at accept). Only
 /// one of them pairs at a time; the others wait for their first message or are refused.
 pub const MAX_PAIRING_CONNECTIONS: usize = 16;
+/// Of those, what one address (an IPv6 address's /64) may hold: a caller opening connections
+/// and sending nothing cannot take every place for the time a step allows.
+pub const MAX_PAIRING_CONNECTIONS_PER_ADDRESS: usize = 4;
 
 /// A pairing that did not complete.
 #[derive(Debug, thiserror::Error)]

@@ -46,10 +46,17 @@ struct Counting {
     abandoned: AtomicUsize,
     /// Activation fails (as when the listener's new TLS cannot be built).
     refuse_activation: std::sync::atomic::AtomicBool,
+    /// Installing takes this long (ms), holding the pairing.
+    install_ms: std::sync::atomic::AtomicU64,
 }
 
 impl PairingSink for Counting {
     fn install(&self, _: &Installed) -> Result<(), String> {
+        let ms = self.install_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            // The endpoint's other connections go on meanwhile (a multi-thread runtime).
+            tokio::task::block_in_place(|| std::thread::sleep(Duration::from_millis(ms)));
+        }
         self.installed.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -299,4 +306,67 @@ async fn a_silent_connection_does_not_keep_a_gateway_from_pairing() {
         .unwrap();
     assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
     assert_closed(&mut silent).await;
+}
+
+/// Connections from one address that send nothing hold at most its share of the endpoint's
+/// places: a gateway elsewhere still pairs while they are open.
+#[tokio::test]
+async fn silent_connections_from_one_address_leave_places_for_a_gateway() {
+    let s = setup().await;
+    let addr: std::net::SocketAddr = s
+        .url
+        .trim_start_matches("ws://")
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..MAX_PAIRING_CONNECTIONS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        silent.push(socket.connect(addr).await.unwrap());
+    }
+    // Past its share, the address's connections are closed at once (the others are held
+    // for a step, 300 ms here).
+    let ended = futures_util::future::join_all(silent.iter_mut().map(|c| async move {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(150), c.read(&mut b)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+    }))
+    .await;
+    let closed = ended.iter().filter(|e| **e).count();
+    assert_eq!(
+        closed,
+        MAX_PAIRING_CONNECTIONS - MAX_PAIRING_CONNECTIONS_PER_ADDRESS
+    );
+    pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(())))
+        .await
+        .unwrap();
+    assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
+}
+
+/// Two verified pairings at once: the second is refused with the protocol's `pair.error`
+/// while the first runs, and the first completes; one pairing is installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_verified_pairing_is_refused_while_the_first_runs() {
+    let s = setup().await;
+    s.sink.install_ms.store(250, Ordering::SeqCst);
+    let first = tokio::spawn(pair(
+        s.gateway.clone(),
+        request(&s.url),
+        Box::new(|_| Ok(())),
+    ));
+    // The first is inside its install (250 ms) when the second's `pair.init` arrives.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = pair(s.gateway.clone(), request(&s.url), Box::new(|_| Ok(()))).await;
+    let refused = second.expect_err("the second pairing ran beside the first");
+    assert!(
+        refused.to_string().contains("a pairing is already running"),
+        "{refused}"
+    );
+    first.await.unwrap().expect("the first pairing completes");
+    assert_eq!(s.sink.installed.load(Ordering::SeqCst), 1);
+    assert_eq!(s.sink.activated.load(Ordering::SeqCst), 1);
 }

@@ -10,6 +10,10 @@
 //! known, at most `max_per_peer` connections are held per peer (a paired peer's
 //! `component_id`, otherwise the caller's address).
 
+pub mod address;
+
+pub use address::{AddressPlace, AddressPlaces};
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +22,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use tokio::sync::Notify;
+
+use carapace_filters::identity::PeerCertificate;
 
 /// The open connections of one listener.
 #[derive(Debug)]
@@ -56,6 +62,8 @@ pub struct Activity {
     /// Set when the first request ends (the idle deadline replaces the first-request one).
     ended: Notify,
     peer: Mutex<Option<String>>,
+    /// A paired peer's connection: the certificate it was paired by.
+    certificate: Mutex<Option<Arc<PeerCertificate>>>,
 }
 
 /// No request head is arriving.
@@ -123,6 +131,7 @@ impl ConnectionTable {
             close: Notify::new(),
             ended: Notify::new(),
             peer: Mutex::new(None),
+            certificate: Mutex::new(None),
         });
         inner.open.insert(id, activity.clone());
         Ok(Slot {
@@ -130,6 +139,35 @@ impl ConnectionTable {
             id,
             activity,
         })
+    }
+}
+
+impl ConnectionTable {
+    /// Close the connections of paired peers whose certificate `still_paired` no longer
+    /// accepts (the peer revoked, gone from the store, or paired again with another
+    /// certificate), requests in flight or not: a revocation ends what the peer has open, not
+    /// only its next request. Returns how many were closed.
+    pub fn close_unpaired(&self, still_paired: impl Fn(&PeerCertificate) -> bool) -> usize {
+        let mut inner = self.lock();
+        let gone: Vec<u64> = inner
+            .open
+            .iter()
+            .filter(|(_, a)| {
+                a.trusted.load(Ordering::Acquire)
+                    && a.certificate
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_deref()
+                        .is_some_and(|c| !still_paired(c))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            let closed = inner.open.remove(id).expect("listed above");
+            release_peer(&mut inner, &closed);
+            closed.close.notify_one();
+        }
+        gone.len()
     }
 }
 
@@ -176,6 +214,21 @@ impl Slot {
         *self.activity.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(peer.to_string());
         self.activity.trusted.store(trusted, Ordering::Release);
         Ok(())
+    }
+
+    /// Say this is the connection of the paired peer `peer`, by `certificate`: trusted, and
+    /// closed when the certificate no longer pairs it ([`ConnectionTable::close_unpaired`]).
+    pub fn identify_paired(
+        &self,
+        peer: &str,
+        certificate: Arc<PeerCertificate>,
+    ) -> Result<(), Refused> {
+        *self
+            .activity
+            .certificate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(certificate);
+        self.identify(peer, true)
     }
 
     /// A handle the connection's request service marks requests with.
@@ -408,123 +461,4 @@ impl Drop for RequestGuard {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn at_the_cap_the_oldest_evictable_connection_makes_room() {
-        let t = ConnectionTable::new(2, 10);
-        let a = t.admit().unwrap();
-        let b = t.admit().unwrap();
-        b.identify("gw", true).unwrap();
-        // `a` (anonymous, idle) is closed for `c`.
-        let c = t.admit().unwrap();
-        assert_eq!(t.len(), 2);
-        assert!(!t.lock().open.contains_key(&a.id));
-        // `c` is busy and `b` trusted: nothing can make room.
-        let _busy = c.requests().start();
-        assert_eq!(t.admit().unwrap_err(), Refused::Full);
-        drop(a);
-        assert_eq!(t.len(), 2);
-        drop(c);
-        assert_eq!(t.len(), 1);
-    }
-
-    #[test]
-    fn a_peer_holds_at_most_its_share() {
-        let t = ConnectionTable::new(10, 2);
-        let a = t.admit().unwrap();
-        let b = t.admit().unwrap();
-        let c = t.admit().unwrap();
-        a.identify("10.0.0.1", false).unwrap();
-        b.identify("10.0.0.1", false).unwrap();
-        assert_eq!(
-            c.identify("10.0.0.1", false),
-            Err(Refused::PeerFull("10.0.0.1".into()))
-        );
-        c.identify("10.0.0.2", false).unwrap();
-        drop(a);
-        let d = t.admit().unwrap();
-        d.identify("10.0.0.1", false).unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_silent_connection_closes_at_the_first_request_deadline() {
-        let t = ConnectionTable::new(4, 4);
-        let s = t.admit().unwrap();
-        let started = tokio::time::Instant::now();
-        s.closing(
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            Duration::from_secs(5),
-        )
-        .await;
-        assert_eq!(started.elapsed(), Duration::from_secs(5));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_idle_connection_closes_after_its_last_request_but_never_during_one() {
-        let t = ConnectionTable::new(4, 4);
-        let s = t.admit().unwrap();
-        let requests = s.requests();
-        let started = tokio::time::Instant::now();
-        let closing = s.closing(
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            Duration::from_secs(5),
-        );
-        let work = async {
-            let g = requests.start();
-            // A long call: the connection is busy, not idle, past both deadlines.
-            tokio::time::sleep(Duration::from_secs(100)).await;
-            drop(g);
-            std::future::pending::<()>().await
-        };
-        tokio::select! {
-            _ = closing => {}
-            _ = work => unreachable!(),
-        }
-        // Closed 60 s after the call ended (to within the idle poll).
-        let took = started.elapsed();
-        assert!(
-            took >= Duration::from_secs(160) && took <= Duration::from_millis(160_200),
-            "{took:?}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_keep_alive_connection_waits_the_idle_timeout_but_a_slow_head_only_its_own() {
-        let t = ConnectionTable::new(4, 4);
-        let s = t.admit().unwrap();
-        let requests = s.requests();
-        drop(requests.start());
-        let started = tokio::time::Instant::now();
-        let (first, idle, head) = (
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            Duration::from_secs(5),
-        );
-        // Nothing arrives: closed at the idle timeout, not at the head timeout.
-        s.closing(first, idle, head).await;
-        assert!(started.elapsed() >= idle, "{:?}", started.elapsed());
-        // A head begins 20 s into the wait and never completes: closed within twice `head`.
-        let s = t.admit().unwrap();
-        let requests = s.requests();
-        drop(requests.start());
-        let started = tokio::time::Instant::now();
-        let trickle = async {
-            tokio::time::sleep(Duration::from_secs(20)).await;
-            requests.bytes_arrived();
-            std::future::pending::<()>().await
-        };
-        tokio::select! {
-            _ = s.closing(first, idle, head) => {}
-            _ = trickle => unreachable!(),
-        }
-        let took = started.elapsed();
-        assert!(
-            took >= Duration::from_secs(25) && took <= Duration::from_secs(30),
-            "{took:?}"
-        );
-    }
-}
+mod tests;
