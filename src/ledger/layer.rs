@@ -9,7 +9,7 @@ use carapace_filters::{BoxFuture, Rejection};
 use tower::{Layer, Service};
 
 use super::record::{Ending, Record, Started};
-use super::Ledger;
+use super::{Ledger, Place};
 use crate::receipts::layer::ending;
 use crate::receipts::{output_tag, value_tag, ReceiptSlot, Tag};
 
@@ -78,7 +78,7 @@ impl<S> Layer<S> for LedgerLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Recorded {
             inner,
-            layer: self.clone(),
+            layer: Arc::new(self.clone()),
         }
     }
 }
@@ -87,7 +87,8 @@ impl<S> Layer<S> for LedgerLayer {
 #[derive(Clone)]
 pub struct Recorded<S> {
     inner: S,
-    layer: LedgerLayer,
+    /// Shared: a call takes one reference, not one per part of the layer.
+    layer: Arc<LedgerLayer>,
 }
 
 impl<S> Service<ToolCall> for Recorded<S>
@@ -176,9 +177,9 @@ where
 /// dropped first (the caller cancelled it or went away; the app may have run it, so a priced
 /// call is charged): an accepted call is always recorded.
 struct Pending {
-    layer: LedgerLayer,
+    layer: Arc<LedgerLayer>,
     record: Option<Started>,
-    reserved: Option<tokio::sync::mpsc::OwnedPermit<Record>>,
+    reserved: Option<Place>,
     started: tokio::time::Instant,
     price: Option<u64>,
 }

@@ -3,8 +3,9 @@
 //! ([`store`]).
 //!
 //! Writes never sit on the call path: the [`LedgerLayer`] hands each finished call's
-//! [`Record`] (its fields in one buffer) to a bounded queue, and one thread takes what has queued up every
-//! [`WRITE_INTERVAL`] and writes it in one transaction (group commit; calls never wake it).
+//! [`Record`] (its fields in one buffer) to a bounded queue ([`queue`]), and one thread takes
+//! what has queued up every [`WRITE_INTERVAL`] and writes it in one transaction (group commit;
+//! calls never wake it).
 //! When the queue is full, `ledger.on_full` decides: `drop` the entry (counted in
 //! `carapace_ledger_dropped_total`) or `refuse` new calls until there is room (a place in the
 //! queue is taken when a call starts, so an accepted call is always recorded).
@@ -16,17 +17,18 @@ use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 pub mod layer;
+pub mod queue;
 pub mod record;
 pub mod store;
 
 pub use layer::LedgerLayer;
+pub use queue::Place;
 pub use record::Record;
 pub use store::{Entry, Row};
 
 use crate::config::{LedgerConfig, LedgerFull};
+use queue::RecordQueue;
 
 /// The ledger's file in `state_dir` unless `ledger.path` says otherwise.
 pub const LEDGER_FILE: &str = "ledger.sqlite3";
@@ -73,7 +75,7 @@ impl LedgerCounters {
 
 /// The handle calls record through.
 pub struct Ledger {
-    queue: mpsc::Sender<Record>,
+    queue: Arc<RecordQueue>,
     on_full: LedgerFull,
     pub counters: Arc<LedgerCounters>,
     /// Entries queued, and entries the writer has finished with (written or failed).
@@ -122,12 +124,12 @@ impl Ledger {
         )
         .map_err(err)?;
         let spend = store::spend(&conn, store::day_of(now)).map_err(err)?;
-        let (queue, rx) = mpsc::channel(cfg.queue);
+        let queue = RecordQueue::new(cfg.queue);
         let settled = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             settled: settled.clone(),
             conn,
-            rx,
+            queue: queue.clone(),
             batch_max: cfg.batch_max,
             counters: counters.clone(),
             cfg: cfg.clone(),
@@ -148,12 +150,12 @@ impl Ledger {
 
     /// A place in the queue for a call about to run, under `on_full: refuse`; `Err` when the
     /// queue is full (the call is refused). `Ok(None)` under `drop`.
-    pub fn reserve(&self) -> Result<Option<mpsc::OwnedPermit<Record>>, QueueFull> {
+    pub fn reserve(&self) -> Result<Option<Place>, QueueFull> {
         match self.on_full {
             LedgerFull::Drop => Ok(None),
-            LedgerFull::Refuse => match self.queue.clone().try_reserve_owned() {
-                Ok(p) => Ok(Some(p)),
-                Err(_) => {
+            LedgerFull::Refuse => match self.queue.reserve() {
+                Some(p) => Ok(Some(p)),
+                None => {
                     self.counters.refused.inc();
                     Err(QueueFull)
                 }
@@ -162,13 +164,13 @@ impl Ledger {
     }
 
     /// Queue `entry`, into its reserved place when there is one.
-    pub fn record(&self, entry: Record, reserved: Option<mpsc::OwnedPermit<Record>>) {
+    pub fn record(&self, entry: Record, reserved: Option<Place>) {
         let sent = match reserved {
             Some(p) => {
-                p.send(entry);
+                p.fill(entry);
                 true
             }
-            None => self.queue.try_send(entry).is_ok(),
+            None => self.queue.push(entry),
         };
         match sent {
             true => self.queued.fetch_add(1, Ordering::Release),
@@ -195,10 +197,17 @@ fn retention_cutoff(cfg: &LedgerConfig, now_ms: u64) -> u64 {
     now_ms.saturating_sub(cfg.retention.max_age_s.saturating_mul(1000))
 }
 
+impl Drop for Ledger {
+    /// The writer writes what is queued and ends.
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
 /// The writer thread: one transaction per batch of what has queued up.
 struct Writer {
     conn: rusqlite::Connection,
-    rx: mpsc::Receiver<Record>,
+    queue: Arc<RecordQueue>,
     batch_max: usize,
     counters: Arc<LedgerCounters>,
     settled: Arc<AtomicU64>,
@@ -211,26 +220,18 @@ pub const WRITE_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Writer {
     fn run(mut self) {
-        let mut batch = Vec::with_capacity(self.batch_max);
+        let mut taken = Vec::new();
         let mut last_retention = std::time::Instant::now();
         loop {
             std::thread::sleep(WRITE_INTERVAL);
+            // Read before the take: whatever was queued before the ledger closed is taken now.
+            let closed = self.queue.is_closed();
             // Everything queued now, in transactions of at most `batch_max` rows.
-            let mut closed = false;
-            loop {
-                match self.rx.try_recv() {
-                    Ok(e) => batch.push(e),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
-                }
-                if batch.len() == self.batch_max {
-                    self.write(&mut batch);
-                }
+            self.queue.take(&mut taken);
+            for batch in taken.chunks(self.batch_max.max(1)) {
+                self.write(batch);
             }
-            self.write(&mut batch);
+            taken.clear();
             if last_retention.elapsed() >= Duration::from_secs(60) {
                 last_retention = std::time::Instant::now();
                 let cutoff = retention_cutoff(&self.cfg, carapace_filters::unix_now_ms());
@@ -238,17 +239,14 @@ impl Writer {
                     tracing::error!("ledger retention failed: {e}");
                 }
             }
-            // Every sender is gone (carapace stopping) and what was queued is written.
+            // Every handle is gone (carapace stopping) and what was queued is written.
             if closed {
                 return;
             }
         }
     }
 
-    fn write(&mut self, batch: &mut Vec<Record>) {
-        if batch.is_empty() {
-            return;
-        }
+    fn write(&mut self, batch: &[Record]) {
         match store::append(&mut self.conn, batch) {
             Ok(_) => {
                 self.counters.written.inc_by(batch.len() as u64);
@@ -260,7 +258,6 @@ impl Writer {
         };
         self.settled
             .fetch_add(batch.len() as u64, Ordering::Release);
-        batch.clear();
     }
 }
 

@@ -13,7 +13,7 @@ use super::store::Entry;
 use crate::receipts::Tag;
 
 /// Fields of a record: `side` to `charge`.
-const FIELDS: usize = 15;
+pub(super) const FIELDS: usize = 15;
 /// The length written for an absent value.
 const ABSENT: [u8; 8] = u64::MAX.to_be_bytes();
 /// What a record of a call without a receipt takes, so that it is written without growing.

@@ -19,6 +19,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Statement};
 use serde::{Deserialize, Serialize};
 
 pub use super::record::Record;
+use super::record::FIELDS;
 use crate::receipts::Tag;
 use carapace_filters::canonical::decode_hex32;
 
@@ -262,7 +263,8 @@ fn append_rows(conn: &Connection, records: &[Record]) -> Result<u64, StoreError>
         seq += 1;
         let digest = r.row_digest(seq, &prev);
         insert.raw_bind_parameter(1, seq as i64)?;
-        for (i, v) in r.fields().into_iter().enumerate() {
+        let fields = r.fields();
+        for (i, v) in fields.into_iter().enumerate() {
             bind_field(&mut insert, i + 2, i, v)?;
         }
         match prev_digest {
@@ -272,13 +274,13 @@ fn append_rows(conn: &Connection, records: &[Record]) -> Result<u64, StoreError>
         insert.raw_bind_parameter(18, &digest[..])?;
         prev_digest = Some(digest);
         insert.raw_execute()?;
+        add_spend(conn, &fields)?;
         // The next row's `prev_hash`, in the string the head came in (no allocation).
         prev.clear();
         prev.push_str(Tag::of(&digest).as_str());
     }
     conn.prepare_cached("UPDATE chain SET head_seq = ?1, head_hash = ?2 WHERE id = 1")?
         .execute(params![seq as i64, prev])?;
-    add_spend(conn, records)?;
     Ok(seq)
 }
 
@@ -287,32 +289,30 @@ pub fn day_of(unix_ms: u64) -> u64 {
     unix_ms / 86_400_000
 }
 
-/// What each consumer was charged, in total and per UTC day, kept with the rows.
-fn add_spend(conn: &Connection, records: &[Record]) -> Result<(), StoreError> {
+/// What each consumer was charged, in total and per UTC day, kept with the rows: a record's
+/// `fields` add its charge when it has one.
+fn add_spend(conn: &Connection, f: &[Option<&[u8]>; FIELDS]) -> Result<(), StoreError> {
+    // Inbound rows with a charge above 0: the side (0), the consumer (4), `started_at`
+    // (10) and the charge (14).
+    if f[0] != Some(b"inbound") {
+        return Ok(());
+    }
+    let Some(charge) = number(f[14])?.filter(|c| *c > 0) else {
+        return Ok(());
+    };
+    let started_at = number(f[10])?.ok_or(StoreError::Record)?;
+    let consumer = f[4].ok_or(StoreError::Record)?;
+    let day = format!("day:{}", day_of(started_at));
     let mut upsert = conn.prepare_cached(
         "INSERT INTO spend (consumer, period, amount) VALUES (?1, ?2, ?3)
          ON CONFLICT (consumer, period) DO UPDATE SET amount = amount + excluded.amount",
     )?;
-    for r in records {
-        let f = r.fields();
-        // Inbound rows with a charge above 0: the side (0), the consumer (4), `started_at`
-        // (10) and the charge (14).
-        if f[0] != Some(b"inbound") {
-            continue;
-        }
-        let Some(charge) = number(f[14])?.filter(|c| *c > 0) else {
-            continue;
-        };
-        let started_at = number(f[10])?.ok_or(StoreError::Record)?;
-        let consumer = f[4].ok_or(StoreError::Record)?;
-        let day = format!("day:{}", day_of(started_at));
-        for period in ["total", day.as_str()] {
-            upsert.execute(params![
-                ToSqlOutput::Borrowed(ValueRef::Text(consumer)),
-                period,
-                charge as i64
-            ])?;
-        }
+    for period in ["total", day.as_str()] {
+        upsert.execute(params![
+            ToSqlOutput::Borrowed(ValueRef::Text(consumer)),
+            period,
+            charge as i64
+        ])?;
     }
     Ok(())
 }

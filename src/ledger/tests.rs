@@ -396,3 +396,48 @@ fn rows_with_text_hashes_verify_and_the_chain_goes_on() {
     );
     assert_eq!(verify(&conn).unwrap(), Err(Break::Edited { seq: 5 }));
 }
+
+/// The queue holds at most its places: records pushed and places reserved; a place reserved
+/// and not used comes back, and the writer's take gives back every place it took, in order.
+#[test]
+fn the_queue_counts_records_and_reserved_places_and_takes_them_in_order() {
+    let q = super::queue::RecordQueue::new(3);
+    assert!(q.push(rec(1)));
+    let place = q.reserve().expect("a second place");
+    let unused = q.reserve().expect("a third place");
+    assert!(q.reserve().is_none() && !q.push(rec(9)), "full");
+    drop(unused);
+    assert!(q.push(rec(3)));
+    assert!(!q.push(rec(9)));
+    place.fill(rec(2));
+    let mut taken = Vec::new();
+    q.take(&mut taken);
+    assert_eq!(taken, [rec(1), rec(3), rec(2)]);
+    // Every place is free again.
+    let mut again = Vec::new();
+    for n in 4..=6 {
+        assert!(q.push(rec(n)));
+    }
+    assert!(!q.push(rec(9)));
+    q.take(&mut again);
+    assert_eq!(again, [rec(4), rec(5), rec(6)]);
+    assert!(!q.is_closed());
+    q.close();
+    assert!(q.is_closed());
+}
+
+/// A ledger dropped (carapace stopping) has its writer write what was queued, then end.
+#[tokio::test]
+async fn what_was_queued_when_the_ledger_closes_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.sqlite3");
+    let ledger = Ledger::open(&path, &LedgerConfig::default(), Arc::default()).unwrap();
+    let written = ledger.counters.clone();
+    for n in 1..=5 {
+        ledger.record(rec(n), None);
+    }
+    drop(ledger);
+    wait(|| written.written.get() == 5).await;
+    let conn = open_read_only(&path).unwrap();
+    assert_eq!(verify(&conn).unwrap(), Ok(5));
+}
