@@ -29,13 +29,18 @@ fn write_tools(path: &Path, text_type: &str) {
 
 /// The shifty server as the app, with `pinning` (the inside of `pinning: { ... }`, if any).
 fn config(env: &Env, tools_file: &Path, pinning: &str) -> String {
+    config_with(env, tools_file, pinning, "")
+}
+
+/// [`config`], with more of the server's environment (`, NAME: "value"`...).
+fn config_with(env: &Env, tools_file: &Path, pinning: &str, server_env: &str) -> String {
     let argv = [
         "python3".to_string(),
         interop("shifty_mcp_server.py").display().to_string(),
     ];
     let path = std::env::var("PATH").unwrap_or_default();
     let mut app = format!(
-        "command: {}, env: {{ PATH: \"{path}\", TOOLS_FILE: \"{}\" }}",
+        "command: {}, env: {{ PATH: \"{path}\", TOOLS_FILE: \"{}\"{server_env} }}",
         json_list(&argv),
         tools_file.display()
     );
@@ -226,4 +231,38 @@ fn a_malformed_pin_is_a_configuration_error() {
     let paths: Vec<&str> = errors.0.iter().map(|e| e.path.as_str()).collect();
     assert!(paths.contains(&"/app/pinning/pins/a"), "{paths:?}");
     assert!(paths.contains(&"/app/pinning/file"), "{paths:?}");
+}
+
+/// A server that floods `tools/list_changed` (200 notices over about a second) gets its first
+/// notice acted on at once and the rest at most once a second: a few discoveries, not one per
+/// notice.
+#[tokio::test]
+async fn a_flood_of_list_changed_notices_discovers_at_most_once_a_second() {
+    let env = Env::new().await;
+    let tools_file = env.path().join("tools.json");
+    write_tools(&tools_file, "string");
+    let lists = env.path().join("lists.txt");
+    let server_env = format!(", NOTICES: \"200\", LISTS_FILE: \"{}\"", lists.display());
+    let r = start(&env, &config_with(&env, &tools_file, "", &server_env)).await;
+    until_listed(&r, &env, &["echo", "keep"]).await;
+    let count = || {
+        std::fs::read_to_string(&lists)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    // The flood lasts a second or more (5 ms apart, and the server's own pace); the second
+    // list answers the first notice at once.
+    for _ in 0..100 {
+        if count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(count() >= 2, "the first notice was not acted on");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Start, the first notice, then at most one a second over the flood and this wait.
+    let n = count();
+    assert!((3..=6).contains(&n), "{n} discoveries for 200 notices");
+    r.shutdown().await;
 }

@@ -92,6 +92,7 @@ pub struct PinStore {
     reported: Mutex<HashSet<(String, String)>>,
     metrics: Option<Arc<Metrics>>,
     max_pinned: usize,
+    max_pinned_bytes: usize,
 }
 
 impl PinStore {
@@ -122,6 +123,7 @@ impl PinStore {
             reported: Mutex::default(),
             metrics: None,
             max_pinned: MAX_PINNED_TOOLS,
+            max_pinned_bytes: MAX_PINNED_BYTES,
         })
     }
 
@@ -129,6 +131,13 @@ impl PinStore {
     #[cfg(test)]
     fn with_room_for(mut self, n: usize) -> Self {
         self.max_pinned = n;
+        self
+    }
+
+    /// The store with room for `n` bytes of definitions instead of half of what a start reads.
+    #[cfg(test)]
+    fn with_bytes_for(mut self, n: usize) -> Self {
+        self.max_pinned_bytes = n;
         self
     }
 
@@ -178,7 +187,7 @@ impl PinStore {
                         || *bytes.get_or_insert_with(|| {
                             recorded.values().map(|p| pinned_size(&p.definition)).sum()
                         }) + size()
-                            > MAX_PINNED_BYTES =>
+                            > self.max_pinned_bytes =>
                     {
                         self.report_full(mode);
                         (None, None)
@@ -480,6 +489,31 @@ mod tests {
         );
         assert_eq!(store.recorded.lock().unwrap().len(), 2);
         assert_eq!(store.reported.lock().unwrap().len(), 1);
+    }
+
+    /// The store is full by bytes too: a few large definitions cannot take its file past
+    /// what a start reads.
+    #[test]
+    fn a_store_full_by_bytes_records_no_new_tool() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = pinned_size(&definition(&tool("a", text("string"))));
+        // Room for the bytes of two such tools, and for any number of tools.
+        let store = PinStore::open(dir.path())
+            .unwrap()
+            .with_bytes_for(2 * one + one / 2);
+        let none = BTreeMap::new();
+        let first = tools(&[tool("a", text("string")), tool("b", text("string"))]);
+        let (served, _) = store.check(first, PinMode::Enforce, &none);
+        assert_eq!(served.len(), 2);
+        let third = tools(&[
+            tool("a", text("string")),
+            tool("b", text("string")),
+            tool("c", text("string")),
+        ]);
+        let (served, held) = store.check(third, PinMode::Enforce, &none);
+        assert_eq!(served.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(held["c"].changed, ["(the pin store is full)"]);
+        assert_eq!(store.recorded.lock().unwrap().len(), 2);
     }
 
     #[test]

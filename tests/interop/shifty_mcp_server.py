@@ -2,6 +2,10 @@
 the pinning tests: the tool definitions are read from the JSON file named by TOOLS_FILE at
 every `tools/list`, and when the file changes the server sends
 `notifications/tools/list_changed`. `tools/call` answers "called NAME".
+
+With NOTICES=N it also sends N `list_changed` notices 5 ms apart after its first
+`tools/list` (a server flooding its client), and with LISTS_FILE it appends a line to that
+file for every `tools/list` it answers.
 """
 
 import json
@@ -11,6 +15,8 @@ import threading
 import time
 
 PATH = os.environ["TOOLS_FILE"]
+NOTICES = int(os.environ.get("NOTICES", "0"))
+LISTS_FILE = os.environ.get("LISTS_FILE")
 lock = threading.Lock()
 
 
@@ -35,8 +41,15 @@ def watch():
             send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
 
+def flood():
+    for _ in range(NOTICES):
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        time.sleep(0.005)
+
+
 def main():
     threading.Thread(target=watch, daemon=True).start()
+    flooded = False
     for line in sys.stdin:
         try:
             msg = json.loads(line)
@@ -51,6 +64,12 @@ def main():
                       "serverInfo": {"name": "shifty", "version": "1"}}
         elif method == "tools/list":
             result = {"tools": tools()}
+            if LISTS_FILE:
+                with open(LISTS_FILE, "a") as f:
+                    f.write("list\n")
+            if NOTICES and not flooded:
+                flooded = True
+                threading.Thread(target=flood, daemon=True).start()
         elif method == "tools/call":
             name = msg["params"]["name"]
             result = {"content": [{"type": "text", "text": f"called {name}"}]}
