@@ -175,9 +175,31 @@ pub fn did_of(origin: &str) -> String {
 pub const TRIES: u32 = 3;
 pub const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// The longest one discovery (the catalog, its signature's keys and every tool's spec, the
+/// tries included) may take; past it the source keeps what it held, as when its host is
+/// unreachable. The outbound role's discovery waits for every source.
+pub const DISCOVERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// [`discover`], tried again after a server error or an unreachable host, [`TRIES`] times
-/// in all, the pause doubling from [`FIRST_PAUSE`] with up to half of it again at random.
+/// in all, the pause doubling from [`FIRST_PAUSE`] with up to half of it again at random;
+/// all of it within [`DISCOVERY_DEADLINE`].
 pub async fn ask<F: Fetch>(
+    f: &F,
+    req: &Request,
+    held: Option<&Verified>,
+    now: u64,
+) -> Result<Outcome, DiscoveryError> {
+    match tokio::time::timeout(DISCOVERY_DEADLINE, tries(f, req, held, now)).await {
+        Ok(result) => result,
+        Err(_) => Err(DiscoveryError::Unreachable(format!(
+            "not discovered within {} s",
+            DISCOVERY_DEADLINE.as_secs()
+        ))),
+    }
+}
+
+/// [`ask`]'s tries.
+async fn tries<F: Fetch>(
     f: &F,
     req: &Request,
     held: Option<&Verified>,

@@ -150,10 +150,6 @@ pub(super) fn eat_sources(cfg: &Loaded) -> Result<BTreeMap<String, EatSource>, O
     Ok(sources)
 }
 
-/// The longest an EAT catalog's discovery (the catalog, its signature's keys and every tool's
-/// spec) may take; past it the source keeps what it held, as when its host is unreachable.
-const DISCOVERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
-
 impl EatSource {
     fn held(&self) -> std::sync::MutexGuard<'_, Option<Verified>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
@@ -214,19 +210,11 @@ impl EatSource {
         })
     }
 
-    /// Ask the host again ([`discover::ask`]) and settle what is held ([`discover::settle`]).
-    /// Bounded as a whole: the outbound role's discovery waits for every source.
+    /// Ask the host again ([`discover::ask`], bounded as a whole) and settle what is held
+    /// ([`discover::settle`]).
     async fn refresh(&self, now: u64) {
         let held = self.held().clone();
-        let origin = Origin(&self.client);
-        let ask = discover::ask(&origin, &self.request, held.as_ref(), now);
-        let result = match tokio::time::timeout(DISCOVERY_DEADLINE, ask).await {
-            Ok(result) => result,
-            Err(_) => Err(DiscoveryError::Unreachable(format!(
-                "not discovered within {} s",
-                DISCOVERY_DEADLINE.as_secs()
-            ))),
-        };
+        let result = discover::ask(&Origin(&self.client), &self.request, held.as_ref(), now).await;
         *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = result.as_ref().err().cloned();
         let url = format!("{}{}", self.request.origin, self.request.path);
         discover::settle(&mut self.held(), result, now, &self.id, &url);

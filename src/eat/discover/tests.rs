@@ -510,3 +510,52 @@ async fn a_catalog_gives_at_most_its_share_of_tools() {
         .iter()
         .any(|p| p.contains(last.as_str())));
 }
+
+/// A host that answers every document after `delay`.
+struct Slow {
+    inner: Host,
+    delay: std::time::Duration,
+}
+
+impl Fetch for Slow {
+    async fn get(&self, path: &str, inm: Option<&str>) -> Result<Fetched, DiscoveryError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.get(path, inm).await
+    }
+}
+
+/// A host slow enough that the catalog, its keys and every spec take longer than the
+/// deadline: the discovery ends there, as an unreachable host's, and keeps what was held.
+#[tokio::test(start_paused = true)]
+async fn a_discovery_is_given_its_deadline_as_a_whole() {
+    let f = published();
+    let names: Vec<String> = (0..10).map(|i| format!("t{i:02}")).collect();
+    let tools: Vec<Arc<ToolSpec>> = names.iter().map(|n| tool(n)).collect();
+    f.publish(&tools);
+    let mut every = request();
+    every.capabilities = vec!["*".into()];
+    // Each document in 2 s: the dozen of them fit in 30 s.
+    let brisk = Slow {
+        inner: f.host.clone(),
+        delay: std::time::Duration::from_secs(2),
+    };
+    let mut held = match ask(&brisk, &every, None, NOW + 10).await.unwrap() {
+        Outcome::New(v) => Some(v),
+        Outcome::Unchanged { .. } => panic!("nothing was held"),
+    };
+    assert_eq!(held.as_ref().unwrap().tools.len(), 10);
+    // Each in 5 s: not.
+    let slow = Slow {
+        inner: f.host.clone(),
+        delay: std::time::Duration::from_secs(5),
+    };
+    let started = tokio::time::Instant::now();
+    let result = ask(&slow, &every, None, NOW + 20).await;
+    assert_eq!(started.elapsed(), DISCOVERY_DEADLINE);
+    assert_eq!(
+        result.as_ref().unwrap_err(),
+        &DiscoveryError::Unreachable("not discovered within 30 s".into())
+    );
+    settle(&mut held, result, NOW + 20, "t", "u");
+    assert!(held.is_some(), "kept, as for an unreachable host");
+}
