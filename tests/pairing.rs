@@ -277,12 +277,18 @@ gateway: {{ id: gw_home }}
     .await
     .unwrap();
     assert_eq!(status, StatusCode::OK);
-    let reply = as_gateway
-        .post_json(
-            "/v1/tools/call",
-            &[],
-            &call("memory.query", json!({"query": "x"})),
-        )
+    // Its open connection is closed by the revocation: a call on it fails with the
+    // connection or is refused, and a call on a new one is refused.
+    let query = call("memory.query", json!({"query": "x"}));
+    if let Ok(reply) = as_gateway.post_json("/v1/tools/call", &[], &query).await {
+        assert_eq!(code(&reply), "FORBIDDEN");
+    }
+    let again = Client::new(Transport::Tls {
+        address: host.tcp_address.unwrap(),
+        config: tls_config(&gw_identity.ca_cert_pem, Some(&gateway_cert), false),
+    });
+    let reply = again
+        .post_json("/v1/tools/call", &[], &query)
         .await
         .unwrap();
     assert_eq!(code(&reply), "FORBIDDEN");

@@ -230,9 +230,10 @@ async fn identity_fails_closed() {
         &[(&env.pki.gateway.fingerprint, "gw_test", "revoked")],
     );
     // Picked up by the running process on its own (no reload call); calls made before the
-    // change is noticed still pass, none after.
+    // change is noticed still pass, none after. Noticing it closes the connections the peer
+    // holds open, so a call on the kept-alive one may fail with its connection instead.
     let gw = env.gateway(&r);
-    let mut reply = None;
+    let mut noticed = false;
     for _ in 0..100 {
         let rep = gw
             .post_json(
@@ -240,16 +241,18 @@ async fn identity_fails_closed() {
                 &[],
                 &call("memory.query", json!({"query": "x"})),
             )
-            .await
-            .unwrap();
-        if code(&rep) == "FORBIDDEN" {
-            reply = Some(rep);
+            .await;
+        match rep {
+            Err(_) => noticed = true,
+            Ok(rep) if code(&rep) == "FORBIDDEN" => noticed = true,
+            Ok(rep) => assert_eq!(rep.json()["status"], "ok", "{:?}", rep.json()),
+        }
+        if noticed {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reply = reply.expect("revocation not picked up within 5 s");
-    assert_error(&reply, StatusCode::OK, "FORBIDDEN");
+    assert!(noticed, "revocation not picked up within 5 s");
     let reached = env.app.received().len();
     let reply = env
         .gateway(&r)
