@@ -31,7 +31,7 @@ use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirect
 
 use crate::caller_body::{self, BodyExpectation, CallerBody, Unread};
 use crate::config::Loaded;
-use crate::connections::{ConnectionTable, HeadWatch, Slot};
+use crate::connections::{CertificateHolder, ConnectionTable, HeadWatch, Slot};
 use crate::edge::HttpStack;
 use crate::lingering::Lingering;
 use crate::server::drain::{Drain, DrainWatch};
@@ -438,32 +438,20 @@ async fn serve_tcp(
         },
     };
     // Who holds the connection: a paired peer by its id, anyone else by address.
-    let paired = match &identity {
-        ConnectionIdentity::Certificate(cert) => shared.peers.resolve(cert).ok(),
-        _ => None,
+    let address = carapace_filters::call::AddressBlock(peer.ip()).to_string();
+    let holder = match &identity {
+        ConnectionIdentity::Certificate(cert) => slot
+            .identify_certificate(cert, &address, |c| {
+                shared.peers.resolve(c).ok().map(|p| p.id.clone())
+            })
+            .map(Some),
+        _ => slot.identify(&address, false).map(|()| None),
     };
-    let owner = match (&paired, &identity) {
-        (Some(p), ConnectionIdentity::Certificate(cert)) => {
-            slot.identify_paired(&p.id, cert.clone())
-        }
-        _ => slot.identify(
-            &carapace_filters::call::AddressBlock(peer.ip()).to_string(),
-            false,
-        ),
-    };
-    if let Err(e) = owner {
-        return tracing::info!(%peer, "closing a connection: {e}");
-    }
-    // A revocation between the lookup and `identify_paired` found no peer on this slot to
-    // close: looked up again, now that the slot is the peer's.
-    if let (Some(_), ConnectionIdentity::Certificate(cert)) = (&paired, &identity) {
-        if shared.peers.resolve(cert).is_err() {
-            return tracing::info!(%peer, "closing a connection: its peer is no longer paired");
-        }
-    }
-    if paired.is_none() && matches!(identity, ConnectionIdentity::Certificate(_)) {
+    match holder {
         // Answered (PAIRING_REQUIRED or FORBIDDEN) once, then closed.
-        lifetime.single_answer = true;
+        Ok(Some(CertificateHolder::Unpaired)) => lifetime.single_answer = true,
+        Ok(_) => {}
+        Err(e) => return tracing::info!(%peer, "closing a connection: {e}"),
     }
     let h2 = conn.alpn_protocol() == Some(b"h2");
     // Watched for the drain only from here: a handshake never holds a shutdown up.

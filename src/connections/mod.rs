@@ -76,6 +76,17 @@ pub enum Refused {
     Full,
     #[error("peer {0} holds its most connections")]
     PeerFull(String),
+    #[error("its peer is no longer paired")]
+    NoLongerPaired,
+}
+
+/// Whose a connection with a client certificate is ([`Slot::identify_certificate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertificateHolder {
+    /// A paired peer's: trusted, closed when the certificate no longer pairs it.
+    Paired,
+    /// The certificate pairs no one: held by the caller's address.
+    Unpaired,
 }
 
 impl ConnectionTable {
@@ -229,6 +240,29 @@ impl Slot {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(certificate);
         self.identify(peer, true)
+    }
+
+    /// Say whose connection this is by its client certificate: the paired peer `paired_id`
+    /// names for `certificate`, or else the caller's `address` block. A paired peer's slot is
+    /// looked up again once it is the peer's: a revocation between the first lookup and the
+    /// claim found no peer on this slot to close ([`ConnectionTable::close_unpaired`] closes
+    /// only paired ones), so it is seen here ([`Refused::NoLongerPaired`]); one after it
+    /// finds the slot paired and closes it.
+    pub fn identify_certificate<Id: AsRef<str>>(
+        &self,
+        certificate: &Arc<PeerCertificate>,
+        address: &str,
+        paired_id: impl Fn(&PeerCertificate) -> Option<Id>,
+    ) -> Result<CertificateHolder, Refused> {
+        let Some(peer) = paired_id(certificate) else {
+            self.identify(address, false)?;
+            return Ok(CertificateHolder::Unpaired);
+        };
+        self.identify_paired(peer.as_ref(), certificate.clone())?;
+        if paired_id(certificate).is_none() {
+            return Err(Refused::NoLongerPaired);
+        }
+        Ok(CertificateHolder::Paired)
     }
 
     /// A handle the connection's request service marks requests with.

@@ -49,6 +49,47 @@ fn only_the_connections_of_peers_no_longer_paired_are_closed() {
     assert_eq!(t.close_unpaired(|c| c.fingerprint == "new"), 0);
 }
 
+/// A revocation while a connection is admitted: before its slot is the peer's, the sweep of
+/// [`ConnectionTable::close_unpaired`] cannot see it, so the second lookup refuses it; after,
+/// the sweep closes it.
+#[test]
+fn a_peer_revoked_while_its_connection_is_admitted_does_not_keep_it() {
+    let cert = Arc::new(PeerCertificate {
+        fingerprint: "gw".into(),
+        gateway_id: None,
+        ca_fingerprint: None,
+    });
+    let t = ConnectionTable::new(10, 10);
+    // Paired at the first lookup, revoked (and swept, finding nothing) before the second.
+    let lookups = std::cell::Cell::new(0);
+    let slot = t.admit().unwrap();
+    let revoked_midway = slot.identify_certificate(&cert, "10.0.0.1", |_| {
+        lookups.set(lookups.get() + 1);
+        if lookups.get() == 1 {
+            assert_eq!(t.close_unpaired(|_| true), 0, "nothing paired to sweep yet");
+            return Some("gw_test");
+        }
+        None
+    });
+    assert_eq!(revoked_midway, Err(Refused::NoLongerPaired));
+    assert_eq!(lookups.get(), 2);
+    drop(slot);
+    // Paired at both lookups, then revoked: the sweep finds it.
+    let slot = t.admit().unwrap();
+    let held = slot.identify_certificate(&cert, "10.0.0.1", |_| Some("gw_test"));
+    assert_eq!(held, Ok(CertificateHolder::Paired));
+    assert!(!slot.activity.evictable());
+    assert_eq!(t.close_unpaired(|_| false), 1);
+    assert!(t.is_empty());
+    // A certificate that pairs no one: held by its address, evictable, never swept.
+    let stranger = t.admit().unwrap();
+    let held = stranger.identify_certificate(&cert, "10.0.0.1", |_| None::<&str>);
+    assert_eq!(held, Ok(CertificateHolder::Unpaired));
+    assert!(stranger.activity.evictable());
+    assert_eq!(t.close_unpaired(|_| false), 0);
+    assert_eq!(t.lock().per_peer.get("10.0.0.1"), Some(&1));
+}
+
 #[test]
 fn a_peer_holds_at_most_its_share() {
     let t = ConnectionTable::new(10, 2);
