@@ -236,6 +236,86 @@ async fn on_http2_an_unpaired_certificate_gets_one_answer_and_the_connection_goe
     r.shutdown().await;
 }
 
+/// One HTTP/2 frame: its 9-byte head and `payload`.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend(stream.to_be_bytes());
+    f.extend(payload);
+    f
+}
+
+/// The graceful GOAWAY of HTTP/2 waits for the client's answer to a PING. A client that
+/// never answers (written here frame by frame: hyper's and h2's clients answer on their own)
+/// still gets its one answer, and its unpaired connection is cut off soon after.
+#[tokio::test]
+async fn on_http2_an_unpaired_connection_that_never_answers_a_ping_is_cut_off() {
+    let env = Env::new().await;
+    // The first request's deadline is far beyond the wait: the cut-off ends the connection.
+    let yaml = "limits: { first_request_timeout_ms: 60000, header_read_timeout_ms: 500 }";
+    let r = env.start(&env.tools_yaml(yaml)).await;
+    let addr = r.tcp_address.unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let config = tls_config(&env.pki.ca.cert_pem(), Some(&env.pki.stranger), true);
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::from(addr.ip()), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    // The preface, empty SETTINGS, and a GET as one HEADERS frame (HPACK literals).
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/v1/tools"),
+        (":authority", "x"),
+    ] {
+        block.push(0);
+        block.push(name.len() as u8);
+        block.extend(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend(value.as_bytes());
+    }
+    out.extend(h2_frame(1, 0x4 | 0x1, 1, &block));
+    tls.write_all(&out).await.unwrap();
+
+    let (mut answered, mut went_away, mut pinged) = (false, false, false);
+    let mut body = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut head = [0u8; 9];
+    let closed = loop {
+        let Ok(read) = tokio::time::timeout_at(deadline, tls.read_exact(&mut head)).await else {
+            break false;
+        };
+        if read.is_err() {
+            break true;
+        }
+        let mut payload = vec![0; u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize];
+        if tls.read_exact(&mut payload).await.is_err() {
+            break true;
+        }
+        match head[3] {
+            0 => body.extend(&payload),
+            1 => answered = true,
+            // The server's SETTINGS are acknowledged; its PING never is.
+            4 if head[4] & 1 == 0 => tls.write_all(&h2_frame(4, 1, 0, &[])).await.unwrap(),
+            6 => pinged = true,
+            7 => went_away = true,
+            _ => {}
+        }
+    };
+    assert!(closed, "the connection stayed open");
+    assert!(
+        answered && went_away && pinged,
+        "{answered} {went_away} {pinged}"
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains(r#""code":"PAIRING_REQUIRED""#), "{body}");
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn revoking_a_peer_closes_the_connections_it_holds_open() {
     let env = Env::new().await;
