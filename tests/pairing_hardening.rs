@@ -5,6 +5,8 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use carapace::client::{Client, Transport};
 use carapace::pairing::identity::GatewayIdentity;
@@ -12,6 +14,7 @@ use carapace::pairing::wire::{
     decode_message, new_nonce, GoTime, PairGatewayInfo, PairInit, PairMessage, SignedMessage,
     WireMessage,
 };
+use carapace_filters::signature::UnixClock;
 use common::{call, code, write_peers, Env};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
@@ -182,9 +185,18 @@ gateway: {{ id: gw_home }}
 }
 
 async fn start_gateway(dir: &Path, yaml: &str) -> carapace::server::Running {
+    start_gateway_clocked(dir, yaml, Arc::new(carapace_filters::unix_now_ms)).await
+}
+
+async fn start_gateway_clocked(
+    dir: &Path,
+    yaml: &str,
+    clock: UnixClock,
+) -> carapace::server::Running {
     std::fs::create_dir_all(dir.join("state")).unwrap();
     std::fs::write(dir.join("carapace.yaml"), yaml).unwrap();
-    carapace::server::start(carapace::config::load(&dir.join("carapace.yaml")).unwrap())
+    let loaded = carapace::config::load(&dir.join("carapace.yaml")).unwrap();
+    carapace::server::start_with_clock(loaded, clock)
         .await
         .unwrap()
 }
@@ -286,6 +298,18 @@ async fn tool_host_and_gateway(
     carapace::server::Running,
     std::path::PathBuf,
 ) {
+    tool_host_and_clocked_gateway(env, Arc::new(carapace_filters::unix_now_ms)).await
+}
+
+/// [`tool_host_and_gateway`], the gateway's wall clock being `clock`.
+async fn tool_host_and_clocked_gateway(
+    env: &Env,
+    clock: UnixClock,
+) -> (
+    carapace::server::Running,
+    carapace::server::Running,
+    std::path::PathBuf,
+) {
     write_peers(&env.path().join("peers.json"), &[]);
     let dir = env.path().join("gw");
     let key = GatewayIdentity::load_or_create(&dir.join("state"), "gw_home")
@@ -296,9 +320,10 @@ async fn tool_host_and_gateway(
             "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{key}\" }}"
         )))
         .await;
-    let gw = start_gateway(
+    let gw = start_gateway_clocked(
         &dir,
         &gateway_yaml(&dir, env.app_addr, Some(host.tcp_address.unwrap())),
+        clock,
     )
     .await;
     (host, gw, dir)
@@ -323,6 +348,47 @@ async fn a_pairing_is_usable_as_soon_as_it_is_reported() {
         .await
         .unwrap();
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+    gw.shutdown().await;
+    host.shutdown().await;
+}
+
+/// The gateway's client certificate is issued again at half its year; the client for a tool
+/// host is then made again with the new one, and the tool host (which pinned the gateway by
+/// its pairing CA and id) takes it: the calls go on, under the new certificate from then on.
+#[tokio::test]
+async fn calls_go_on_under_the_gateways_renewed_client_certificate() {
+    let env = Env::new().await;
+    let now = Arc::new(AtomicU64::new(carapace_filters::unix_now_ms()));
+    let clock: UnixClock = {
+        let now = now.clone();
+        Arc::new(move || now.load(Ordering::SeqCst))
+    };
+    let (host, gw, dir) = tool_host_and_clocked_gateway(&env, clock).await;
+    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
+    let (status, body) = request_pairing(&gw, &endpoint).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
+    let presented = || async {
+        let reply = agent
+            .post_json(
+                "/v1/tools/call",
+                &[],
+                &call("memory.query", serde_json::json!({"query": "x"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
+        let seen = env.app.received().last().unwrap().headers.clone();
+        assert_eq!(seen["x-carapace-peer-id"], "gw_home");
+        seen["x-carapace-peer-fingerprint"].clone()
+    };
+    let first = presented().await;
+    assert_eq!(presented().await, first, "kept while it is young");
+    // Past half of the certificate's year (182 days) by the gateway's clock.
+    now.fetch_add(183 * 24 * 3600 * 1000, Ordering::SeqCst);
+    let renewed = presented().await;
+    assert_ne!(renewed, first, "the call went under the old certificate");
+    assert_eq!(presented().await, renewed);
     gw.shutdown().await;
     host.shutdown().await;
 }
