@@ -229,7 +229,7 @@ impl Slot {
 
     /// Say this is the connection of the paired peer `peer`, by `certificate`: trusted, and
     /// closed when the certificate no longer pairs it ([`ConnectionTable::close_unpaired`]).
-    pub fn identify_paired(
+    fn identify_paired(
         &self,
         peer: &str,
         certificate: Arc<PeerCertificate>,
