@@ -414,7 +414,7 @@ pub async fn pair_through_admin(gw: &Running, host: &Running, component_id: &str
 /// `<env>/gw` whose outbound role calls it as `memory-east` (at `via(host listener)`, default
 /// the host's listener; `peer_extra` is added inside the peer's map, `outbound_extra` under
 /// `outbound`).
-/// Returns once the gateway lists the host's tools: (host, gateway, the agent's client).
+/// Returns (host, gateway, the agent's client), the host's tools listed by the gateway.
 #[allow(dead_code)]
 pub async fn paired(
     env: &Env,
@@ -460,19 +460,13 @@ outbound:
         .await
         .unwrap();
     pair_through_admin(&gw, &host, "memory-east").await;
+    // A pairing is reported once the gateway has listed the host's tools.
     let agent = Client::new(Transport::Unix(gw_dir.join("outbound.sock")));
-    for _ in 0..100 {
-        let list = agent
-            .send(http::Method::GET, "/v1/tools", &[], "")
-            .await
-            .unwrap();
-        if list.json()["tools"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty())
-        {
-            return (host, gw, agent);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the gateway did not discover the paired tool host's tools");
+    let list = agent
+        .send(http::Method::GET, "/v1/tools", &[], "")
+        .await
+        .unwrap();
+    let tools = list.json()["tools"].as_array().cloned().unwrap_or_default();
+    assert!(!tools.is_empty(), "no tools listed: {:?}", list.json());
+    (host, gw, agent)
 }

@@ -2,12 +2,12 @@
 //! the gateway claims only the success it has seen, a pairing is usable as soon as it is
 //! reported, and the outbound role passes the tool host's answers through.
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::common::{call, code, write_peers, Env};
+use crate::{admin, gateway_yaml, request_pairing, start_gateway, tool_host_and_gateway, Paired};
 use carapace::client::{Client, Transport};
 use carapace::pairing::identity::GatewayIdentity;
 use carapace::pairing::wire::{
@@ -15,7 +15,6 @@ use carapace::pairing::wire::{
     WireMessage,
 };
 use carapace_filters::signature::UnixClock;
-use common::{call, code, write_peers, Env};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -158,66 +157,6 @@ async fn dying_tool_host(gateway_key: String) -> std::net::SocketAddr {
     addr
 }
 
-/// A gateway's configuration; `outbound_to`: the tool host it calls as `memory-east`.
-fn gateway_yaml(
-    dir: &Path,
-    app: std::net::SocketAddr,
-    outbound_to: Option<std::net::SocketAddr>,
-) -> String {
-    let outbound = outbound_to.map_or(String::new(), |tools| {
-        format!(
-            "outbound:\n  socket: {d}/outbound.sock\n  peers: {{ memory-east: {{ url: \"https://{tools}\" }} }}\n",
-            d = dir.display()
-        )
-    });
-    format!(
-        r#"
-state_dir: {d}/state
-front: {{ protocol: tools-v1 }}
-listeners: {{ unix: {{ path: {d}/tools.sock }} }}
-app: {{ protocol: tools-v1, address: "http://{app}" }}
-peers: {{ file: {d}/peers.json }}
-ops: {{ address: "" }}
-gateway: {{ id: gw_home }}
-{outbound}"#,
-        d = dir.display()
-    )
-}
-
-async fn start_gateway(dir: &Path, yaml: &str) -> carapace::server::Running {
-    start_gateway_clocked(dir, yaml, Arc::new(carapace_filters::unix_now_ms)).await
-}
-
-async fn start_gateway_clocked(
-    dir: &Path,
-    yaml: &str,
-    clock: UnixClock,
-) -> carapace::server::Running {
-    std::fs::create_dir_all(dir.join("state")).unwrap();
-    std::fs::write(dir.join("carapace.yaml"), yaml).unwrap();
-    let loaded = carapace::config::load(&dir.join("carapace.yaml")).unwrap();
-    carapace::server::start_with_clock(loaded, clock)
-        .await
-        .unwrap()
-}
-
-async fn request_pairing(
-    gw: &carapace::server::Running,
-    endpoint: &str,
-) -> (http::StatusCode, serde_json::Value) {
-    carapace::admin::request(
-        &gw.admin_socket,
-        http::Method::POST,
-        "/v1/pairings",
-        Some(
-            serde_json::json!({"component_type": "tool", "component_id": "memory-east",
-                                "endpoint": endpoint}),
-        ),
-    )
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn a_tool_host_that_dies_after_csr_installed_is_not_reported_paired_nor_recorded() {
     let env = Env::new().await;
@@ -235,7 +174,7 @@ async fn a_tool_host_that_dies_after_csr_installed_is_not_reported_paired_nor_re
             .unwrap();
         let gw = start_gateway(
             &dir,
-            &gateway_yaml(&dir, env.app_addr, dials.then_some(nowhere)),
+            &gateway_yaml(&dir, env.app_addr, dials.then_some(nowhere), ""),
         )
         .await;
         let (status, body) = request_pairing(&gw, &format!("ws://{host}/v1/pair")).await;
@@ -267,7 +206,7 @@ async fn a_restart_removes_what_unfinished_pairings_left() {
         .to_string(),
     )
     .unwrap();
-    let gw = start_gateway(&dir, &gateway_yaml(&dir, env.app_addr, None)).await;
+    let gw = start_gateway(&dir, &gateway_yaml(&dir, env.app_addr, None, "")).await;
     let left: Vec<_> = gw
         .shared
         .peers
@@ -289,50 +228,11 @@ async fn a_restart_removes_what_unfinished_pairings_left() {
     host.shutdown().await;
 }
 
-/// A real tool host (memory app behind carapace, with a pairing endpoint) and a gateway that
-/// calls it as `memory-east`, not yet paired.
-async fn tool_host_and_gateway(
-    env: &Env,
-) -> (
-    carapace::server::Running,
-    carapace::server::Running,
-    std::path::PathBuf,
-) {
-    tool_host_and_clocked_gateway(env, Arc::new(carapace_filters::unix_now_ms)).await
-}
-
-/// [`tool_host_and_gateway`], the gateway's wall clock being `clock`.
-async fn tool_host_and_clocked_gateway(
-    env: &Env,
-    clock: UnixClock,
-) -> (
-    carapace::server::Running,
-    carapace::server::Running,
-    std::path::PathBuf,
-) {
-    write_peers(&env.path().join("peers.json"), &[]);
-    let dir = env.path().join("gw");
-    let key = GatewayIdentity::load_or_create(&dir.join("state"), "gw_home")
-        .unwrap()
-        .public_key_ed25519();
-    let host = env
-        .start(&env.tools_yaml(&format!(
-            "pairing: {{ listen: \"127.0.0.1:0\", component_id: memory-east, gateway_public_key_ed25519: \"{key}\" }}"
-        )))
-        .await;
-    let gw = start_gateway_clocked(
-        &dir,
-        &gateway_yaml(&dir, env.app_addr, Some(host.tcp_address.unwrap())),
-        clock,
-    )
-    .await;
-    (host, gw, dir)
-}
-
 #[tokio::test]
 async fn a_pairing_is_usable_as_soon_as_it_is_reported() {
     let env = Env::new().await;
-    let (host, gw, dir) = tool_host_and_gateway(&env).await;
+    let (host, gw, dir) =
+        tool_host_and_gateway(&env, "", Arc::new(carapace_filters::unix_now_ms)).await;
     let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
     let (status, body) = request_pairing(&gw, &endpoint).await;
     assert_eq!(status, http::StatusCode::OK, "{body}");
@@ -352,6 +252,10 @@ async fn a_pairing_is_usable_as_soon_as_it_is_reported() {
     host.shutdown().await;
 }
 
+fn query() -> serde_json::Value {
+    call("memory.query", serde_json::json!({"query": "x"}))
+}
+
 /// The gateway's client certificate is issued again at half its year; the client for a tool
 /// host is then made again with the new one, and the tool host (which pinned the gateway by
 /// its pairing CA and id) takes it: the calls go on, under the new certificate from then on.
@@ -363,20 +267,9 @@ async fn calls_go_on_under_the_gateways_renewed_client_certificate() {
         let now = now.clone();
         Arc::new(move || now.load(Ordering::SeqCst))
     };
-    let (host, gw, dir) = tool_host_and_clocked_gateway(&env, clock).await;
-    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
-    let (status, body) = request_pairing(&gw, &endpoint).await;
-    assert_eq!(status, http::StatusCode::OK, "{body}");
-    let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
+    let paired = Paired::new(&env, "", clock).await;
     let presented = || async {
-        let reply = agent
-            .post_json(
-                "/v1/tools/call",
-                &[],
-                &call("memory.query", serde_json::json!({"query": "x"})),
-            )
-            .await
-            .unwrap();
+        let reply = paired.ask(&query()).await;
         assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
         let seen = env.app.received().last().unwrap().headers.clone();
         assert_eq!(seen["x-carapace-peer-id"], "gw_home");
@@ -389,42 +282,24 @@ async fn calls_go_on_under_the_gateways_renewed_client_certificate() {
     let renewed = presented().await;
     assert_ne!(renewed, first, "the call went under the old certificate");
     assert_eq!(presented().await, renewed);
-    gw.shutdown().await;
-    host.shutdown().await;
+    paired.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_refusal_by_the_tool_host_reaches_the_agent_as_the_tool_host_said_it() {
     let env = Env::new().await;
-    let (host, gw, dir) = tool_host_and_gateway(&env).await;
-    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
-    let (status, body) = request_pairing(&gw, &endpoint).await;
-    assert_eq!(status, http::StatusCode::OK, "{body}");
-    let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
-    let query = || call("memory.query", serde_json::json!({"query": "x"}));
-    let reply = agent
-        .post_json("/v1/tools/call", &[], &query())
-        .await
-        .unwrap();
+    let paired = Paired::plain(&env).await;
+    let reply = paired.ask(&query()).await;
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
 
     // The tool host revokes the gateway: a denial, not an outage.
-    let (status, _) = carapace::admin::request(
-        &host.admin_socket,
-        http::Method::POST,
-        "/v1/peers/revoke",
-        Some(serde_json::json!({"component_id": "gw_home"})),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, http::StatusCode::OK);
+    let revoke = serde_json::json!({"component_id": "gw_home"});
+    let revoked = admin(&paired.host, "/v1/peers/revoke", Some(revoke)).await;
+    assert_eq!(revoked, http::StatusCode::OK);
     let mut keyed = query();
     keyed["idempotency_key"] = serde_json::json!("q-1");
     let reached = env.app.received().len();
-    let reply = agent
-        .post_json("/v1/tools/call", &[], &keyed)
-        .await
-        .unwrap();
+    let reply = paired.ask(&keyed).await;
     let v = reply.json();
     assert_eq!(code(&reply), "FORBIDDEN", "{v:?}");
     assert_eq!(v["status"], "error", "{v:?}");
@@ -437,34 +312,22 @@ async fn a_refusal_by_the_tool_host_reaches_the_agent_as_the_tool_host_said_it()
         "{v:?}"
     );
     assert_eq!(env.app.received().len(), reached);
-    gw.shutdown().await;
-    host.shutdown().await;
+    paired.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_revoked_tool_host_gets_the_same_answer_before_and_after_a_gateway_restart() {
     let env = Env::new().await;
-    let (host, gw, dir) = tool_host_and_gateway(&env).await;
-    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
-    let (status, body) = request_pairing(&gw, &endpoint).await;
-    assert_eq!(status, http::StatusCode::OK, "{body}");
-    let (status, _) = carapace::admin::request(
-        &gw.admin_socket,
-        http::Method::POST,
-        "/v1/peers/revoke",
-        Some(serde_json::json!({"component_id": "memory-east"})),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, http::StatusCode::OK);
+    let Paired { host, gw, dir, .. } = Paired::plain(&env).await;
+    let revoke = serde_json::json!({"component_id": "memory-east"});
+    assert_eq!(
+        admin(&gw, "/v1/peers/revoke", Some(revoke)).await,
+        http::StatusCode::OK
+    );
     let ask = || async {
         let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
         let reply = agent
-            .post_json(
-                "/v1/tools/call",
-                &[],
-                &call("memory.query", serde_json::json!({"query": "x"})),
-            )
+            .post_json("/v1/tools/call", &[], &query())
             .await
             .unwrap();
         let v = reply.json();
@@ -495,7 +358,7 @@ async fn a_revoked_tool_host_gets_the_same_answer_before_and_after_a_gateway_res
     gw.shutdown().await;
     let gw = start_gateway(
         &dir,
-        &gateway_yaml(&dir, env.app_addr, Some(host.tcp_address.unwrap())),
+        &gateway_yaml(&dir, env.app_addr, Some(host.tcp_address.unwrap()), ""),
     )
     .await;
     assert_eq!(ask().await, before);
@@ -515,33 +378,18 @@ fn set_policy(path: &Path, component_id: &str, policy: serde_json::Value) {
     std::fs::write(path, serde_json::to_vec_pretty(&file).unwrap()).unwrap();
 }
 
-async fn admin(
-    r: &carapace::server::Running,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> http::StatusCode {
-    carapace::admin::request(&r.admin_socket, http::Method::POST, path, body)
-        .await
-        .unwrap()
-        .0
-}
-
 /// What a tool host's operator decided about its gateway outlives the gateway's pairings: a
 /// deny set on its record stays when the gateway pairs again (a renewal), and a gateway
 /// revoked here cannot pair its way back to `active`.
 #[tokio::test]
 async fn a_tool_host_keeps_its_gateways_policy_and_revocation_when_the_gateway_pairs_again() {
     let env = Env::new().await;
-    let (host, gw, dir) = tool_host_and_gateway(&env).await;
-    let endpoint = format!("ws://{}/v1/pair", host.pairing_address.unwrap());
-    let (status, body) = request_pairing(&gw, &endpoint).await;
-    assert_eq!(status, http::StatusCode::OK, "{body}");
-    let agent = Client::new(Transport::Unix(dir.join("outbound.sock")));
+    let paired = Paired::plain(&env).await;
+    let (host, gw, dir, endpoint) = (&paired.host, &paired.gw, &paired.dir, &paired.endpoint);
     let append = || call("memory.append", serde_json::json!({"text": "x"}));
-    let query = || call("memory.query", serde_json::json!({"query": "x"}));
     let ask = |body: serde_json::Value| {
-        let agent = &agent;
-        async move { agent.post_json("/v1/tools/call", &[], &body).await.unwrap() }
+        let paired = &paired;
+        async move { paired.ask(&body).await }
     };
 
     let peers = env.path().join("peers.json");
@@ -550,7 +398,7 @@ async fn a_tool_host_keeps_its_gateways_policy_and_revocation_when_the_gateway_p
         "gw_home",
         serde_json::json!({"deny": ["tool.call:memory.append"]}),
     );
-    assert_eq!(admin(&host, "/v1/reload", None).await, http::StatusCode::OK);
+    assert_eq!(admin(host, "/v1/reload", None).await, http::StatusCode::OK);
     assert_eq!(code(&ask(append()).await), "FORBIDDEN");
 
     // The gateway's operator set a policy on the host's record too.
@@ -558,10 +406,10 @@ async fn a_tool_host_keeps_its_gateways_policy_and_revocation_when_the_gateway_p
     let gw_policy =
         serde_json::json!({"allow": [], "deny": ["tool.call:memory.delete"], "leases": []});
     set_policy(&gw_peers, "memory-east", gw_policy.clone());
-    assert_eq!(admin(&gw, "/v1/reload", None).await, http::StatusCode::OK);
+    assert_eq!(admin(gw, "/v1/reload", None).await, http::StatusCode::OK);
 
     // Paired again, the gateway lists the host's tools anew: the denied one is not offered.
-    let (status, body) = request_pairing(&gw, &endpoint).await;
+    let (status, body) = request_pairing(gw, endpoint).await;
     assert_eq!(status, http::StatusCode::OK, "{body}");
     let file: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&gw_peers).unwrap()).unwrap();
@@ -580,9 +428,9 @@ async fn a_tool_host_keeps_its_gateways_policy_and_revocation_when_the_gateway_p
     assert_eq!(ask(query()).await.json()["status"], "ok");
 
     let revoke = serde_json::json!({"component_id": "gw_home"});
-    let revoked = admin(&host, "/v1/peers/revoke", Some(revoke)).await;
+    let revoked = admin(host, "/v1/peers/revoke", Some(revoke)).await;
     assert_eq!(revoked, http::StatusCode::OK);
-    let (status, body) = request_pairing(&gw, &endpoint).await;
+    let (status, body) = request_pairing(gw, endpoint).await;
     assert_ne!(status, http::StatusCode::OK, "{body}");
     assert!(body.to_string().contains("could not install"), "{body}");
     let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&peers).unwrap()).unwrap();
@@ -595,6 +443,5 @@ async fn a_tool_host_keeps_its_gateways_policy_and_revocation_when_the_gateway_p
         .collect();
     assert_eq!(statuses, ["revoked"]);
     assert_eq!(code(&ask(query()).await), "FORBIDDEN");
-    gw.shutdown().await;
-    host.shutdown().await;
+    paired.shutdown().await;
 }
