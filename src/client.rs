@@ -166,6 +166,14 @@ enum Sender {
 }
 
 impl Connection {
+    /// The server closed this connection (no request can be sent on it any more).
+    pub fn is_closed(&self) -> bool {
+        match &self.sender {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
     /// Send a request on this connection and read the whole answer.
     pub async fn send(
         &mut self,

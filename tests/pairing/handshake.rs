@@ -14,7 +14,7 @@ use http::{Method, StatusCode};
 use serde_json::json;
 use x509_parser::prelude::FromDer;
 
-use crate::common::{call, code, write_peers, Env};
+use crate::common::{call, code, wait_until, write_peers, Env};
 use crate::{admin, gateway_yaml, host_pairing, issued, start_gateway};
 
 /// A tool host paired by a gateway (`gw_home`, no outbound role) through the gateway's admin
@@ -194,12 +194,13 @@ async fn a_paired_tool_host_accepts_only_the_gateways_own_certificate() {
         .await
         .unwrap();
     assert_eq!(code(&reply), "PAIRING_REQUIRED");
-    // A certificate from the CA the tool host trusted before pairing no longer connects.
-    assert!(env
-        .gateway(host)
+    // A certificate from the CA the tool host trusted before pairing (paired in its peer file
+    // before) is no longer taken: the host trusts the gateway's CA alone.
+    let before = paired
+        .client(host, &env.pki.gateway)
         .post_json("/v1/tools/call", &[], &query())
-        .await
-        .is_err());
+        .await;
+    assert!(before.is_err(), "{:?}", before.map(|r| r.json()));
     assert_eq!(env.app.received().len(), 1);
     paired.shutdown().await;
 }
@@ -233,7 +234,7 @@ async fn pairing_takes_neither_a_paired_id_nor_the_gateways_own_name() {
         .unwrap();
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
 
-    let (status, _) = carapace::admin::request(
+    let (status, body) = carapace::admin::request(
         &paired.gw.admin_socket,
         Method::POST,
         "/v1/pairings",
@@ -242,7 +243,8 @@ async fn pairing_takes_neither_a_paired_id_nor_the_gateways_own_name() {
     )
     .await
     .unwrap();
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.to_string().contains("gw_home is reserved"), "{body}");
     paired.shutdown().await;
 }
 
@@ -309,14 +311,20 @@ async fn revoking_the_gateway_on_the_tool_host_refuses_it_and_outlives_a_restart
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
     let reached = env.app.received().len();
 
+    // A connection the gateway holds open across the revocation.
+    let mut open = as_gateway.open().await.unwrap();
+    let on_it = open
+        .send(Method::POST, "/v1/tools/call", &[], query().to_string())
+        .await
+        .unwrap();
+    assert_eq!(on_it.json()["status"], "ok", "{:?}", on_it.json());
+    let reached = reached + 1;
+
     let revoke = json!({"component_id": "gw_home"});
     let revoked = admin(&paired.host, "/v1/peers/revoke", Some(revoke)).await;
     assert_eq!(revoked, StatusCode::OK);
-    // Its open connection is closed by the revocation: a call on it fails with the
-    // connection or is refused, and a call on a new one is refused.
-    if let Ok(reply) = as_gateway.post_json("/v1/tools/call", &[], &query()).await {
-        assert_eq!(code(&reply), "FORBIDDEN");
-    }
+    // Its open connection is closed by the revocation, and a call on a new one is refused.
+    wait_until(|| open.is_closed()).await;
     let reply = paired
         .client(&paired.host, &gateway_cert)
         .post_json("/v1/tools/call", &[], &query())

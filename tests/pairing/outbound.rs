@@ -105,11 +105,21 @@ async fn a_retryable_error_is_retried_once_and_only_for_a_call_with_an_idempoten
 #[tokio::test]
 async fn bad_arguments_are_refused_by_the_gateway_before_anything_is_sent() {
     let env = Env::new().await;
-    let paired = Paired::plain(&env).await;
-    let reply = paired.ask(&call("memory.append", json!({"text": 1}))).await;
-    assert_eq!(code(&reply), "INVALID_ARGS");
+    let Paired {
+        host, gw, agent, ..
+    } = Paired::plain(&env).await;
+    // The tool host (which would refuse them too) is gone: only the gateway can answer.
+    host.shutdown().await;
+    let ask = |body: serde_json::Value| {
+        let agent = &agent;
+        async move { agent.post_json("/v1/tools/call", &[], &body).await.unwrap() }
+    };
+    let sent = ask(query()).await;
+    assert_eq!(code(&sent), "DEPENDENCY_UNAVAILABLE", "{:?}", sent.json());
+    let reply = ask(call("memory.append", json!({"text": 1}))).await;
+    assert_eq!(code(&reply), "INVALID_ARGS", "{:?}", reply.json());
     assert!(env.app.received().is_empty());
-    paired.shutdown().await;
+    gw.shutdown().await;
 }
 
 #[tokio::test]

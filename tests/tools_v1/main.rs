@@ -231,7 +231,8 @@ async fn identity_fails_closed() {
     );
     // Picked up by the running process on its own (no reload call); calls made before the
     // change is noticed still pass, none after. Noticing it closes the connections the peer
-    // holds open, so a call on the kept-alive one may fail with its connection instead.
+    // holds open, a call's in flight included, so the call made as it is noticed may fail
+    // with its connection instead.
     let gw = env.gateway(&r);
     let mut noticed = false;
     for _ in 0..100 {
