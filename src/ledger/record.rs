@@ -2,11 +2,10 @@
 //!
 //! A [`Record`] holds an entry's fields in table order (`side` to `charge`), each as an 8-byte
 //! big-endian length (all ones for an absent value) and its bytes, numbers in decimal: the
-//! bytes the row hash covers after `prev_hash` and `seq`. The fields a call has when it starts
-//! are written into a buffer then ([`Record::start`]), and the record into one when it ends
-//! ([`Started::end`]: the start's fields copied, in order, with the end's); the writer hashes
-//! the record in one pass and binds each field as a slice of it. So a call hands the writer
-//! one allocation, not a string per field.
+//! bytes the row hash covers after `prev_hash` and `seq`. A call's fields are written into one
+//! buffer when it starts and ends ([`Record::start`], [`Started::end`]); the writer hashes the
+//! buffer in one pass and binds each field as a slice of it. So a call hands the writer one
+//! allocation, not a string per field.
 
 use sha2::Digest as _;
 
@@ -19,8 +18,6 @@ pub(super) const FIELDS: usize = 15;
 const ABSENT: [u8; 8] = u64::MAX.to_be_bytes();
 /// What a record of a call without a receipt takes, so that it is written without growing.
 const CAPACITY: usize = 512;
-/// What the fields known at a call's start take (its ids, names and input hash).
-const START_CAPACITY: usize = 256;
 
 /// An entry's fields, encoded as its row hash covers them (see the module's docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +78,7 @@ impl Record {
         input_hash: Option<&str>,
         started_at: u64,
     ) -> Started {
-        let mut bytes = Vec::with_capacity(START_CAPACITY);
+        let mut bytes = Vec::with_capacity(CAPACITY);
         field(&mut bytes, Some(side.as_bytes()));
         field(&mut bytes, Some(call_id.as_bytes()));
         let receipt_at = bytes.len();
@@ -175,31 +172,36 @@ impl<'a> Ending<'a> {
 }
 
 impl Started {
-    /// The record, with the fields known when the call ended: written in table order into a
-    /// buffer of its own, the start's fields copied in runs around `receipt_id` (known only
-    /// now), not spliced into the start's buffer.
-    pub fn end(self, e: Ending<'_>) -> Record {
-        let b = &self.bytes;
-        // `tool`, `consumer` and `provider` end where the start's `input_hash` begins, if any.
-        let tools_end = self.input.as_ref().map_or(b.len(), |r| r.start);
-        let mut out = Vec::with_capacity(CAPACITY.max(b.len() + 256));
-        out.extend_from_slice(&b[..self.receipt_at]);
-        field(&mut out, e.receipt_id.map(str::as_bytes));
-        out.extend_from_slice(&b[self.receipt_at..tools_end]);
-        // The receipt's input hash is the one recorded; else the start's; else an empty one.
-        match (e.input_hash, self.input) {
-            (Some(h), _) => field(&mut out, Some(h.as_bytes())),
-            (None, Some(range)) => out.extend_from_slice(&b[range]),
-            (None, None) => field(&mut out, Some(b"")),
+    /// The record, with the fields known when the call ended.
+    pub fn end(mut self, e: Ending<'_>) -> Record {
+        // The receipt's input hash replaces the start's (the same length, normally: a tag), or
+        // comes where the start had none. Before `receipt_id` goes in, which moves it.
+        match (self.input, e.input_hash) {
+            (Some(range), Some(h)) => {
+                let len = (h.len() as u64).to_be_bytes();
+                self.bytes.splice(range, len.into_iter().chain(h.bytes()));
+            }
+            (Some(_), None) => {}
+            (None, h) => field(&mut self.bytes, Some(h.unwrap_or_default().as_bytes())),
         }
-        field(&mut out, Some(e.output_hash.as_bytes()));
-        field(&mut out, Some(e.status.as_bytes()));
-        field(&mut out, e.error_code.map(str::as_bytes));
+        // `receipt_id` goes between `call_id` and `tool`: the fields after it move once, in
+        // place (the iterator's length is exact).
+        let (len, id) = match e.receipt_id {
+            Some(id) => ((id.len() as u64).to_be_bytes(), id.as_bytes()),
+            None => (ABSENT, &[][..]),
+        };
+        let at = self.receipt_at;
+        self.bytes
+            .splice(at..at, len.into_iter().chain(id.iter().copied()));
+        let b = &mut self.bytes;
+        field(b, Some(e.output_hash.as_bytes()));
+        field(b, Some(e.status.as_bytes()));
+        field(b, e.error_code.map(str::as_bytes));
         for n in [self.started_at, e.ended_at, e.duration_ms] {
-            number(&mut out, Some(n));
+            number(b, Some(n));
         }
-        field(&mut out, e.receipt.map(str::as_bytes));
-        number(&mut out, e.charge);
-        Record { bytes: out }
+        field(b, e.receipt.map(str::as_bytes));
+        number(b, e.charge);
+        Record { bytes: self.bytes }
     }
 }
