@@ -223,10 +223,15 @@ async fn pairing_takes_neither_a_paired_id_nor_the_gateways_own_name() {
     .unwrap();
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     let gw_peers = paired.gateway_peers();
+    assert_eq!(gw_peers["peers"].as_array().unwrap().len(), 1, "{gw_peers}");
     assert_eq!(
         gw_peers["peers"][0]["mtls_cert_fingerprint"],
         paired.fingerprint()
     );
+    // The tool host still serves the certificate of its pairing.
+    let files = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
+    let installed = issued(std::fs::read_to_string(&files.cert).unwrap(), String::new());
+    assert_eq!(installed.fingerprint, paired.fingerprint());
     let as_gateway = paired.client(&paired.host, &paired.gateway_certificate());
     let reply = as_gateway
         .post_json("/v1/tools/call", &[], &query())
