@@ -15,7 +15,9 @@ use serde_json::json;
 use x509_parser::prelude::FromDer;
 
 use crate::common::{call, code, wait_until, write_peers, Env};
-use crate::{admin, gateway_yaml, host_pairing, issued, start_gateway};
+use crate::{
+    admin, gateway_yaml, host_pairing, installed_certificate, issued, query, start_gateway,
+};
 
 /// A tool host paired by a gateway (`gw_home`, no outbound role) through the gateway's admin
 /// socket, having refused the gateway's client before.
@@ -102,10 +104,6 @@ impl PairedHost {
     }
 }
 
-fn query() -> serde_json::Value {
-    call("memory.query", json!({"query": "x"}))
-}
-
 #[tokio::test]
 async fn pairing_records_the_tool_host_on_the_gateway_and_installs_its_certificate() {
     let env = Env::new().await;
@@ -119,8 +117,7 @@ async fn pairing_records_the_tool_host_on_the_gateway_and_installs_its_certifica
         gw_peers["peers"][0]["mtls_cert_fingerprint"],
         paired.fingerprint()
     );
-    let files = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
-    let installed = issued(std::fs::read_to_string(&files.cert).unwrap(), String::new());
+    let installed = installed_certificate(&env);
     assert_eq!(installed.fingerprint, paired.fingerprint());
     // ... and when the certificate it issued expires.
     let (_, parsed) =
@@ -162,11 +159,7 @@ async fn a_paired_tool_host_accepts_only_the_gateways_own_certificate() {
 
     // The certificate the tool host itself was issued (same CA, another name) is not the
     // gateway.
-    let files = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
-    let host_cert = issued(
-        std::fs::read_to_string(&files.cert).unwrap(),
-        std::fs::read_to_string(&files.key).unwrap(),
-    );
+    let host_cert = installed_certificate(&env);
     let reply = paired
         .client(host, &host_cert)
         .post_json("/v1/tools/call", &[], &query())
@@ -229,9 +222,10 @@ async fn pairing_takes_neither_a_paired_id_nor_the_gateways_own_name() {
         paired.fingerprint()
     );
     // The tool host still serves the certificate of its pairing.
-    let files = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
-    let installed = issued(std::fs::read_to_string(&files.cert).unwrap(), String::new());
-    assert_eq!(installed.fingerprint, paired.fingerprint());
+    assert_eq!(
+        installed_certificate(&env).fingerprint,
+        paired.fingerprint()
+    );
     let as_gateway = paired.client(&paired.host, &paired.gateway_certificate());
     let reply = as_gateway
         .post_json("/v1/tools/call", &[], &query())

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::common::{call, code, write_peers, Env};
-use crate::{admin, gateway_yaml, request_pairing, start_gateway, tool_host_and_gateway, Paired};
+use crate::{
+    admin, gateway_yaml, query, request_pairing, start_gateway, tool_host_and_gateway, Paired,
+};
 use carapace::client::{Client, Transport};
 use carapace::pairing::identity::GatewayIdentity;
 use carapace::pairing::wire::{
@@ -250,10 +252,6 @@ async fn a_pairing_is_usable_as_soon_as_it_is_reported() {
     assert_eq!(reply.json()["status"], "ok", "{:?}", reply.json());
     gw.shutdown().await;
     host.shutdown().await;
-}
-
-fn query() -> serde_json::Value {
-    call("memory.query", serde_json::json!({"query": "x"}))
 }
 
 /// The gateway's client certificate is issued again at half its year; the client for a tool

@@ -20,6 +20,20 @@ use carapace::server::Running;
 use carapace_filters::signature::UnixClock;
 use common::{write_peers, Env};
 
+/// The call most tests make: `memory.query`, which the sample app answers.
+fn query() -> serde_json::Value {
+    common::call("memory.query", serde_json::json!({"query": "x"}))
+}
+
+/// The certificate (and key) the tool host of `env` installed from its pairing.
+fn installed_certificate(env: &Env) -> Issued {
+    let files = carapace::tls::PairedFiles::current(&env.path().join("state")).unwrap();
+    issued(
+        std::fs::read_to_string(&files.cert).unwrap(),
+        std::fs::read_to_string(&files.key).unwrap(),
+    )
+}
+
 /// A certificate and its key as the client configuration takes them.
 fn issued(cert_pem: String, key_pem: String) -> Issued {
     use rustls_pki_types::pem::PemObject;

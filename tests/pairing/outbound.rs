@@ -8,11 +8,7 @@ use http::{Method, StatusCode};
 use serde_json::json;
 
 use crate::common::{self, call, code, Env};
-use crate::{admin, request_pairing, start_gateway, tool_host_and_gateway, Paired};
-
-fn query() -> serde_json::Value {
-    call("memory.query", json!({"query": "x"}))
-}
+use crate::{admin, query, request_pairing, start_gateway, tool_host_and_gateway, Paired};
 
 #[tokio::test]
 async fn an_agents_call_reaches_the_paired_tool_host_through_the_gateway() {
