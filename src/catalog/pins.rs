@@ -207,12 +207,7 @@ impl PinStore {
                 served.insert(name, tool);
                 continue;
             }
-            let changed = match (&pinned, before) {
-                (None, _) if configured.is_empty() => vec!["(the pin store is full)".to_string()],
-                (None, _) => vec!["(not pinned)".to_string()],
-                (Some(_), Some(before)) if !before.is_null() => differences(before, &definition),
-                (Some(_), _) => vec!["(the pinned definition is not recorded)".to_string()],
-            };
+            let changed = changes(pinned.is_some(), before, &definition, configured.is_empty());
             if pinned.is_some() || !configured.is_empty() {
                 self.report(&name, &sha256, &changed, mode);
             }
@@ -352,6 +347,23 @@ pub fn differences(a: &Value, b: &Value) -> Vec<String> {
     walk(a, b, String::new(), &mut out);
     out.truncate(MAX_CHANGED);
     out
+}
+
+/// What a withheld (or reported) tool's pin check found: the store full or no pin, the
+/// places its definition changed, or a pin whose definition was not recorded. `recorded`:
+/// the pins are the ones recorded here, not configured ones.
+fn changes(
+    pinned: bool,
+    before: Option<&Value>,
+    definition: &Value,
+    recorded: bool,
+) -> Vec<String> {
+    match (pinned, before) {
+        (false, _) if recorded => vec!["(the pin store is full)".to_string()],
+        (false, _) => vec!["(not pinned)".to_string()],
+        (true, Some(before)) if !before.is_null() => differences(before, definition),
+        (true, _) => vec!["(the pinned definition is not recorded)".to_string()],
+    }
 }
 
 fn walk(a: &Value, b: &Value, at: String, out: &mut Vec<String>) {

@@ -72,49 +72,7 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
             .clone()
             .ok_or("the installed gateway CA is not a single certificate")?;
         // 1. The gateway's record: unusable until the listener trusts the gateway CA.
-        let paired_at =
-            crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
-                .and_then(|t| t.to_rfc3339_nano());
-        let mut record = crate::peers::PeerRecord {
-            component_type: "gateway".into(),
-            component_id: i.gateway_id.clone(),
-            role: Some("gateway".into()),
-            endpoint: None,
-            public_key_ed25519: Some(i.gateway_public_key_ed25519.clone()),
-            public_key_x25519: None,
-            mtls_cert_fingerprint: String::new(),
-            mtls_ca_fingerprint: Some(ca_fingerprint),
-            mtls_cert_not_after: None,
-            status: "active".into(),
-            paired_at,
-            last_seen_at: None,
-            policy: None,
-        };
-        // Decided on the file as it is now (not on the last snapshot read): a revocation,
-        // or an operator's edit, made while the pairing ran is not overwritten.
-        self.shared
-            .peers
-            .modify(|f| {
-                let (id, key) = (&record.component_id, record.public_key_ed25519.as_deref());
-                if let Some(r) = f.peers.iter().find(|p| p.revokes(id, key)) {
-                    return Err(format!(
-                        "gateway {} was revoked during the pairing",
-                        r.component_id
-                    ));
-                }
-                // The operator's role and policy for this gateway outlive its certificate.
-                let active = |p: &&crate::peers::PeerRecord| {
-                    &p.component_id == id && p.status == crate::peers::ACTIVE
-                };
-                if let Some(p) = f.peers.iter().find(active) {
-                    (record.role, record.policy) = (p.role.clone(), p.policy.clone());
-                }
-                f.version = 1;
-                f.peers.retain(|p| p.component_id != record.component_id);
-                f.peers.push(record);
-                Ok(())
-            })
-            .map_err(|e| e.to_string())??;
+        record_gateway(&self.shared, gateway_record(i, ca_fingerprint))?;
         // 2. Make this pairing the current one (one atomic write); 3. serve it.
         carapace_filters::state_file::write_atomically(
             &crate::tls::PairedFiles::current_pointer(state_dir),
@@ -132,5 +90,55 @@ impl crate::pairing::transport::PairingSink for ToolHostInstaller {
     fn abandon(&self, pairing_id: &str) {
         let cfg = self.shared.config.load();
         crate::tls::PairedFiles::discard(&cfg.config.state_dir, pairing_id);
+    }
+}
+
+/// Record the gateway in the peer file, decided on the file as it is now (not on the last
+/// snapshot read): a revocation, or an operator's edit, made while the pairing ran is not
+/// overwritten.
+fn record_gateway(shared: &Shared, mut record: crate::peers::PeerRecord) -> Result<(), String> {
+    shared
+        .peers
+        .modify(|f| {
+            let (id, key) = (&record.component_id, record.public_key_ed25519.as_deref());
+            if let Some(r) = f.peers.iter().find(|p| p.revokes(id, key)) {
+                return Err(format!(
+                    "gateway {} was revoked during the pairing",
+                    r.component_id
+                ));
+            }
+            // The operator's role and policy for this gateway outlive its certificate.
+            let active = |p: &&crate::peers::PeerRecord| {
+                &p.component_id == id && p.status == crate::peers::ACTIVE
+            };
+            if let Some(p) = f.peers.iter().find(active) {
+                (record.role, record.policy) = (p.role.clone(), p.policy.clone());
+            }
+            f.version = 1;
+            f.peers.retain(|p| p.component_id != record.component_id);
+            f.peers.push(record);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?
+}
+
+/// The gateway's peer record, as a pairing that installed `i` makes it.
+fn gateway_record(i: &Installed, ca_fingerprint: String) -> crate::peers::PeerRecord {
+    let paired_at = crate::pairing::wire::GoTime::from_system_time(std::time::SystemTime::now())
+        .and_then(|t| t.to_rfc3339_nano());
+    crate::peers::PeerRecord {
+        component_type: "gateway".into(),
+        component_id: i.gateway_id.clone(),
+        role: Some("gateway".into()),
+        endpoint: None,
+        public_key_ed25519: Some(i.gateway_public_key_ed25519.clone()),
+        public_key_x25519: None,
+        mtls_cert_fingerprint: String::new(),
+        mtls_ca_fingerprint: Some(ca_fingerprint),
+        mtls_cert_not_after: None,
+        status: "active".into(),
+        paired_at,
+        last_seen_at: None,
+        policy: None,
     }
 }

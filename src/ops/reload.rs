@@ -48,14 +48,7 @@ fn restart_only(l: &Loaded) -> Vec<(&'static str, String)> {
         // Built once at start, from these settings and files:
         (
             "the MCP sessions (front.mcp session_key, session lifetimes)",
-            format!(
-                "{}{:?}",
-                digest(l.mcp_session_key.as_ref()),
-                c.front
-                    .mcp
-                    .as_ref()
-                    .map(|m| (m.session_idle_timeout_s, m.session_max_lifetime_s))
-            ),
+            mcp_sessions(l),
         ),
         (
             "front.eat (on or off, keys_file)",
@@ -78,25 +71,41 @@ fn restart_only(l: &Loaded) -> Vec<(&'static str, String)> {
         (
             "on a gateway, secret_guard (but inbound) and limits.max_body_bytes, \
              .body_timeout_ms, .max_in_flight, .max_response_bytes",
-            match c.outbound {
-                Some(_) => {
-                    let guard = crate::config::SecretGuardConfig {
-                        inbound: None,
-                        ..c.secret_guard.clone()
-                    };
-                    let l = &c.limits;
-                    let sizes = (
-                        l.max_body_bytes,
-                        l.body_timeout_ms,
-                        l.max_in_flight,
-                        l.max_response_bytes,
-                    );
-                    format!("{guard:?}{sizes:?}")
-                }
-                None => String::new(),
-            },
+            outbound_stack(c),
         ),
     ]
+}
+
+/// What the MCP sessions are built from at start: the session key (its digest) and the
+/// session lifetimes.
+fn mcp_sessions(l: &Loaded) -> String {
+    let lifetimes = l
+        .config
+        .front
+        .mcp
+        .as_ref()
+        .map(|m| (m.session_idle_timeout_s, m.session_max_lifetime_s));
+    format!("{}{lifetimes:?}", digest(l.mcp_session_key.as_ref()))
+}
+
+/// What a gateway's outbound stack takes at start: the secret guard but its inbound mode, and
+/// the body and response limits (nothing without an outbound role).
+fn outbound_stack(c: &crate::config::Config) -> String {
+    if c.outbound.is_none() {
+        return String::new();
+    }
+    let guard = crate::config::SecretGuardConfig {
+        inbound: None,
+        ..c.secret_guard.clone()
+    };
+    let l = &c.limits;
+    let sizes = (
+        l.max_body_bytes,
+        l.body_timeout_ms,
+        l.max_in_flight,
+        l.max_response_bytes,
+    );
+    format!("{guard:?}{sizes:?}")
 }
 
 /// A digest of a loaded secret (only the digest is compared, never shown).
