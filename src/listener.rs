@@ -31,7 +31,7 @@ use carapace_filters::identity::{ConnectionIdentity, PeerCertificate, PeerDirect
 
 use crate::caller_body::{self, BodyExpectation, CallerBody, Unread};
 use crate::config::Loaded;
-use crate::connections::{CertificateHolder, ConnectionTable, HeadWatch, Slot};
+use crate::connections::{CertificateHolder, ConnectionTable, HeadWatch, RequestGuard, Slot};
 use crate::edge::HttpStack;
 use crate::lingering::Lingering;
 use crate::server::drain::{Drain, DrainWatch};
@@ -59,6 +59,16 @@ impl Lifetime {
             idle: Duration::from_millis(l.idle_timeout_ms),
             head: Duration::from_millis(l.header_read_timeout_ms),
             single_answer: false,
+        }
+    }
+
+    /// How long the connection may sit idle: an unpaired certificate's, no longer than it
+    /// waits for its first request.
+    fn idle(&self) -> Duration {
+        if self.single_answer {
+            self.first_request
+        } else {
+            self.idle
         }
     }
 }
@@ -163,28 +173,12 @@ async fn serve_connection<IO>(
         let req = Request::from_parts(parts, body);
         let guard = requests.start();
         let call = stack.call(req);
-        let first_answer = first_answer.clone();
-        async move {
-            let mut resp = call.await;
-            if let Some(answered) = first_answer {
-                answered.notify_one();
-            }
-            if let (Ok(resp), Some(rest)) = (&mut resp, unread.and_then(Unread::take)) {
-                caller_body::settle(rest, expectation, resp);
-            }
-            drop(guard);
-            resp
-        }
+        answer(call, first_answer.clone(), unread, expectation, guard)
     });
     let watch = (!h2_only).then(|| slot.requests());
     let io = TokioIo::new(Lingering::new(HeadWatch::new(io, watch)));
     let conn = builder.serve_connection(io, svc).into_owned();
-    let idle = if lifetime.single_answer {
-        lifetime.first_request
-    } else {
-        lifetime.idle
-    };
-    let watch = slot.closing(lifetime.first_request, idle, lifetime.head);
+    let watch = slot.closing(lifetime.first_request, lifetime.idle(), lifetime.head);
     let (_watch, mut closing, mut draining) = ConnectionWatch::spawn(watch, drain);
     let mut conn = std::pin::pin!(conn);
     let (mut drained, mut answer_made) = (false, false);
@@ -226,6 +220,27 @@ async fn serve_connection<IO>(
             }
         }
     }
+}
+
+/// A request's answer on its connection: once it is made, an unpaired certificate's
+/// connection is told (`first_answer`), and what the caller left unread of its body is
+/// settled against it; the request is in flight (`guard`) until then.
+async fn answer(
+    call: Either<StackFuture, WaitingFuture>,
+    first_answer: Option<Arc<tokio::sync::Notify>>,
+    unread: Option<Unread>,
+    expectation: BodyExpectation,
+    guard: RequestGuard,
+) -> <StackFuture as Future>::Output {
+    let mut resp = call.await;
+    if let Some(answered) = first_answer {
+        answered.notify_one();
+    }
+    if let (Ok(resp), Some(rest)) = (&mut resp, unread.and_then(Unread::take)) {
+        caller_body::settle(rest, expectation, resp);
+    }
+    drop(guard);
+    resp
 }
 
 /// A connection's watch, in a task of its own, so that the connection's many wake-ups poll

@@ -266,7 +266,26 @@ impl MemoryApp {
             }
             _ => {}
         }
-        let result = match tool {
+        let result = self.run(tool, args).await;
+        let result = match (result, fault) {
+            (Ok(_), Some(Fault::BadOutput)) => {
+                Ok(json!({"unexpected": "shape", "api_key": "leak"}))
+            }
+            (r, _) => r,
+        };
+        let body = match result {
+            Ok(r) => json!({"version": "v1", "call_id": call_id, "tool_name": tool,
+                             "status": "ok", "result": r, "duration_ms": 1}),
+            Err((code, message)) => json!({"version": "v1", "call_id": call_id, "tool_name": tool,
+                             "status": "error", "error": {"code": code, "message": message, "retryable": false},
+                             "duration_ms": 1}),
+        };
+        reply(StatusCode::OK, &body)
+    }
+
+    /// Run `tool` on the store: its result, or its error's code and message.
+    async fn run(&self, tool: &str, args: &Value) -> Result<Value, (&'static str, String)> {
+        match tool {
             "memory.append" => {
                 let mut s = self.store.lock().expect("lock");
                 s.next += 1;
@@ -307,21 +326,7 @@ impl MemoryApp {
                 }
             }
             other => Err(("TOOL_NOT_FOUND", format!("no tool {other}"))),
-        };
-        let result = match (result, fault) {
-            (Ok(_), Some(Fault::BadOutput)) => {
-                Ok(json!({"unexpected": "shape", "api_key": "leak"}))
-            }
-            (r, _) => r,
-        };
-        let body = match result {
-            Ok(r) => json!({"version": "v1", "call_id": call_id, "tool_name": tool,
-                             "status": "ok", "result": r, "duration_ms": 1}),
-            Err((code, message)) => json!({"version": "v1", "call_id": call_id, "tool_name": tool,
-                             "status": "error", "error": {"code": code, "message": message, "retryable": false},
-                             "duration_ms": 1}),
-        };
-        reply(StatusCode::OK, &body)
+        }
     }
 }
 

@@ -24,8 +24,17 @@ use crate::mcp::early::ToolLimitTaken;
 use crate::mcp::jsonrpc::{result_response, McpError};
 use crate::mcp::results::{refusal_result, tool_result};
 use crate::mcp::stream::{self, StreamContext};
-use crate::mcp::wire::CallParams;
+use crate::mcp::wire::{CallMeta, CallParams};
 use crate::mcp::{LEGACY_VERSIONS, MODERN_VERSION};
+
+/// What a call's era decides of it: the version it is answered at, its older-era session,
+/// what its caller can answer of a server's requests, and the log messages it gets.
+struct CallEra {
+    version: &'static str,
+    session: Option<String>,
+    features: ClientFeatures,
+    logs: Option<u8>,
+}
 
 impl McpFront {
     /// `tools/call` in `era`: the call is decoded and handed to the call stage here; the
@@ -39,22 +48,13 @@ impl McpFront {
         era: Era,
     ) -> Answer {
         let started = carapace_filters::clock::now();
-        let meta = params.meta.as_ref();
-        // Log messages: a 2026-07-28 caller asks per request; an older session gets them all
-        // unless it set a level.
-        let (version, session, features, logs) = match era {
-            Era::Modern => {
-                let level = meta.and_then(|m| m.log_level.as_ref());
-                let level = level.and_then(Value::as_str).and_then(log_level);
-                let caps = meta.and_then(|m| m.capabilities.as_ref());
-                let features = ClientFeatures::of(caps);
-                (MODERN_VERSION, None, features, level)
-            }
-            Era::Legacy(s) => {
-                let level = self.sessions.log_level(&s.id).unwrap_or(0);
-                (s.version, Some(s.id), s.features, Some(level))
-            }
-        };
+        let meta = params.meta.as_deref();
+        let CallEra {
+            version,
+            session,
+            features,
+            logs,
+        } = self.call_era(era, meta);
         // Only an MCP server says anything while a call runs.
         let relay = (self.server.is_some() && accepts_stream(req)).then(|| {
             let progress = meta.and_then(|m| m.progress_token.clone());
@@ -112,6 +112,29 @@ impl McpFront {
         match streamed {
             None => call,
             Some((messages, cx)) => Box::pin(stream::respond(call, messages, cx)),
+        }
+    }
+
+    /// What `era` decides of a call. Log messages: a 2026-07-28 caller asks per request; an
+    /// older session gets them all unless it set a level.
+    fn call_era(&self, era: Era, meta: Option<&CallMeta>) -> CallEra {
+        match era {
+            Era::Modern => {
+                let level = meta.and_then(|m| m.log_level.as_ref());
+                let caps = meta.and_then(|m| m.capabilities.as_ref());
+                CallEra {
+                    version: MODERN_VERSION,
+                    session: None,
+                    features: ClientFeatures::of(caps),
+                    logs: level.and_then(Value::as_str).and_then(log_level),
+                }
+            }
+            Era::Legacy(s) => CallEra {
+                logs: Some(self.sessions.log_level(&s.id).unwrap_or(0)),
+                version: s.version,
+                session: Some(s.id),
+                features: s.features,
+            },
         }
     }
 
