@@ -136,7 +136,7 @@ fn gateway_record(i: &Installed, ca_fingerprint: String) -> crate::peers::PeerRe
         mtls_cert_fingerprint: String::new(),
         mtls_ca_fingerprint: Some(ca_fingerprint),
         mtls_cert_not_after: None,
-        status: "active".into(),
+        status: crate::peers::ACTIVE.into(),
         paired_at,
         last_seen_at: None,
         policy: None,
